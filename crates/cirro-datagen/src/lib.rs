@@ -1,0 +1,1 @@
+//! cirro-datagen
