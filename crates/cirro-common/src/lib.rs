@@ -1,1 +1,8 @@
-//! cirro-common
+//! Shared pieces of every Cirro crate: the error type with its SQLSTATE code,
+//! the mapping from DataFusion, Arrow and Delta errors onto SQLSTATE codes, and
+//! the named limits that bound queues, files and batches.
+
+pub mod error;
+pub mod limits;
+
+pub use error::{CirroError, Result, SqlState};

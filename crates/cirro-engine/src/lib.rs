@@ -1,1 +1,281 @@
-//! cirro-engine
+//! The Cirro SQL engine of one process: a DataFusion session over the Cirro
+//! catalog, and the statements DataFusion leaves to its host.
+//!
+//! ```text
+//!  text ─► split into statements ─► for each:
+//!     COPY … FROM        → copy::copy_from (CSV / Parquet into a table)
+//!     CREATE/DROP DATABASE, CREATE VIEW   → ddl (catalog commit)
+//!     anything else      → DataFusion plans it, then
+//!         CREATE/DROP TABLE, SCHEMA, VIEW → ddl (catalog commit)
+//!         INSERT, SELECT, EXPLAIN, SET, … → DataFusion executes it
+//! ```
+//!
+//! Every statement refreshes the catalog first, so a process sees what other
+//! processes committed; every change is one atomic commit (see `cirro-catalog`).
+
+mod copy;
+mod ddl;
+mod functions;
+pub mod split;
+mod views;
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use cirro_catalog::{Catalog, CirroCatalogList, DEFAULT_DATABASE, DEFAULT_SCHEMA};
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_storage::StorageRoot;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::context::SessionContext;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::logical_expr::{DdlStatement, LogicalPlan, WriteOp};
+use datafusion::prelude::SessionConfig;
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{ObjectType, Statement as SqlStatement};
+use futures::StreamExt;
+
+pub use split::{is_complete, split_statements};
+
+/// How a process's engine is set up.
+#[derive(Clone, Debug, Default)]
+pub struct EngineConfig {
+    /// Parallelism of query execution (DataFusion `target_partitions`); all
+    /// cores when unset.
+    pub target_partitions: Option<usize>,
+}
+
+/// What a statement produced.
+pub enum Outcome {
+    /// Rows of a query, streamed.
+    Rows(SendableRecordBatchStream),
+    /// A command's tag (`CREATE TABLE`, `INSERT 0 5`, …), with a notice if any.
+    Command { tag: String, notice: Option<String> },
+}
+
+impl Outcome {
+    fn command(tag: impl Into<String>) -> Self {
+        Outcome::Command { tag: tag.into(), notice: None }
+    }
+
+    fn with_notice(tag: impl Into<String>, notice: impl Into<String>) -> Self {
+        Outcome::Command { tag: tag.into(), notice: Some(notice.into()) }
+    }
+}
+
+/// The engine: one catalog, one DataFusion session.
+pub struct Engine {
+    catalog: Arc<Catalog>,
+    ctx: SessionContext,
+}
+
+impl Engine {
+    /// Open the data location `data` (a path or URL), creating it if new.
+    pub async fn open(data: &str, config: EngineConfig) -> Result<Self> {
+        let root = StorageRoot::open(data)?;
+        let catalog = Catalog::open(root).await?;
+        let list = Arc::new(CirroCatalogList::new(Arc::clone(&catalog)));
+        let mut session_config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
+            .with_create_default_catalog_and_schema(false);
+        if let Some(partitions) = config.target_partitions {
+            session_config = session_config.with_target_partitions(partitions.max(1));
+        }
+        let state = SessionStateBuilder::new()
+            .with_config(session_config)
+            .with_default_features()
+            .with_catalog_list(list.clone())
+            .build();
+        let ctx = SessionContext::new_with_state(state).enable_url_table();
+        functions::register(&ctx);
+        list.set_view_planner(Arc::new(views::SessionViewPlanner::for_context(&ctx)));
+        Ok(Self { catalog, ctx })
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// Run one statement (no terminating semicolon needed).
+    pub async fn execute(&self, sql: &str) -> Result<Outcome> {
+        self.catalog.refresh().await?;
+        if let Some(copy) = copy::parse_copy_from(sql)? {
+            return copy::copy_from(self, copy).await;
+        }
+        let state = self.ctx.state();
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(sql, &dialect)?;
+        if let DfStatement::Statement(inner) = &statement {
+            match inner.as_ref() {
+                SqlStatement::Drop { object_type: ObjectType::Database, if_exists, names, cascade, .. } => {
+                    return ddl::drop_database(self, names, *if_exists, *cascade).await;
+                }
+                SqlStatement::CreateDatabase { db_name, if_not_exists, .. } => {
+                    return ddl::create_database(self, &db_name.to_string(), *if_not_exists).await;
+                }
+                SqlStatement::CreateView(view) => return views::create_view(self, view).await,
+                SqlStatement::StartTransaction { .. }
+                | SqlStatement::Commit { .. }
+                | SqlStatement::Rollback { .. } => {
+                    return Err(CirroError::unsupported(
+                        "transactions (BEGIN/COMMIT/ROLLBACK) are not supported yet; each statement commits on its own",
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let plan = state.statement_to_plan(statement).await?;
+        self.execute_plan(plan).await
+    }
+
+    async fn execute_plan(&self, plan: LogicalPlan) -> Result<Outcome> {
+        match plan {
+            LogicalPlan::Ddl(ddl) => match ddl {
+                DdlStatement::CreateMemoryTable(cmd) => ddl::create_table(self, cmd).await,
+                DdlStatement::DropTable(cmd) => ddl::drop_table(self, &cmd.name, cmd.if_exists).await,
+                DdlStatement::DropView(cmd) => views::drop_view(self, &cmd.name, cmd.if_exists).await,
+                DdlStatement::CreateCatalogSchema(cmd) => {
+                    ddl::create_schema(self, &cmd.schema_name, cmd.if_not_exists).await
+                }
+                DdlStatement::DropCatalogSchema(cmd) => {
+                    ddl::drop_schema(self, &cmd.name, cmd.if_exists, cmd.cascade).await
+                }
+                DdlStatement::CreateCatalog(cmd) => {
+                    ddl::create_database(self, &cmd.catalog_name, cmd.if_not_exists).await
+                }
+                DdlStatement::CreateExternalTable(_) => Err(CirroError::unsupported(
+                    "CREATE EXTERNAL TABLE is not supported: use CREATE TABLE and COPY, or query files directly with read_parquet()/read_csv()",
+                )),
+                other => Err(CirroError::unsupported(format!("{} is not supported", other.name()))),
+            },
+            LogicalPlan::Dml(dml) => {
+                let (db, schema, name) = self.resolve(&dml.table_name);
+                if self.catalog.snapshot().view(&db, &schema, &name).is_some() {
+                    return Err(CirroError::new(
+                        SqlState::WRONG_OBJECT_TYPE,
+                        format!("cannot change view \"{name}\": views are read-only"),
+                    ));
+                }
+                let tag = match dml.op {
+                    WriteOp::Insert(_) => "INSERT 0",
+                    WriteOp::Delete => "DELETE",
+                    WriteOp::Update => "UPDATE",
+                    _ => "DML",
+                };
+                let count = self.run_for_count(LogicalPlan::Dml(dml)).await?;
+                Ok(Outcome::command(format!("{tag} {count}")))
+            }
+            LogicalPlan::Copy(_) => {
+                let count = self.run_for_count(plan).await?;
+                Ok(Outcome::command(format!("COPY {count}")))
+            }
+            LogicalPlan::Statement(_) => {
+                let frame = self.ctx.execute_logical_plan(plan).await?;
+                frame.collect().await?;
+                Ok(Outcome::command("SET"))
+            }
+            plan => {
+                let frame = self.ctx.execute_logical_plan(plan).await?;
+                Ok(Outcome::Rows(frame.execute_stream().await?))
+            }
+        }
+    }
+
+    /// Run a plan whose result is one `count` row, and return the count.
+    async fn run_for_count(&self, plan: LogicalPlan) -> Result<u64> {
+        let frame = self.ctx.execute_logical_plan(plan).await?;
+        let mut stream = frame.execute_stream().await?;
+        let mut count = 0u64;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            if batch.num_columns() == 1 {
+                if let Some(array) = batch.column(0).as_any().downcast_ref::<arrow::array::UInt64Array>() {
+                    count += array.iter().flatten().sum::<u64>();
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    /// Run `sql` (one statement) and collect its rows; for tests and tools.
+    pub async fn query(&self, sql: &str) -> Result<(SchemaRef, Vec<arrow::array::RecordBatch>)> {
+        match self.execute(sql).await? {
+            Outcome::Rows(mut stream) => {
+                let schema = stream.schema();
+                let mut batches = Vec::new();
+                while let Some(batch) = stream.next().await {
+                    batches.push(batch?);
+                }
+                Ok((schema, batches))
+            }
+            Outcome::Command { tag, .. } => Err(CirroError::new(
+                SqlState::WRONG_OBJECT_TYPE,
+                format!("statement returned no rows ({tag})"),
+            )),
+        }
+    }
+
+    /// Load `batches` into a new table `schema_name.name` of the current
+    /// database: all rows or nothing. With `replace`, an existing table of that
+    /// name is replaced atomically; without it, an existing table gives 42P07.
+    pub async fn load_table<S>(
+        &self,
+        schema_name: &str,
+        name: &str,
+        table_schema: &arrow::datatypes::Schema,
+        batches: S,
+        replace: bool,
+    ) -> Result<u64>
+    where
+        S: futures::Stream<Item = Result<arrow::array::RecordBatch>> + Unpin,
+    {
+        self.catalog.refresh().await?;
+        let db = self.default_database();
+        ddl::create_with_data(self, &db, schema_name, name, table_schema, Some(batches), replace).await
+    }
+
+    /// Fail with 42P07 if any of `names` exists in `schema_name` (and 3F000 if
+    /// the schema does not exist), unless `replace`.
+    pub async fn check_new_tables(&self, schema_name: &str, names: &[&str], replace: bool) -> Result<()> {
+        let snapshot = self.catalog.refresh().await?;
+        let schema = snapshot.schema(&self.default_database(), schema_name)?;
+        for name in names {
+            if schema.views.contains_key(*name) || schema.tables.contains_key(*name) && !replace {
+                return Err(CirroError::new(
+                    SqlState::DUPLICATE_TABLE,
+                    format!("relation \"{name}\" already exists (use --replace to replace it)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stream the rows of a delimited text file with the given column types
+    /// (dbgen `.tbl` files with a trailing delimiter included).
+    pub async fn read_delimited(
+        &self,
+        path: &str,
+        table_schema: &arrow::datatypes::Schema,
+        delimiter: u8,
+        header: bool,
+    ) -> Result<impl futures::Stream<Item = Result<arrow::array::RecordBatch>> + Unpin + use<>> {
+        let frame = copy::read_delimited(self, path, table_schema, delimiter, header).await?;
+        Ok(frame.execute_stream().await?.map(|b| b.map_err(CirroError::from)))
+    }
+
+    /// Resolve a (possibly qualified) name against the session defaults.
+    pub(crate) fn resolve(&self, name: &datafusion::common::TableReference) -> (String, String, String) {
+        let state = self.ctx.state();
+        let options = state.config().options();
+        let resolved = name.clone().resolve(&options.catalog.default_catalog, &options.catalog.default_schema);
+        (resolved.catalog.to_string(), resolved.schema.to_string(), resolved.table.to_string())
+    }
+
+    pub(crate) fn default_database(&self) -> String {
+        self.ctx.state().config().options().catalog.default_catalog.clone()
+    }
+}

@@ -1,0 +1,164 @@
+//! The catalog seen through DataFusion's catalog traits: databases are
+//! DataFusion catalogs, schemas are schemas, and a name resolves to a
+//! [`CirroTable`](cirro_storage::CirroTable) or to a view planned from its SQL.
+//!
+//! DDL does not go through these traits (their `register_*` methods refuse);
+//! the engine changes the catalog with [`Catalog::commit`] instead, so every
+//! change is persisted and atomic.
+
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use cirro_common::CirroError;
+use datafusion::catalog::{CatalogProvider, CatalogProviderList, SchemaProvider, TableProvider};
+use datafusion::datasource::ViewTable;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::logical_expr::{LogicalPlan, TableType};
+
+use crate::state::{Catalog, ViewEntry};
+
+/// Plans the SQL of a stored view. The engine provides it (it owns the session
+/// state that planning needs).
+#[async_trait]
+pub trait ViewPlanner: Send + Sync + std::fmt::Debug {
+    async fn plan_view(&self, db: &str, schema: &str, view: &ViewEntry) -> DfResult<LogicalPlan>;
+}
+
+/// All databases of a data location.
+#[derive(Debug)]
+pub struct CirroCatalogList {
+    catalog: Arc<Catalog>,
+    planner: Arc<OnceLock<Arc<dyn ViewPlanner>>>,
+}
+
+impl CirroCatalogList {
+    pub fn new(catalog: Arc<Catalog>) -> Self {
+        Self { catalog, planner: Arc::new(OnceLock::new()) }
+    }
+
+    /// Set the view planner (once, after the session state exists).
+    pub fn set_view_planner(&self, planner: Arc<dyn ViewPlanner>) {
+        let _ = self.planner.set(planner);
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+}
+
+impl CatalogProviderList for CirroCatalogList {
+    fn register_catalog(
+        &self,
+        _name: String,
+        _catalog: Arc<dyn CatalogProvider>,
+    ) -> Option<Arc<dyn CatalogProvider>> {
+        None
+    }
+
+    fn catalog_names(&self) -> Vec<String> {
+        self.catalog.snapshot().databases.keys().cloned().collect()
+    }
+
+    fn catalog(&self, name: &str) -> Option<Arc<dyn CatalogProvider>> {
+        if !self.catalog.snapshot().databases.contains_key(name) {
+            return None;
+        }
+        Some(Arc::new(DatabaseProvider {
+            catalog: Arc::clone(&self.catalog),
+            planner: Arc::clone(&self.planner),
+            db: name.to_string(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct DatabaseProvider {
+    catalog: Arc<Catalog>,
+    planner: Arc<OnceLock<Arc<dyn ViewPlanner>>>,
+    db: String,
+}
+
+impl CatalogProvider for DatabaseProvider {
+    fn schema_names(&self) -> Vec<String> {
+        self.catalog
+            .snapshot()
+            .databases
+            .get(&self.db)
+            .map(|d| d.schemas.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
+        let exists = self
+            .catalog
+            .snapshot()
+            .databases
+            .get(&self.db)
+            .is_some_and(|d| d.schemas.contains_key(name));
+        exists.then(|| {
+            Arc::new(CirroSchemaProvider {
+                catalog: Arc::clone(&self.catalog),
+                planner: Arc::clone(&self.planner),
+                db: self.db.clone(),
+                schema: name.to_string(),
+            }) as Arc<dyn SchemaProvider>
+        })
+    }
+}
+
+/// Tables and views of one schema.
+#[derive(Debug)]
+pub struct CirroSchemaProvider {
+    catalog: Arc<Catalog>,
+    planner: Arc<OnceLock<Arc<dyn ViewPlanner>>>,
+    db: String,
+    schema: String,
+}
+
+#[async_trait]
+impl SchemaProvider for CirroSchemaProvider {
+    fn table_names(&self) -> Vec<String> {
+        let snapshot = self.catalog.snapshot();
+        match snapshot.schema(&self.db, &self.schema) {
+            Ok(s) => s.tables.keys().chain(s.views.keys()).cloned().collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        let snapshot = self.catalog.snapshot();
+        if let Some(entry) = snapshot.table(&self.db, &self.schema, name) {
+            let table = self
+                .catalog
+                .open_table(&entry.location)
+                .await
+                .map_err(CirroError::into_datafusion)?;
+            return Ok(Some(Arc::new(table)));
+        }
+        if let Some(view) = snapshot.view(&self.db, &self.schema, name) {
+            let planner = self.planner.get().ok_or_else(|| {
+                DataFusionError::Internal("views cannot be planned before the session exists".into())
+            })?;
+            let plan = planner.plan_view(&self.db, &self.schema, view).await?;
+            return Ok(Some(Arc::new(ViewTable::new(plan, Some(view.sql.clone())))));
+        }
+        Ok(None)
+    }
+
+    async fn table_type(&self, name: &str) -> DfResult<Option<TableType>> {
+        let snapshot = self.catalog.snapshot();
+        if snapshot.table(&self.db, &self.schema, name).is_some() {
+            Ok(Some(TableType::Base))
+        } else if snapshot.view(&self.db, &self.schema, name).is_some() {
+            Ok(Some(TableType::View))
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        let snapshot = self.catalog.snapshot();
+        snapshot.table(&self.db, &self.schema, name).is_some()
+            || snapshot.view(&self.db, &self.schema, name).is_some()
+    }
+}

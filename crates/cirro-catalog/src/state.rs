@@ -1,0 +1,340 @@
+//! Catalog snapshots and the commit protocol (see the crate docs).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+use cirro_common::limits::{CATALOG_COMMIT_RETRIES_MAX, CATALOG_VERSIONS_KEPT};
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_storage::{CirroTable, StorageRoot};
+use futures::TryStreamExt;
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_DATABASE: &str = "cirro";
+pub const DEFAULT_SCHEMA: &str = "public";
+const CATALOG_DIR: &str = "_catalog";
+const FORMAT_VERSION: u32 = 1;
+
+/// One immutable version of the catalog.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CatalogState {
+    pub format: u32,
+    pub version: u64,
+    pub databases: BTreeMap<String, DatabaseEntry>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct DatabaseEntry {
+    pub schemas: BTreeMap<String, SchemaEntry>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SchemaEntry {
+    pub tables: BTreeMap<String, TableEntry>,
+    pub views: BTreeMap<String, ViewEntry>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TableEntry {
+    /// Directory of the Delta table, relative to the data location.
+    pub location: String,
+    pub created_ms: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ViewEntry {
+    /// The view's query, as SQL text.
+    pub sql: String,
+    /// Column names given in `CREATE VIEW v (a, b) AS …`, if any.
+    #[serde(default)]
+    pub columns: Vec<String>,
+    pub created_ms: i64,
+}
+
+impl CatalogState {
+    fn initial() -> Self {
+        let mut databases = BTreeMap::new();
+        databases.insert(DEFAULT_DATABASE.to_string(), DatabaseEntry::with_public());
+        Self { format: FORMAT_VERSION, version: 0, databases }
+    }
+
+    pub fn database(&self, db: &str) -> Result<&DatabaseEntry> {
+        self.databases.get(db).ok_or_else(|| {
+            CirroError::new(SqlState::INVALID_CATALOG_NAME, format!("database \"{db}\" does not exist"))
+        })
+    }
+
+    pub fn schema(&self, db: &str, schema: &str) -> Result<&SchemaEntry> {
+        self.database(db)?.schemas.get(schema).ok_or_else(|| {
+            CirroError::new(SqlState::INVALID_SCHEMA_NAME, format!("schema \"{db}.{schema}\" does not exist"))
+        })
+    }
+
+    pub fn schema_mut(&mut self, db: &str, schema: &str) -> Result<&mut SchemaEntry> {
+        let database = self.databases.get_mut(db).ok_or_else(|| {
+            CirroError::new(SqlState::INVALID_CATALOG_NAME, format!("database \"{db}\" does not exist"))
+        })?;
+        database.schemas.get_mut(schema).ok_or_else(|| {
+            CirroError::new(SqlState::INVALID_SCHEMA_NAME, format!("schema \"{db}.{schema}\" does not exist"))
+        })
+    }
+
+    pub fn table(&self, db: &str, schema: &str, name: &str) -> Option<&TableEntry> {
+        self.databases.get(db)?.schemas.get(schema)?.tables.get(name)
+    }
+
+    pub fn view(&self, db: &str, schema: &str, name: &str) -> Option<&ViewEntry> {
+        self.databases.get(db)?.schemas.get(schema)?.views.get(name)
+    }
+}
+
+impl DatabaseEntry {
+    pub fn with_public() -> Self {
+        let mut schemas = BTreeMap::new();
+        schemas.insert(DEFAULT_SCHEMA.to_string(), SchemaEntry::default());
+        Self { schemas }
+    }
+}
+
+impl SchemaEntry {
+    /// Whether `name` is taken by a table or a view.
+    pub fn relation_exists(&self, name: &str) -> bool {
+        self.tables.contains_key(name) || self.views.contains_key(name)
+    }
+}
+
+/// The catalog of one data location, shared by all sessions of a process.
+#[derive(Debug)]
+pub struct Catalog {
+    root: StorageRoot,
+    current: RwLock<Arc<CatalogState>>,
+    /// Opened tables by location, reused while their Delta version is unchanged.
+    open_tables: Mutex<HashMap<String, CirroTable>>,
+}
+
+fn version_path(version: u64) -> String {
+    format!("{CATALOG_DIR}/v{version:020}.json")
+}
+
+fn parse_version(name: &str) -> Option<u64> {
+    name.strip_prefix('v')?.strip_suffix(".json")?.parse().ok()
+}
+
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+impl Catalog {
+    /// Open the catalog of `root`, creating the initial version (database
+    /// `cirro`, schema `public`) on a new data location.
+    pub async fn open(root: StorageRoot) -> Result<Arc<Self>> {
+        let catalog = Arc::new(Self {
+            root,
+            current: RwLock::new(Arc::new(CatalogState::initial())),
+            open_tables: Mutex::new(HashMap::new()),
+        });
+        catalog.refresh().await?;
+        if catalog.snapshot().version == 0 {
+            // First start on this location: write version 1. Losing the race to
+            // another process is fine; its version 1 is the same.
+            catalog.commit(|_| Ok(())).await?;
+        }
+        Ok(catalog)
+    }
+
+    pub fn root(&self) -> &StorageRoot {
+        &self.root
+    }
+
+    /// The catalog as last read.
+    pub fn snapshot(&self) -> Arc<CatalogState> {
+        match self.current.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    fn set_current(&self, state: CatalogState) {
+        let mut guard = match self.current.write() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if state.version >= guard.version {
+            *guard = Arc::new(state);
+        }
+    }
+
+    async fn latest_version(&self) -> Result<u64> {
+        let prefix = self.root.path(CATALOG_DIR);
+        let objects: Vec<_> = self.root.store().list(Some(&prefix)).try_collect().await?;
+        Ok(objects
+            .iter()
+            .filter_map(|o| o.location.filename().and_then(parse_version))
+            .max()
+            .unwrap_or(0))
+    }
+
+    async fn read_version(&self, version: u64) -> Result<CatalogState> {
+        let path = self.root.path(&version_path(version));
+        let bytes = self.root.store().get(&path).await?.bytes().await?;
+        let state: CatalogState = serde_json::from_slice(&bytes)?;
+        if state.format > FORMAT_VERSION {
+            return Err(CirroError::unsupported(format!(
+                "the catalog was written by a newer Cirro (format {})",
+                state.format
+            )));
+        }
+        if state.version != version {
+            return Err(CirroError::internal(format!(
+                "catalog file {} holds version {}",
+                version_path(version),
+                state.version
+            )));
+        }
+        Ok(state)
+    }
+
+    /// Read the latest catalog version if another process committed one.
+    pub async fn refresh(&self) -> Result<Arc<CatalogState>> {
+        let latest = self.latest_version().await?;
+        if latest > self.snapshot().version {
+            let state = self.read_version(latest).await?;
+            self.set_current(state);
+        }
+        Ok(self.snapshot())
+    }
+
+    /// Apply `change` to the latest catalog and commit it as the next version.
+    /// `change` may run several times (after losing a race); it must be pure.
+    pub async fn commit<F>(&self, mut change: F) -> Result<Arc<CatalogState>>
+    where
+        F: FnMut(&mut CatalogState) -> Result<()>,
+    {
+        for _ in 0..CATALOG_COMMIT_RETRIES_MAX {
+            let base = self.refresh().await?;
+            let mut next = (*base).clone();
+            change(&mut next)?;
+            next.version = base.version + 1;
+            let body = serde_json::to_vec_pretty(&next)?;
+            let path = self.root.path(&version_path(next.version));
+            let options = PutOptions { mode: PutMode::Create, ..Default::default() };
+            match self.root.store().put_opts(&path, PutPayload::from(body), options).await {
+                Ok(_) => {
+                    let version = next.version;
+                    self.set_current(next);
+                    self.remove_old_versions(version).await;
+                    return Ok(self.snapshot());
+                }
+                Err(object_store::Error::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(CirroError::new(
+            SqlState::SERIALIZATION_FAILURE,
+            "the catalog is changing too fast; try the statement again",
+        ))
+    }
+
+    async fn remove_old_versions(&self, latest: u64) {
+        if latest <= CATALOG_VERSIONS_KEPT {
+            return;
+        }
+        let old = latest - CATALOG_VERSIONS_KEPT;
+        let path = self.root.path(&version_path(old));
+        // Best effort: one old version per commit keeps the directory bounded.
+        let _ = self.root.store().delete(&path).await;
+    }
+
+    /// A new directory for table `name`, relative to the data location.
+    pub fn new_table_location(db: &str, schema: &str, name: &str) -> String {
+        let safe: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+            .collect();
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        format!("data/{}/{}/{}-{}", sanitize(db), sanitize(schema), safe, &id[..12])
+    }
+
+    /// Open the table stored at `location`, reusing an open snapshot while the
+    /// table's Delta version is unchanged.
+    pub async fn open_table(&self, location: &str) -> Result<CirroTable> {
+        let url = self.root.dir_url(location)?;
+        let cached = self.open_tables.lock().ok().and_then(|m| m.get(location).cloned());
+        if let Some(table) = cached {
+            let latest = table.delta().get_latest_version().await.ok();
+            if latest.map(|v| v as i64) == Some(table.version()) {
+                return Ok(table);
+            }
+        }
+        let table = CirroTable::open(&url).await?;
+        if let Ok(mut map) = self.open_tables.lock() {
+            map.insert(location.to_string(), table.clone());
+        }
+        Ok(table)
+    }
+
+    /// Forget a cached table (after it was dropped or replaced).
+    pub fn forget_table(&self, location: &str) {
+        if let Ok(mut map) = self.open_tables.lock() {
+            map.remove(location);
+        }
+    }
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_root(tag: &str) -> (StorageRoot, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("cirro-cat-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        (StorageRoot::open(dir.to_str().expect("utf8")).expect("root"), dir)
+    }
+
+    #[tokio::test]
+    async fn commits_survive_reopen_and_races_are_serialized() {
+        let (root, dir) = temp_root("reopen");
+        let a = Catalog::open(root.clone()).await.expect("open a");
+        let b = Catalog::open(root.clone()).await.expect("open b");
+        a.commit(|s| {
+            s.databases.insert("sales".into(), DatabaseEntry::with_public());
+            Ok(())
+        })
+        .await
+        .expect("a commits");
+        // b has a stale snapshot; its commit must re-read and keep a's change.
+        b.commit(|s| {
+            s.databases.insert("hr".into(), DatabaseEntry::with_public());
+            Ok(())
+        })
+        .await
+        .expect("b commits");
+        let c = Catalog::open(root).await.expect("reopen");
+        let state = c.snapshot();
+        assert!(state.databases.contains_key("sales"));
+        assert!(state.databases.contains_key("hr"));
+        assert!(state.databases.contains_key(DEFAULT_DATABASE));
+        assert_eq!(state.version, 3);
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[tokio::test]
+    async fn failed_change_commits_nothing() {
+        let (root, dir) = temp_root("fail");
+        let cat = Catalog::open(root).await.expect("open");
+        let before = cat.snapshot();
+        let err = cat
+            .commit(|_| Err(CirroError::new(SqlState::DUPLICATE_TABLE, "exists")))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.state, SqlState::DUPLICATE_TABLE);
+        assert_eq!(cat.refresh().await.expect("refresh").version, before.version);
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

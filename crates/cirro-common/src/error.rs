@@ -1,0 +1,394 @@
+//! The one error type of Cirro: a SQLSTATE code (PostgreSQL's codes, so that
+//! drivers and tools understand them) and a message a user can act on.
+//!
+//! Errors from DataFusion, Arrow, Parquet and delta-rs are mapped onto codes by
+//! [`CirroError::from`]: by their kind where the kind says enough, by the words of
+//! the message where it does not (DataFusion reports a missing table as a plan
+//! error, for example).
+
+use std::fmt;
+
+use datafusion::error::DataFusionError;
+
+/// A PostgreSQL SQLSTATE code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SqlState(pub &'static str);
+
+impl SqlState {
+    pub const SUCCESSFUL: SqlState = SqlState("00000");
+    pub const FEATURE_NOT_SUPPORTED: SqlState = SqlState("0A000");
+    pub const CARDINALITY_VIOLATION: SqlState = SqlState("21000");
+    pub const DATA_EXCEPTION: SqlState = SqlState("22000");
+    pub const NUMERIC_VALUE_OUT_OF_RANGE: SqlState = SqlState("22003");
+    pub const INVALID_DATETIME_FORMAT: SqlState = SqlState("22007");
+    pub const DIVISION_BY_ZERO: SqlState = SqlState("22012");
+    pub const INVALID_PARAMETER_VALUE: SqlState = SqlState("22023");
+    pub const BAD_COPY_FILE_FORMAT: SqlState = SqlState("22P04");
+    pub const INVALID_TEXT_REPRESENTATION: SqlState = SqlState("22P02");
+    pub const NOT_NULL_VIOLATION: SqlState = SqlState("23502");
+    pub const INVALID_CATALOG_NAME: SqlState = SqlState("3D000");
+    pub const INVALID_SCHEMA_NAME: SqlState = SqlState("3F000");
+    pub const SERIALIZATION_FAILURE: SqlState = SqlState("40001");
+    pub const SYNTAX_ERROR: SqlState = SqlState("42601");
+    pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState("42501");
+    pub const UNDEFINED_COLUMN: SqlState = SqlState("42703");
+    pub const UNDEFINED_FUNCTION: SqlState = SqlState("42883");
+    pub const UNDEFINED_TABLE: SqlState = SqlState("42P01");
+    pub const UNDEFINED_OBJECT: SqlState = SqlState("42704");
+    pub const DUPLICATE_TABLE: SqlState = SqlState("42P07");
+    pub const DUPLICATE_SCHEMA: SqlState = SqlState("42P06");
+    pub const DUPLICATE_DATABASE: SqlState = SqlState("42P04");
+    pub const DUPLICATE_COLUMN: SqlState = SqlState("42701");
+    pub const AMBIGUOUS_COLUMN: SqlState = SqlState("42702");
+    pub const DATATYPE_MISMATCH: SqlState = SqlState("42804");
+    pub const WRONG_OBJECT_TYPE: SqlState = SqlState("42809");
+    pub const INVALID_RECURSION: SqlState = SqlState("42P19");
+    pub const DEPENDENT_OBJECTS_STILL_EXIST: SqlState = SqlState("2BP01");
+    pub const INSUFFICIENT_RESOURCES: SqlState = SqlState("53000");
+    pub const OUT_OF_MEMORY: SqlState = SqlState("53200");
+    pub const QUERY_CANCELED: SqlState = SqlState("57014");
+    pub const IO_ERROR: SqlState = SqlState("58030");
+    pub const UNDEFINED_FILE: SqlState = SqlState("58P01");
+    pub const INTERNAL_ERROR: SqlState = SqlState("XX000");
+
+    pub fn code(&self) -> &'static str {
+        self.0
+    }
+}
+
+impl fmt::Display for SqlState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// An error with a SQLSTATE code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CirroError {
+    pub state: SqlState,
+    pub message: String,
+}
+
+pub type Result<T, E = CirroError> = std::result::Result<T, E>;
+
+impl CirroError {
+    pub fn new(state: SqlState, message: impl Into<String>) -> Self {
+        Self { state, message: message.into() }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(SqlState::INTERNAL_ERROR, message)
+    }
+
+    pub fn io(message: impl Into<String>) -> Self {
+        Self::new(SqlState::IO_ERROR, message)
+    }
+
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(SqlState::FEATURE_NOT_SUPPORTED, message)
+    }
+
+    /// Carry this error through DataFusion (e.g. out of a `TableProvider`), so that
+    /// [`CirroError::from`] can take its code back out on the other side.
+    pub fn into_datafusion(self) -> DataFusionError {
+        DataFusionError::External(Box::new(self))
+    }
+}
+
+impl fmt::Display for CirroError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.message)
+    }
+}
+
+impl std::error::Error for CirroError {}
+
+impl From<DataFusionError> for CirroError {
+    fn from(err: DataFusionError) -> Self {
+        from_datafusion(err)
+    }
+}
+
+impl From<deltalake::DeltaTableError> for CirroError {
+    fn from(err: deltalake::DeltaTableError) -> Self {
+        from_delta(err)
+    }
+}
+
+impl From<object_store::Error> for CirroError {
+    fn from(err: object_store::Error) -> Self {
+        match err {
+            object_store::Error::NotFound { path, .. } => {
+                CirroError::new(SqlState::UNDEFINED_FILE, format!("file not found: {path}"))
+            }
+            other => CirroError::io(format!("storage error: {other}")),
+        }
+    }
+}
+
+impl From<std::io::Error> for CirroError {
+    fn from(err: std::io::Error) -> Self {
+        if err.kind() == std::io::ErrorKind::NotFound {
+            CirroError::new(SqlState::UNDEFINED_FILE, err.to_string())
+        } else {
+            CirroError::io(err.to_string())
+        }
+    }
+}
+
+impl From<serde_json::Error> for CirroError {
+    fn from(err: serde_json::Error) -> Self {
+        CirroError::internal(format!("bad metadata JSON: {err}"))
+    }
+}
+
+impl From<arrow::error::ArrowError> for CirroError {
+    fn from(err: arrow::error::ArrowError) -> Self {
+        from_arrow(&err)
+    }
+}
+
+fn from_delta(err: deltalake::DeltaTableError) -> CirroError {
+    use deltalake::DeltaTableError as E;
+    match err {
+        E::ObjectStore { source } => CirroError::from(source),
+        E::Arrow { source } => from_arrow(&source),
+        E::Transaction { source } => CirroError::new(
+            SqlState::SERIALIZATION_FAILURE,
+            format!("could not commit: {source}"),
+        ),
+        E::GenericError { source } => match source.downcast::<CirroError>() {
+            Ok(inner) => *inner,
+            Err(other) => CirroError::io(other.to_string()),
+        },
+        other => {
+            let text = other.to_string();
+            if text.contains("non-nullable") || text.contains("null values") {
+                CirroError::new(SqlState::NOT_NULL_VIOLATION, text)
+            } else {
+                CirroError::io(format!("table storage error: {text}"))
+            }
+        }
+    }
+}
+
+fn from_arrow(err: &arrow::error::ArrowError) -> CirroError {
+    use arrow::error::ArrowError as A;
+    let text = err.to_string();
+    let state = match err {
+        A::CastError(_) | A::ParseError(_) => cast_state(&text),
+        A::DivideByZero => SqlState::DIVISION_BY_ZERO,
+        A::ArithmeticOverflow(_) => SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+        A::CsvError(_) | A::JsonError(_) => SqlState::BAD_COPY_FILE_FORMAT,
+        A::IoError(_, _) => SqlState::IO_ERROR,
+        A::ExternalError(inner) => {
+            if let Some(cirro) = inner.downcast_ref::<CirroError>() {
+                return cirro.clone();
+            }
+            if let Some(df) = inner.downcast_ref::<DataFusionError>() {
+                return from_datafusion_ref(df);
+            }
+            SqlState::INTERNAL_ERROR
+        }
+        A::ComputeError(_) | A::InvalidArgumentError(_) => classify_message(&text),
+        A::MemoryError(_) => SqlState::OUT_OF_MEMORY,
+        _ => SqlState::INTERNAL_ERROR,
+    };
+    CirroError::new(state, clean_message(&text))
+}
+
+fn cast_state(text: &str) -> SqlState {
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("overflow") || lower.contains("too large") || lower.contains("out of range")
+    {
+        SqlState::NUMERIC_VALUE_OUT_OF_RANGE
+    } else if lower.contains("date") || lower.contains("timestamp") {
+        SqlState::INVALID_DATETIME_FORMAT
+    } else {
+        SqlState::INVALID_TEXT_REPRESENTATION
+    }
+}
+
+fn from_datafusion(err: DataFusionError) -> CirroError {
+    from_datafusion_ref(&err)
+}
+
+fn from_datafusion_ref(err: &DataFusionError) -> CirroError {
+    use datafusion::common::SchemaError as S;
+    use DataFusionError as D;
+    match err {
+        D::ArrowError(inner, _) => from_arrow(inner),
+        D::ParquetError(inner) => CirroError::io(format!("parquet error: {inner}")),
+        D::ObjectStore(inner) => match inner.as_ref() {
+            object_store::Error::NotFound { path, .. } => {
+                CirroError::new(SqlState::UNDEFINED_FILE, format!("file not found: {path}"))
+            }
+            other => CirroError::io(format!("storage error: {other}")),
+        },
+        D::IoError(inner) => {
+            if inner.kind() == std::io::ErrorKind::NotFound {
+                CirroError::new(SqlState::UNDEFINED_FILE, inner.to_string())
+            } else {
+                CirroError::io(inner.to_string())
+            }
+        }
+        D::SQL(inner, _) => CirroError::new(SqlState::SYNTAX_ERROR, format!("syntax error: {inner}")),
+        D::NotImplemented(msg) => {
+            CirroError::new(SqlState::FEATURE_NOT_SUPPORTED, format!("not supported: {msg}"))
+        }
+        D::Internal(msg) => CirroError::internal(format!("internal error: {msg}")),
+        D::Plan(msg) | D::Execution(msg) | D::Configuration(msg) => {
+            CirroError::new(classify_message(msg), clean_message(msg))
+        }
+        D::SchemaError(inner, _) => {
+            let text = inner.to_string();
+            let state = match inner.as_ref() {
+                S::FieldNotFound { .. } => SqlState::UNDEFINED_COLUMN,
+                S::AmbiguousReference { .. } => SqlState::AMBIGUOUS_COLUMN,
+                S::DuplicateQualifiedField { .. } | S::DuplicateUnqualifiedField { .. } => {
+                    SqlState::DUPLICATE_COLUMN
+                }
+            };
+            CirroError::new(state, clean_message(&text))
+        }
+        D::ExecutionJoin(inner) => CirroError::internal(format!("task failed: {inner}")),
+        D::ResourcesExhausted(msg) => {
+            CirroError::new(SqlState::OUT_OF_MEMORY, format!("resources exhausted: {msg}"))
+        }
+        D::External(inner) => {
+            if let Some(cirro) = inner.downcast_ref::<CirroError>() {
+                return cirro.clone();
+            }
+            if let Some(arrow) = inner.downcast_ref::<arrow::error::ArrowError>() {
+                return from_arrow(arrow);
+            }
+            if let Some(df) = inner.downcast_ref::<DataFusionError>() {
+                return from_datafusion_ref(df);
+            }
+            if let Some(delta) = inner.downcast_ref::<deltalake::DeltaTableError>() {
+                let text = delta.to_string();
+                return CirroError::new(classify_message(&text), text);
+            }
+            let text = inner.to_string();
+            CirroError::new(classify_message(&text), text)
+        }
+        D::Context(_, inner) => from_datafusion_ref(inner),
+        D::Diagnostic(_, inner) => from_datafusion_ref(inner),
+        D::Shared(inner) => from_datafusion_ref(inner),
+        D::Collection(errors) => match errors.first() {
+            Some(first) => from_datafusion_ref(first),
+            None => CirroError::internal("empty error collection"),
+        },
+        other => CirroError::new(SqlState::INTERNAL_ERROR, other.to_string()),
+    }
+}
+
+/// DataFusion reports many distinct conditions as plain plan or execution errors;
+/// the message is all there is to go on.
+fn classify_message(msg: &str) -> SqlState {
+    let lower = msg.to_ascii_lowercase();
+    let has = |needle: &str| lower.contains(needle);
+    if has("table '") && has("not found") || has("table not found") || has("no table named") {
+        SqlState::UNDEFINED_TABLE
+    } else if has("no field named") || has("column") && has("not found") {
+        SqlState::UNDEFINED_COLUMN
+    } else if has("invalid function") || has("function") && has("not found") {
+        SqlState::UNDEFINED_FUNCTION
+    } else if has("non-nullable") || has("not null") || has("null values") {
+        SqlState::NOT_NULL_VIOLATION
+    } else if has("divide by zero") || has("division by zero") {
+        SqlState::DIVISION_BY_ZERO
+    } else if has("overflow") || has("out of range") {
+        SqlState::NUMERIC_VALUE_OUT_OF_RANGE
+    } else if has("cannot cast") || has("can't cast") || has("cast error") || has("parser error")
+        || has("error parsing") || has("invalid digit") || has("failed to parse")
+        || has("unable to parse")
+    {
+        cast_state(msg)
+    } else if has("csv") && (has("incorrect number of fields") || has("encountered")) {
+        SqlState::BAD_COPY_FILE_FORMAT
+    } else if has("incorrect number of fields") {
+        SqlState::BAD_COPY_FILE_FORMAT
+    } else if has("no such file") || has("not found") && has("path") || has("does not exist") {
+        SqlState::UNDEFINED_FILE
+    } else if has("cannot infer common")
+        || has("coercion")
+        || has("type mismatch")
+        || has("does not support")
+        || has("no function matches")
+        || has("failed to coerce")
+        || has("cannot be cast")
+        || has("inserting query must have the same schema")
+        || has("insert")
+            && (has("expected") && has("columns") || has("type") && has("mismatch"))
+    {
+        SqlState::DATATYPE_MISMATCH
+    } else if has("already exists") {
+        SqlState::DUPLICATE_TABLE
+    } else if has("ambiguous") {
+        SqlState::AMBIGUOUS_COLUMN
+    } else if has("unsupported") || has("not supported") || has("not implemented") {
+        SqlState::FEATURE_NOT_SUPPORTED
+    } else {
+        SqlState::INTERNAL_ERROR
+    }
+}
+
+/// Strip DataFusion's internal prefixes and backtrace hints from a message.
+fn clean_message(msg: &str) -> String {
+    let mut text = msg.trim();
+    for prefix in [
+        "Error during planning: ",
+        "Execution error: ",
+        "Schema error: ",
+        "Arrow error: ",
+        "Invalid argument error: ",
+        "Cast error: ",
+        "Parser error: ",
+        "External error: ",
+        "Compute error: ",
+    ] {
+        while let Some(rest) = text.strip_prefix(prefix) {
+            text = rest;
+        }
+    }
+    text.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_datafusion_errors_to_sqlstate() {
+        let cases = [
+            (DataFusionError::Plan("table 'cirro.public.x' not found".into()), "42P01"),
+            (DataFusionError::NotImplemented("thing".into()), "0A000"),
+            (
+                DataFusionError::ArrowError(
+                    Box::new(arrow::error::ArrowError::CastError(
+                        "Cannot cast string 'abc' to value of Int32 type".into(),
+                    )),
+                    None,
+                ),
+                "22P02",
+            ),
+            (
+                DataFusionError::ArrowError(Box::new(arrow::error::ArrowError::DivideByZero), None),
+                "22012",
+            ),
+        ];
+        for (err, code) in cases {
+            assert_eq!(CirroError::from(err).state.code(), code);
+        }
+    }
+
+    #[test]
+    fn external_cirro_error_keeps_its_code() {
+        let original = CirroError::new(SqlState::NOT_NULL_VIOLATION, "null in c");
+        let back = CirroError::from(original.clone().into_datafusion());
+        assert_eq!(back, original);
+        let wrapped = DataFusionError::Context("ctx".into(), Box::new(original.clone().into_datafusion()));
+        assert_eq!(CirroError::from(wrapped), original);
+    }
+}

@@ -1,0 +1,335 @@
+//! CREATE/DROP of databases, schemas and tables: each one catalog commit.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{Field, Schema};
+use cirro_catalog::state::{DatabaseEntry, SchemaEntry, now_ms};
+use cirro_catalog::{Catalog, TableEntry};
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_storage::table::create_delta_table;
+use cirro_storage::write::write_stream;
+use cirro_storage::{CirroTable, TableOptions};
+use datafusion::common::SchemaReference;
+use datafusion::logical_expr::{CreateMemoryTable, LogicalPlan};
+use datafusion::common::TableReference;
+use datafusion::sql::sqlparser::ast::ObjectName;
+use deltalake::protocol::SaveMode;
+use futures::StreamExt;
+
+use crate::{Engine, Outcome};
+
+fn duplicate_relation(name: &str) -> CirroError {
+    CirroError::new(SqlState::DUPLICATE_TABLE, format!("relation \"{name}\" already exists"))
+}
+
+pub(crate) async fn create_table(engine: &Engine, cmd: CreateMemoryTable) -> Result<Outcome> {
+    let (db, schema, name) = engine.resolve(&cmd.name);
+    let snapshot = engine.catalog().snapshot();
+    let existing = snapshot.schema(&db, &schema)?;
+    if existing.relation_exists(&name) {
+        if cmd.if_not_exists {
+            return Ok(Outcome::with_notice(
+                "CREATE TABLE",
+                format!("relation \"{name}\" already exists, skipping"),
+            ));
+        }
+        if !cmd.or_replace || existing.views.contains_key(&name) {
+            return Err(duplicate_relation(&name));
+        }
+    }
+    if cmd.temporary {
+        return Err(CirroError::unsupported("temporary tables are not supported"));
+    }
+    let is_query = !matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
+    let planned = cmd.input.schema().as_arrow().clone();
+    // Columns of CREATE TABLE AS take the query's types but are nullable, as in PostgreSQL.
+    let columns: Vec<Field> = planned
+        .fields()
+        .iter()
+        .map(|f| Field::new(f.name(), f.data_type().clone(), is_query || f.is_nullable()))
+        .collect();
+    let table_schema = Schema::new(columns);
+    let data = if is_query {
+        let frame = engine.context().execute_logical_plan(cmd.input.as_ref().clone()).await?;
+        Some(frame.execute_stream().await?.map(|b| b.map_err(CirroError::from)))
+    } else {
+        None
+    };
+    let rows = create_with_data(engine, &db, &schema, &name, &table_schema, data, cmd.or_replace).await?;
+    Ok(if is_query { Outcome::command(format!("SELECT {rows}")) } else { Outcome::command("CREATE TABLE") })
+}
+
+/// Create table `db.schema.name` holding the rows of `data` (if any), as one
+/// catalog commit: the data is written into a new directory first, then the
+/// catalog names it. With `or_replace`, an existing table is swapped out in the
+/// same commit and its directory removed afterwards.
+pub(crate) async fn create_with_data<S>(
+    engine: &Engine,
+    db: &str,
+    schema: &str,
+    name: &str,
+    table_schema: &Schema,
+    data: Option<S>,
+    or_replace: bool,
+) -> Result<u64>
+where
+    S: futures::Stream<Item = Result<arrow::array::RecordBatch>> + Unpin,
+{
+    let catalog = engine.catalog();
+    catalog.snapshot().schema(db, schema)?;
+    let location = Catalog::new_table_location(db, schema, name);
+    let root = catalog.root().clone();
+    let url = root.dir_url(&location)?;
+    let created = async {
+        let delta = create_delta_table(&url, table_schema, &TableOptions::default()).await?;
+        let mut rows = 0;
+        if let Some(stream) = data {
+            let table = CirroTable::from_delta(delta.clone(), url.clone())?;
+            rows = write_stream(&delta, Arc::clone(table.stored_schema()), stream, SaveMode::Append).await?;
+        }
+        let mut replaced = None;
+        catalog
+            .commit(|state| {
+                let target = state.schema_mut(db, schema)?;
+                if target.views.contains_key(name) || target.tables.contains_key(name) && !or_replace {
+                    return Err(duplicate_relation(name));
+                }
+                replaced = target
+                    .tables
+                    .insert(name.to_string(), TableEntry { location: location.clone(), created_ms: now_ms() });
+                Ok(())
+            })
+            .await?;
+        Ok::<_, CirroError>((rows, replaced))
+    }
+    .await;
+    match created {
+        Ok((rows, replaced)) => {
+            if let Some(old) = replaced {
+                catalog.forget_table(&old.location);
+                let _ = root.remove_dir(&old.location).await;
+            }
+            Ok(rows)
+        }
+        Err(e) => {
+            let _ = root.remove_dir(&location).await;
+            Err(e)
+        }
+    }
+}
+
+pub(crate) async fn drop_table(engine: &Engine, name: &TableReference, if_exists: bool) -> Result<Outcome> {
+    let (db, schema, table) = engine.resolve(name);
+    let catalog = engine.catalog();
+    let mut removed = None;
+    catalog
+        .commit(|state| {
+            removed = None;
+            let target = match state.schema_mut(&db, &schema) {
+                Ok(target) => target,
+                Err(_) if if_exists => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            if target.views.contains_key(&table) {
+                return Err(CirroError::new(
+                    SqlState::WRONG_OBJECT_TYPE,
+                    format!("\"{table}\" is a view; use DROP VIEW"),
+                ));
+            }
+            removed = target.tables.remove(&table);
+            if removed.is_none() && !if_exists {
+                return Err(CirroError::new(
+                    SqlState::UNDEFINED_TABLE,
+                    format!("table \"{table}\" does not exist"),
+                ));
+            }
+            Ok(())
+        })
+        .await?;
+    match removed {
+        Some(entry) => {
+            catalog.forget_table(&entry.location);
+            let _ = catalog.root().remove_dir(&entry.location).await;
+            Ok(Outcome::command("DROP TABLE"))
+        }
+        None => Ok(Outcome::with_notice("DROP TABLE", format!("table \"{table}\" does not exist, skipping"))),
+    }
+}
+
+fn split_schema_name(engine: &Engine, name: &str) -> Result<(String, String)> {
+    let parts: Vec<&str> = name.split('.').collect();
+    match parts.as_slice() {
+        [schema] => Ok((engine.default_database(), schema.to_string())),
+        [db, schema] => Ok((db.to_string(), schema.to_string())),
+        _ => Err(CirroError::new(SqlState::SYNTAX_ERROR, format!("bad schema name \"{name}\""))),
+    }
+}
+
+pub(crate) async fn create_schema(engine: &Engine, name: &str, if_not_exists: bool) -> Result<Outcome> {
+    let (db, schema) = split_schema_name(engine, name)?;
+    let mut existed = false;
+    engine
+        .catalog()
+        .commit(|state| {
+            let database = state.databases.get_mut(&db).ok_or_else(|| {
+                CirroError::new(SqlState::INVALID_CATALOG_NAME, format!("database \"{db}\" does not exist"))
+            })?;
+            existed = database.schemas.contains_key(&schema);
+            if existed && !if_not_exists {
+                return Err(CirroError::new(
+                    SqlState::DUPLICATE_SCHEMA,
+                    format!("schema \"{schema}\" already exists"),
+                ));
+            }
+            database.schemas.entry(schema.clone()).or_default();
+            Ok(())
+        })
+        .await?;
+    Ok(if existed {
+        Outcome::with_notice("CREATE SCHEMA", format!("schema \"{schema}\" already exists, skipping"))
+    } else {
+        Outcome::command("CREATE SCHEMA")
+    })
+}
+
+fn has_relations(schema: &SchemaEntry) -> bool {
+    !schema.tables.is_empty() || !schema.views.is_empty()
+}
+
+async fn remove_table_dirs(engine: &Engine, locations: Vec<String>) {
+    for location in locations {
+        engine.catalog().forget_table(&location);
+        let _ = engine.catalog().root().remove_dir(&location).await;
+    }
+}
+
+pub(crate) async fn drop_schema(
+    engine: &Engine,
+    name: &SchemaReference,
+    if_exists: bool,
+    cascade: bool,
+) -> Result<Outcome> {
+    let (db, schema) = match name {
+        SchemaReference::Bare { schema } => (engine.default_database(), schema.to_string()),
+        SchemaReference::Full { schema, catalog } => (catalog.to_string(), schema.to_string()),
+    };
+    let mut removed: Option<SchemaEntry> = None;
+    engine
+        .catalog()
+        .commit(|state| {
+            removed = None;
+            let Some(database) = state.databases.get_mut(&db) else {
+                return if if_exists { Ok(()) } else {
+                    Err(CirroError::new(SqlState::INVALID_CATALOG_NAME, format!("database \"{db}\" does not exist")))
+                };
+            };
+            match database.schemas.get(&schema) {
+                None if if_exists => Ok(()),
+                None => Err(CirroError::new(
+                    SqlState::INVALID_SCHEMA_NAME,
+                    format!("schema \"{schema}\" does not exist"),
+                )),
+                Some(entry) if has_relations(entry) && !cascade => Err(CirroError::new(
+                    SqlState::DEPENDENT_OBJECTS_STILL_EXIST,
+                    format!("cannot drop schema \"{schema}\" because it holds tables or views (use CASCADE)"),
+                )),
+                Some(_) => {
+                    removed = database.schemas.remove(&schema);
+                    Ok(())
+                }
+            }
+        })
+        .await?;
+    match removed {
+        Some(entry) => {
+            remove_table_dirs(engine, entry.tables.into_values().map(|t| t.location).collect()).await;
+            Ok(Outcome::command("DROP SCHEMA"))
+        }
+        None => Ok(Outcome::with_notice("DROP SCHEMA", format!("schema \"{schema}\" does not exist, skipping"))),
+    }
+}
+
+pub(crate) async fn create_database(engine: &Engine, name: &str, if_not_exists: bool) -> Result<Outcome> {
+    let name = normalize_ident(name);
+    let mut existed = false;
+    engine
+        .catalog()
+        .commit(|state| {
+            existed = state.databases.contains_key(&name);
+            if existed && !if_not_exists {
+                return Err(CirroError::new(
+                    SqlState::DUPLICATE_DATABASE,
+                    format!("database \"{name}\" already exists"),
+                ));
+            }
+            state.databases.entry(name.clone()).or_insert_with(DatabaseEntry::with_public);
+            Ok(())
+        })
+        .await?;
+    Ok(if existed {
+        Outcome::with_notice("CREATE DATABASE", format!("database \"{name}\" already exists, skipping"))
+    } else {
+        Outcome::command("CREATE DATABASE")
+    })
+}
+
+/// Unquoted identifiers fold to lower case; quoted ones keep their case.
+fn normalize_ident(name: &str) -> String {
+    if name.len() >= 2 && name.starts_with('"') && name.ends_with('"') {
+        name[1..name.len() - 1].replace("\"\"", "\"")
+    } else {
+        name.to_ascii_lowercase()
+    }
+}
+
+pub(crate) async fn drop_database(
+    engine: &Engine,
+    names: &[ObjectName],
+    if_exists: bool,
+    cascade: bool,
+) -> Result<Outcome> {
+    let [name] = names else {
+        return Err(CirroError::new(SqlState::SYNTAX_ERROR, "DROP DATABASE takes one name"));
+    };
+    let name = normalize_ident(&name.to_string());
+    if name == engine.default_database() {
+        return Err(CirroError::new(
+            SqlState("55006"),
+            format!("cannot drop the currently open database \"{name}\""),
+        ));
+    }
+    let mut removed: Option<DatabaseEntry> = None;
+    engine
+        .catalog()
+        .commit(|state| {
+            removed = None;
+            match state.databases.get(&name) {
+                None if if_exists => Ok(()),
+                None => Err(CirroError::new(
+                    SqlState::INVALID_CATALOG_NAME,
+                    format!("database \"{name}\" does not exist"),
+                )),
+                Some(db) if db.schemas.values().any(has_relations) && !cascade => Err(CirroError::new(
+                    SqlState::DEPENDENT_OBJECTS_STILL_EXIST,
+                    format!("cannot drop database \"{name}\" because it holds tables or views (use CASCADE)"),
+                )),
+                Some(_) => {
+                    removed = state.databases.remove(&name);
+                    Ok(())
+                }
+            }
+        })
+        .await?;
+    match removed {
+        Some(db) => {
+            let locations = db
+                .schemas
+                .into_values()
+                .flat_map(|s| s.tables.into_values().map(|t| t.location))
+                .collect();
+            remove_table_dirs(engine, locations).await;
+            Ok(Outcome::command("DROP DATABASE"))
+        }
+        None => Ok(Outcome::with_notice("DROP DATABASE", format!("database \"{name}\" does not exist, skipping"))),
+    }
+}

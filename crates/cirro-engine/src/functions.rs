@@ -1,0 +1,102 @@
+//! Table functions that read files in place: `read_parquet('path')` and
+//! `read_csv('path' [, 'delimiter' [, header]])`. (`SELECT * FROM 'file.parquet'`
+//! works too, through DataFusion's URL tables.)
+
+use std::sync::Arc;
+
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
+use datafusion::common::ScalarValue;
+use datafusion::datasource::TableProvider;
+use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::file_format::csv::CsvFormat;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::context::SessionContext;
+use datafusion::logical_expr::Expr;
+use cirro_common::{CirroError, SqlState};
+
+pub(crate) fn register(ctx: &SessionContext) {
+    ctx.register_udtf("read_parquet", Arc::new(ReadFile { csv: false }));
+    ctx.register_udtf("read_csv", Arc::new(ReadFile { csv: true }));
+}
+
+#[derive(Debug)]
+struct ReadFile {
+    csv: bool,
+}
+
+fn literal(expr: &Expr) -> Option<ScalarValue> {
+    match expr {
+        Expr::Literal(value, _) => Some(value.clone()),
+        _ => None,
+    }
+}
+
+fn bad_argument(message: impl Into<String>) -> DataFusionError {
+    CirroError::new(SqlState::INVALID_PARAMETER_VALUE, message).into_datafusion()
+}
+
+impl ReadFile {
+    fn name(&self) -> &'static str {
+        if self.csv { "read_csv" } else { "read_parquet" }
+    }
+
+    fn options(&self, session: &dyn Session, exprs: &[Expr], path: &str) -> DfResult<ListingOptions> {
+        let extension = std::path::Path::new(path)
+            .extension()
+            .filter(|_| !std::path::Path::new(path).is_dir())
+            .map(|e| format!(".{}", e.to_string_lossy()))
+            .unwrap_or_default();
+        let format: Arc<dyn FileFormat> = if self.csv {
+            let mut format = CsvFormat::default().with_options(session.table_options().csv.clone()).with_has_header(true);
+            if let Some(value) = exprs.get(1).and_then(literal) {
+                let text = value.to_string();
+                let [byte] = text.as_bytes() else {
+                    return Err(bad_argument("read_csv: the delimiter must be one character"));
+                };
+                format = format.with_delimiter(*byte);
+            }
+            if let Some(value) = exprs.get(2).and_then(literal) {
+                match value {
+                    ScalarValue::Boolean(Some(header)) => format = format.with_has_header(header),
+                    _ => return Err(bad_argument("read_csv: header must be true or false")),
+                }
+            }
+            Arc::new(format)
+        } else {
+            Arc::new(ParquetFormat::default().with_options(session.table_options().parquet.clone()))
+        };
+        Ok(ListingOptions::new(format).with_file_extension(extension))
+    }
+}
+
+impl TableFunctionImpl for ReadFile {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        let exprs = args.exprs();
+        let session = args.session();
+        let path = match exprs.first().and_then(literal) {
+            Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p)) | ScalarValue::LargeUtf8(Some(p))) => p,
+            _ => return Err(bad_argument(format!("{}: the first argument must be a file path string", self.name()))),
+        };
+        if !path.contains("://") && !std::path::Path::new(&path).exists() {
+            return Err(CirroError::new(
+                SqlState::UNDEFINED_FILE,
+                format!("could not open file \"{path}\" for reading: No such file or directory"),
+            )
+            .into_datafusion());
+        }
+        let url = ListingTableUrl::parse(&path)?;
+        let options = self.options(session, exprs, &path)?;
+        // Schema inference is async; table functions are not. Run it on this
+        // runtime's blocking section (the engine always runs multi-threaded).
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| DataFusionError::Internal("read functions need a Tokio runtime".into()))?;
+        if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return Err(DataFusionError::Internal("read functions need a multi-threaded runtime".into()));
+        }
+        let schema = tokio::task::block_in_place(|| handle.block_on(options.infer_schema(session, &url)))?;
+        let config = ListingTableConfig::new(url).with_listing_options(options).with_schema(schema);
+        Ok(Arc::new(ListingTable::try_new(config)?))
+    }
+}

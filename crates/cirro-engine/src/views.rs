@@ -1,0 +1,191 @@
+//! Persisted views: CREATE VIEW stores the query's SQL in the catalog; a
+//! reference to the view plans that SQL again (in the view's own database and
+//! schema), so a view always reads its tables' current data.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use cirro_catalog::state::now_ms;
+use cirro_catalog::{ViewEntry, ViewPlanner};
+use cirro_common::limits::VIEW_NESTING_DEPTH_MAX;
+use cirro_common::{CirroError, Result, SqlState};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::source_as_provider;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::session_state::SessionState;
+use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder, col};
+use datafusion::common::TableReference;
+use datafusion::sql::planner::object_name_to_table_reference;
+use datafusion::sql::sqlparser::ast::CreateView;
+
+use crate::{Engine, Outcome};
+
+/// Gives a copy of the engine's current session state (None once it is gone).
+pub(crate) type StateSource = Arc<dyn Fn() -> Option<SessionState> + Send + Sync>;
+
+/// Plans stored views with a copy of the engine's session state.
+pub(crate) struct SessionViewPlanner {
+    state: StateSource,
+}
+
+impl std::fmt::Debug for SessionViewPlanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionViewPlanner")
+    }
+}
+
+impl SessionViewPlanner {
+    pub(crate) fn new(state: StateSource) -> Self {
+        Self { state }
+    }
+
+    /// A planner over the session of `ctx` (held weakly: no reference cycle).
+    pub(crate) fn for_context(ctx: &datafusion::execution::context::SessionContext) -> Self {
+        let weak = ctx.state_weak_ref();
+        Self::new(Arc::new(move || weak.upgrade().map(|state| state.read().clone())))
+    }
+}
+
+#[async_trait]
+impl ViewPlanner for SessionViewPlanner {
+    async fn plan_view(&self, db: &str, schema: &str, view: &ViewEntry) -> DfResult<LogicalPlan> {
+        let mut state = (self.state)().ok_or_else(|| DataFusionError::Internal("session is gone".into()))?;
+        let options = state.config_mut().options_mut();
+        options.catalog.default_catalog = db.to_string();
+        options.catalog.default_schema = schema.to_string();
+        let plan = state.create_logical_plan(&view.sql).await?;
+        apply_column_names(plan, &view.columns)
+    }
+}
+
+/// Rename the plan's output columns to `names` (from `CREATE VIEW v (a, b)`).
+fn apply_column_names(plan: LogicalPlan, names: &[String]) -> DfResult<LogicalPlan> {
+    if names.is_empty() {
+        return Ok(plan);
+    }
+    let columns = plan.schema().columns();
+    if columns.len() != names.len() {
+        return Err(CirroError::new(
+            SqlState::SYNTAX_ERROR,
+            format!("the view names {} columns but its query returns {}", names.len(), columns.len()),
+        )
+        .into_datafusion());
+    }
+    let exprs = columns.into_iter().zip(names).map(|(c, n)| col(c).alias(n));
+    LogicalPlanBuilder::from(plan).project(exprs)?.build()
+}
+
+/// Whether `plan` (or any view it reads, transitively) scans `target`.
+fn references(plan: &LogicalPlan, target: &TableReference, resolve: &dyn Fn(&TableReference) -> TableReference, depth: usize) -> bool {
+    if depth > VIEW_NESTING_DEPTH_MAX {
+        return true;
+    }
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            if resolve(&scan.table_name) == *target {
+                found = true;
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            if let Ok(provider) = source_as_provider(&scan.source) {
+                if let Some(inner) = provider.get_logical_plan() {
+                    if references(inner.as_ref(), target, resolve, depth + 1) {
+                        found = true;
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+pub(crate) async fn create_view(engine: &Engine, view: &CreateView) -> Result<Outcome> {
+    if view.materialized {
+        return Err(CirroError::unsupported("materialized views are not supported"));
+    }
+    let reference = object_name_to_table_reference(view.name.clone(), true)?;
+    let (db, schema, name) = engine.resolve(&reference);
+    let sql = view.query.to_string();
+    let columns: Vec<String> = view.columns.iter().map(|c| c.name.value.clone()).collect();
+    let entry = ViewEntry { sql, columns, created_ms: now_ms() };
+
+    // Plan it now: a view that does not plan is refused at creation.
+    let planner = SessionViewPlanner::for_context(engine.context());
+    let plan = planner.plan_view(&db, &schema, &entry).await?;
+    let target = TableReference::full(db.clone(), schema.clone(), name.clone());
+    let resolve = |r: &TableReference| {
+        let (d, s, t) = engine.resolve(r);
+        TableReference::full(d, s, t)
+    };
+    if references(&plan, &target, &resolve, 0) {
+        return Err(CirroError::new(
+            SqlState("42P17"),
+            format!("infinite recursion: view \"{name}\" would read itself"),
+        ));
+    }
+
+    let mut existed = false;
+    engine
+        .catalog()
+        .commit(|state| {
+            let target = state.schema_mut(&db, &schema)?;
+            if target.tables.contains_key(&name) {
+                return Err(if view.or_replace {
+                    CirroError::new(SqlState::WRONG_OBJECT_TYPE, format!("\"{name}\" is a table, not a view"))
+                } else {
+                    CirroError::new(SqlState::DUPLICATE_TABLE, format!("relation \"{name}\" already exists"))
+                });
+            }
+            existed = target.views.contains_key(&name);
+            if existed && view.if_not_exists {
+                return Ok(());
+            }
+            if existed && !view.or_replace {
+                return Err(CirroError::new(SqlState::DUPLICATE_TABLE, format!("relation \"{name}\" already exists")));
+            }
+            target.views.insert(name.clone(), entry.clone());
+            Ok(())
+        })
+        .await?;
+    Ok(if existed && view.if_not_exists {
+        Outcome::with_notice("CREATE VIEW", format!("relation \"{name}\" already exists, skipping"))
+    } else {
+        Outcome::command("CREATE VIEW")
+    })
+}
+
+pub(crate) async fn drop_view(engine: &Engine, name: &TableReference, if_exists: bool) -> Result<Outcome> {
+    let (db, schema, view) = engine.resolve(name);
+    let mut removed = false;
+    engine
+        .catalog()
+        .commit(|state| {
+            let target = match state.schema_mut(&db, &schema) {
+                Ok(target) => target,
+                Err(_) if if_exists => {
+                    removed = false;
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            };
+            if target.tables.contains_key(&view) {
+                return Err(CirroError::new(
+                    SqlState::WRONG_OBJECT_TYPE,
+                    format!("\"{view}\" is a table; use DROP TABLE"),
+                ));
+            }
+            removed = target.views.remove(&view).is_some();
+            if !removed && !if_exists {
+                return Err(CirroError::new(SqlState::UNDEFINED_TABLE, format!("view \"{view}\" does not exist")));
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(if removed {
+        Outcome::command("DROP VIEW")
+    } else {
+        Outcome::with_notice("DROP VIEW", format!("view \"{view}\" does not exist, skipping"))
+    })
+}

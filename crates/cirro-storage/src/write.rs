@@ -1,0 +1,252 @@
+//! Writing rows into a Cirro table: one statement, one Delta commit.
+//!
+//! ```text
+//!  batches ──► cast to stored types ──► NOT NULL check ──► Parquet files (zstd)
+//!                                                             │ all written
+//!                                                             ▼
+//!                               Delta commit: add (+ remove for OVERWRITE)
+//! ```
+//!
+//! Files are complete on storage before the commit names them; a statement that
+//! fails (bad value, NULL in a NOT NULL column, I/O error, lost commit race)
+//! removes the files it wrote and leaves the table at its previous version. A
+//! process killed at any point leaves unreferenced files only.
+
+use std::fmt;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::compute::CastOptions;
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use cirro_common::limits::{DATA_FILE_BYTES_TARGET, ROW_GROUP_ROWS_DEFAULT};
+use cirro_common::{CirroError, Result, SqlState};
+use datafusion::datasource::sink::DataSink;
+use datafusion::error::Result as DfResult;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
+use deltalake::DeltaTable;
+use deltalake::kernel::transaction::CommitBuilder;
+use deltalake::kernel::{Action, Add};
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::writer::{DeltaWriter, RecordBatchWriter};
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::failpoint;
+
+/// Environment override of the data file size, for tests that need many files.
+const DATA_FILE_BYTES_ENV: &str = "CIRRO_DATA_FILE_BYTES";
+
+fn data_file_bytes_target() -> u64 {
+    std::env::var(DATA_FILE_BYTES_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DATA_FILE_BYTES_TARGET)
+}
+
+fn writer_properties() -> Result<WriterProperties> {
+    let level = ZstdLevel::try_new(1).map_err(|e| CirroError::internal(e.to_string()))?;
+    Ok(WriterProperties::builder()
+        .set_compression(Compression::ZSTD(level))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS_DEFAULT))
+        .build())
+}
+
+/// Streams batches into new data files of one table and commits them at once.
+pub struct TableWriter {
+    table: DeltaTable,
+    stored_schema: SchemaRef,
+    writer: RecordBatchWriter,
+    mode: SaveMode,
+    rows: u64,
+    batches: u64,
+}
+
+impl TableWriter {
+    /// `mode` is `Append` (INSERT) or `Overwrite` (replace all rows).
+    pub fn new(table: &DeltaTable, stored_schema: SchemaRef, mode: SaveMode) -> Result<Self> {
+        let writer = RecordBatchWriter::for_table(table)?
+            .with_writer_properties(writer_properties()?)
+            .with_target_file_size(data_file_bytes_target());
+        Ok(Self { table: table.clone(), stored_schema, writer, mode, rows: 0, batches: 0 })
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Write one batch whose columns are, by position, the table's columns.
+    pub async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let batch = conform(&batch, &self.stored_schema)?;
+        let rows = batch.num_rows() as u64;
+        self.writer.write(batch).await?;
+        self.rows += rows;
+        self.batches += 1;
+        failpoint::reach("write.batch", self.batches);
+        Ok(())
+    }
+
+    /// Finish the data files and commit them; returns the rows written.
+    pub async fn commit(mut self) -> Result<u64> {
+        let adds = self.writer.flush().await?;
+        failpoint::reach("write.before_commit", 1);
+        if adds.is_empty() && self.mode == SaveMode::Append {
+            return Ok(0);
+        }
+        let mut actions: Vec<Action> = adds.iter().cloned().map(Action::Add).collect();
+        if self.mode == SaveMode::Overwrite {
+            let snapshot = self.table.snapshot()?;
+            actions.extend(snapshot.log_data().iter().map(|f| Action::Remove(f.remove_action(true))));
+        }
+        let operation = DeltaOperation::Write { mode: self.mode, partition_by: None, predicate: None };
+        let snapshot = self.table.snapshot()?;
+        let result = CommitBuilder::default()
+            .with_actions(actions)
+            .build(Some(snapshot), self.table.log_store(), operation)
+            .await;
+        match result {
+            Ok(_) => {
+                failpoint::reach("write.after_commit", 1);
+                Ok(self.rows)
+            }
+            Err(err) => {
+                remove_files(&self.table, &adds).await;
+                Err(CirroError::from(err))
+            }
+        }
+    }
+
+    /// Give up: remove every file written so far. The table is unchanged.
+    pub async fn abort(mut self) {
+        if let Ok(adds) = self.writer.flush().await {
+            remove_files(&self.table, &adds).await;
+        }
+    }
+}
+
+async fn remove_files(table: &DeltaTable, adds: &[Add]) {
+    let store = table.object_store();
+    for add in adds {
+        let path = deltalake::Path::from(add.path.as_str());
+        if let Err(e) = store.delete(&path).await {
+            log::warn!("could not remove unreferenced data file {}: {e}", add.path);
+        }
+    }
+}
+
+/// Cast `batch` to the stored schema by column position, and check NOT NULL.
+pub fn conform(batch: &RecordBatch, stored: &SchemaRef) -> Result<RecordBatch> {
+    if batch.num_columns() != stored.fields().len() {
+        return Err(CirroError::new(
+            SqlState::DATATYPE_MISMATCH,
+            format!(
+                "got {} columns but the table has {}",
+                batch.num_columns(),
+                stored.fields().len()
+            ),
+        ));
+    }
+    let options = CastOptions { safe: false, ..Default::default() };
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(stored.fields())
+        .map(|(column, field)| {
+            if !field.is_nullable() && column.null_count() > 0 {
+                return Err(CirroError::new(
+                    SqlState::NOT_NULL_VIOLATION,
+                    format!("null value in column \"{}\" violates not-null constraint", field.name()),
+                ));
+            }
+            if column.data_type() == field.data_type() {
+                return Ok(Arc::clone(column));
+            }
+            arrow::compute::cast_with_options(column, field.data_type(), &options).map_err(|e| {
+                let err = CirroError::from(e);
+                CirroError::new(err.state, format!("column \"{}\": {}", field.name(), err.message))
+            })
+        })
+        .collect::<Result<Vec<ArrayRef>>>()?;
+    RecordBatch::try_new(Arc::clone(stored), columns).map_err(CirroError::from)
+}
+
+/// The DataFusion sink behind `INSERT INTO` / `INSERT OVERWRITE` on a Cirro table.
+pub struct TableSink {
+    table: DeltaTable,
+    stored_schema: SchemaRef,
+    schema: SchemaRef,
+    mode: SaveMode,
+}
+
+impl TableSink {
+    pub fn new(table: DeltaTable, stored_schema: SchemaRef, schema: SchemaRef, mode: SaveMode) -> Self {
+        Self { table, stored_schema, schema, mode }
+    }
+}
+
+impl fmt::Debug for TableSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TableSink").field("mode", &self.mode).finish()
+    }
+}
+
+impl DisplayAs for TableSink {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CirroTableSink: mode={:?}", self.mode)
+    }
+}
+
+#[async_trait]
+impl DataSink for TableSink {
+    fn metrics(&self) -> Option<MetricsSet> {
+        None
+    }
+
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    async fn write_all(
+        &self,
+        data: SendableRecordBatchStream,
+        _context: &Arc<TaskContext>,
+    ) -> DfResult<u64> {
+        let batches = data.map(|batch| batch.map_err(CirroError::from));
+        write_stream(&self.table, Arc::clone(&self.stored_schema), batches, self.mode)
+            .await
+            .map_err(CirroError::into_datafusion)
+    }
+}
+
+/// Write all batches of `batches` into `table` as one commit (`Append` adds the
+/// rows, `Overwrite` replaces the table's rows). On any error the written files
+/// are removed and the table is unchanged.
+pub async fn write_stream<S>(
+    table: &DeltaTable,
+    stored_schema: SchemaRef,
+    mut batches: S,
+    mode: SaveMode,
+) -> Result<u64>
+where
+    S: futures::Stream<Item = Result<RecordBatch>> + Unpin,
+{
+    let mut writer = TableWriter::new(table, stored_schema, mode)?;
+    while let Some(batch) = batches.next().await {
+        let step = match batch {
+            Ok(batch) => writer.write(batch).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = step {
+            writer.abort().await;
+            return Err(e);
+        }
+    }
+    writer.commit().await
+}

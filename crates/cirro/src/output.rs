@@ -1,0 +1,170 @@
+//! Printing results: aligned tables, CSV (RFC 4180) and JSON lines.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use cirro_common::{CirroError, Result, SqlState};
+
+use crate::Format;
+
+pub fn print_error(error: &CirroError) {
+    eprintln!("ERROR: {} (SQLSTATE {})", error.message, error.state);
+}
+
+fn io_error(e: impl std::fmt::Display) -> CirroError {
+    CirroError::io(format!("cannot write output: {e}"))
+}
+
+/// Writes one result set in the chosen format.
+pub struct ResultWriter {
+    format: Format,
+    delimiter: u8,
+    null: String,
+}
+
+impl ResultWriter {
+    pub fn new(format: Format, delimiter: &str, null: &str) -> Result<Self> {
+        let delimiter = match delimiter.as_bytes() {
+            [b] if b.is_ascii() => *b,
+            b"\\t" => b'\t',
+            _ => {
+                return Err(CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!("--delimiter must be one ASCII character, got '{delimiter}'"),
+                ));
+            }
+        };
+        Ok(Self { format, delimiter, null: null.to_string() })
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// Write a result stream to `out`, returning the number of rows. CSV and
+    /// JSON are written batch by batch; a table is aligned, so it is collected.
+    pub async fn write_stream(
+        &self,
+        out: &mut dyn Write,
+        mut stream: datafusion::execution::SendableRecordBatchStream,
+    ) -> Result<usize> {
+        use futures::StreamExt;
+        let schema = stream.schema();
+        let mut rows = 0;
+        match self.format {
+            Format::Table => {
+                let mut batches = Vec::new();
+                while let Some(batch) = stream.next().await {
+                    let batch = batch?;
+                    rows += batch.num_rows();
+                    batches.push(batch);
+                }
+                self.write(out, &schema, &batches)?;
+            }
+            Format::Csv | Format::Json => {
+                let mut first = true;
+                while let Some(batch) = stream.next().await {
+                    let batch = batch?;
+                    rows += batch.num_rows();
+                    self.write_part(out, &schema, &batch, first)?;
+                    first = false;
+                }
+                if first {
+                    self.write(out, &schema, &[])?;
+                }
+            }
+        }
+        out.flush().map_err(io_error)?;
+        Ok(rows)
+    }
+
+    /// Write one batch of a CSV/JSON result; the CSV header goes with the first.
+    fn write_part(&self, out: &mut dyn Write, schema: &SchemaRef, batch: &RecordBatch, first: bool) -> Result<()> {
+        match self.format {
+            Format::Csv => {
+                let mut writer = arrow_csv::WriterBuilder::new()
+                    .with_header(first)
+                    .with_delimiter(self.delimiter)
+                    .with_null(self.null.clone())
+                    .with_date_format("%Y-%m-%d".to_string())
+                    .with_timestamp_format("%Y-%m-%d %H:%M:%S%.f".to_string())
+                    .build(out);
+                if first {
+                    writer.write(&RecordBatch::new_empty(Arc::clone(schema))).map_err(CirroError::from)?;
+                }
+                writer.write(batch).map_err(CirroError::from)
+            }
+            _ => self.write(out, schema, std::slice::from_ref(batch)),
+        }
+    }
+
+    /// Write `batches` (all of one result) to `out`.
+    pub fn write(&self, out: &mut dyn Write, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<()> {
+        match self.format {
+            Format::Table => {
+                let options = arrow::util::display::FormatOptions::default().with_null(&self.null);
+                let text = if batches.iter().all(|b| b.num_rows() == 0) {
+                    let empty = RecordBatch::new_empty(Arc::clone(schema));
+                    arrow::util::pretty::pretty_format_batches_with_options(&[empty], &options)
+                } else {
+                    arrow::util::pretty::pretty_format_batches_with_options(batches, &options)
+                }
+                .map_err(CirroError::from)?;
+                writeln!(out, "{text}").map_err(io_error)
+            }
+            Format::Csv => {
+                let mut writer = arrow_csv::WriterBuilder::new()
+                    .with_header(true)
+                    .with_delimiter(self.delimiter)
+                    .with_null(self.null.clone())
+                    .with_date_format("%Y-%m-%d".to_string())
+                    .with_timestamp_format("%Y-%m-%d %H:%M:%S%.f".to_string())
+                    .build(out);
+                let empty = RecordBatch::new_empty(Arc::clone(schema));
+                writer.write(&empty).map_err(CirroError::from)?;
+                for batch in batches {
+                    writer.write(batch).map_err(CirroError::from)?;
+                }
+                Ok(())
+            }
+            Format::Json => {
+                let mut writer = arrow_json::WriterBuilder::new()
+                    .with_explicit_nulls(true)
+                    .build::<_, arrow_json::writer::LineDelimited>(out);
+                for batch in batches {
+                    writer.write(&decimals_as_strings(batch)?).map_err(CirroError::from)?;
+                }
+                writer.finish().map_err(CirroError::from)
+            }
+        }
+    }
+}
+
+/// JSON has no exact decimal numbers: decimals go out as strings at full scale.
+fn decimals_as_strings(batch: &RecordBatch) -> Result<RecordBatch> {
+    let schema = batch.schema();
+    if !schema.fields().iter().any(|f| is_decimal(f.data_type())) {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        if is_decimal(field.data_type()) {
+            fields.push(Field::new(field.name(), DataType::Utf8, field.is_nullable()));
+            columns.push(arrow::compute::cast(column, &DataType::Utf8).map_err(CirroError::from)?);
+        } else {
+            fields.push(field.as_ref().clone());
+            columns.push(Arc::clone(column));
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(CirroError::from)
+}
+
+fn is_decimal(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..)
+    )
+}

@@ -1,0 +1,182 @@
+//! `cirro sql`: the interactive shell and the script runner.
+//!
+//! Scripts (`-c`, `-f`, or SQL piped to stdin) run statement by statement and
+//! stop at the first error, which is printed as `ERROR: … (SQLSTATE xxxxx)` on
+//! stderr with a non-zero exit. In the interactive shell a statement may span
+//! lines and ends with `;`; Ctrl-C cancels the running statement (or clears the
+//! line being typed) and the shell carries on; Ctrl-D or `\q` leaves.
+
+use std::io::{IsTerminal, Read, Write};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_engine::{Engine, Outcome, is_complete, split_statements};
+use rustyline::DefaultEditor;
+use rustyline::error::ReadlineError;
+
+use crate::output::{ResultWriter, print_error};
+use crate::{Format, SqlArgs};
+
+const PROMPT: &str = "cirro=> ";
+const PROMPT_MORE: &str = "cirro-> ";
+const HISTORY_FILE: &str = ".cirro_history";
+
+pub async fn run(engine: &Engine, args: SqlArgs) -> Result<ExitCode> {
+    let writer = ResultWriter::new(args.format, &args.delimiter, &args.null)?;
+    if !args.commands.is_empty() || !args.files.is_empty() {
+        for command in &args.commands {
+            run_script(engine, &writer, command).await?;
+        }
+        for file in &args.files {
+            let text = read_file(file)?;
+            run_script(engine, &writer, &text).await?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !std::io::stdin().is_terminal() {
+        run_piped(engine, &writer).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    interactive(engine, &writer).await
+}
+
+fn read_file(path: &str) -> Result<String> {
+    let mut text = String::new();
+    let result = if path == "-" {
+        std::io::stdin().read_to_string(&mut text).map(|_| ())
+    } else {
+        std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut text)).map(|_| ())
+    };
+    result.map_err(|e| {
+        let state = if e.kind() == std::io::ErrorKind::NotFound { SqlState::UNDEFINED_FILE } else { SqlState::IO_ERROR };
+        CirroError::new(state, format!("could not read \"{path}\": {e}"))
+    })?;
+    Ok(text)
+}
+
+async fn run_script(engine: &Engine, writer: &ResultWriter, text: &str) -> Result<()> {
+    for statement in split_statements(text) {
+        run_statement(engine, writer, &statement).await?;
+    }
+    Ok(())
+}
+
+/// SQL piped to stdin: each statement runs as soon as its `;` arrives (so a
+/// driver can hold one process and send statements one at a time), and the
+/// first error ends the run.
+async fn run_piped(engine: &Engine, writer: &ResultWriter) -> Result<()> {
+    let (sender, mut receiver) = tokio::sync::mpsc::channel::<std::io::Result<String>>(16);
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in std::io::BufRead::lines(stdin.lock()) {
+            if sender.blocking_send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut buffer = String::new();
+    while let Some(line) = receiver.recv().await {
+        let line = line.map_err(|e| CirroError::io(format!("cannot read stdin: {e}")))?;
+        buffer.push_str(&line);
+        buffer.push('\n');
+        if is_complete(&buffer) {
+            let text = std::mem::take(&mut buffer);
+            run_script(engine, writer, &text).await?;
+        }
+    }
+    run_script(engine, writer, &buffer).await
+}
+
+/// Run one statement and print what it produced.
+async fn run_statement(engine: &Engine, writer: &ResultWriter, sql: &str) -> Result<()> {
+    let started = Instant::now();
+    let outcome = engine.execute(sql).await?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let data_only = writer.format() != Format::Table;
+    match outcome {
+        Outcome::Rows(stream) => {
+            let rows = writer.write_stream(&mut out, stream).await?;
+            let elapsed = started.elapsed();
+            let summary = format!(
+                "({rows} row{})\nTime: {:.3} ms",
+                if rows == 1 { "" } else { "s" },
+                elapsed.as_secs_f64() * 1000.0
+            );
+            if data_only {
+                eprintln!("{summary}");
+            } else {
+                writeln!(out, "{summary}").map_err(|e| CirroError::io(e.to_string()))?;
+            }
+        }
+        Outcome::Command { tag, notice } => {
+            if let Some(notice) = notice {
+                eprintln!("NOTICE: {notice}");
+            }
+            let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+            if data_only {
+                eprintln!("{tag}\nTime: {elapsed:.3} ms");
+            } else {
+                writeln!(out, "{tag}\nTime: {elapsed:.3} ms").map_err(|e| CirroError::io(e.to_string()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn history_path() -> Option<std::path::PathBuf> {
+    std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(HISTORY_FILE))
+}
+
+async fn interactive(engine: &Engine, writer: &ResultWriter) -> Result<ExitCode> {
+    let mut editor = DefaultEditor::new().map_err(|e| CirroError::io(format!("cannot start the line editor: {e}")))?;
+    let history = history_path();
+    if let Some(path) = &history {
+        let _ = editor.load_history(path);
+    }
+    println!("Cirro {} — type SQL ending in ';', \\q to quit.", env!("CARGO_PKG_VERSION"));
+    let mut buffer = String::new();
+    loop {
+        let prompt = if buffer.is_empty() { PROMPT } else { PROMPT_MORE };
+        match editor.readline(prompt) {
+            Ok(line) => {
+                let trimmed = line.trim();
+                if buffer.is_empty() && matches!(trimmed, "\\q" | "quit" | "exit") {
+                    break;
+                }
+                if !buffer.is_empty() {
+                    buffer.push('\n');
+                }
+                buffer.push_str(&line);
+                if !is_complete(&buffer) {
+                    continue;
+                }
+                let _ = editor.add_history_entry(buffer.as_str());
+                let text = std::mem::take(&mut buffer);
+                for statement in split_statements(&text) {
+                    let result = tokio::select! {
+                        result = run_statement(engine, writer, &statement) => result,
+                        _ = tokio::signal::ctrl_c() => Err(CirroError::new(
+                            SqlState::QUERY_CANCELED,
+                            "canceling statement due to user request",
+                        )),
+                    };
+                    if let Err(e) = result {
+                        print_error(&e);
+                        break;
+                    }
+                }
+            }
+            Err(ReadlineError::Interrupted) => {
+                buffer.clear();
+            }
+            Err(ReadlineError::Eof) => break,
+            Err(e) => return Err(CirroError::io(format!("cannot read input: {e}"))),
+        }
+    }
+    if let Some(path) = &history {
+        let _ = editor.save_history(path);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,149 @@
+//! The `cirro sql` command line: output formats, scripts, errors, EXPLAIN.
+
+mod common;
+
+use std::io::Write;
+use std::process::Stdio;
+
+use common::DataDir;
+
+fn setup() -> DataDir {
+    let data = DataDir::new();
+    data.sql_ok(
+        "CREATE TABLE p (id INT, name VARCHAR, price DECIMAL(10,2), day DATE); \
+         INSERT INTO p VALUES (1, 'plain', 1.5, DATE '2024-03-01'), \
+                              (2, 'has, comma and \"quote\"', 20, NULL), \
+                              (3, NULL, NULL, DATE '1999-12-31')",
+    );
+    data
+}
+
+#[test]
+fn csv_output_is_rfc4180_with_header_and_full_scale_decimals() {
+    let data = setup();
+    let out = data.sql_output("SELECT * FROM p ORDER BY id", &["--format", "csv"]);
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout,
+        "id,name,price,day\n1,plain,1.50,2024-03-01\n2,\"has, comma and \"\"quote\"\"\",20.00,\n3,,,1999-12-31\n"
+    );
+    // Timing and the row count go to stderr only.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("(3 rows)"), "{stderr}");
+}
+
+#[test]
+fn csv_header_is_written_for_empty_results_and_delimiter_is_honoured() {
+    let data = setup();
+    let out = data.sql_output("SELECT id, name FROM p WHERE id > 100", &["--format", "csv", "--delimiter", "|"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "id|name\n");
+    let out = data.sql_output("SELECT id, name FROM p WHERE id = 1", &["--format", "csv", "--delimiter", "|"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "id|name\n1|plain\n");
+}
+
+#[test]
+fn json_output_is_one_object_per_line_with_decimals_as_strings() {
+    let data = setup();
+    let out = data.sql_output("SELECT id, name, price, day FROM p ORDER BY id", &["--format", "json"]);
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["id"], 1);
+    assert_eq!(lines[0]["price"], "1.50");
+    assert_eq!(lines[0]["day"], "2024-03-01");
+    assert!(lines[2]["name"].is_null());
+    assert!(lines[2]["price"].is_null());
+}
+
+#[test]
+fn table_output_is_aligned_with_row_count() {
+    let data = setup();
+    let stdout = data.sql_ok("SELECT id, name FROM p WHERE id = 1");
+    assert!(stdout.contains("| id | name  |"), "{stdout}");
+    assert!(stdout.contains("| 1  | plain |"), "{stdout}");
+    assert!(stdout.contains("(1 row)"), "{stdout}");
+    assert!(stdout.contains("Time: "), "{stdout}");
+}
+
+#[test]
+fn first_error_stops_the_script_with_sqlstate_and_nonzero_exit() {
+    let data = setup();
+    let out = data.sql_output("INSERT INTO p VALUES (4, 'x', 1, NULL); SELECT * FROM nope; INSERT INTO p VALUES (5, 'y', 1, NULL)", &[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("ERROR: ") && stderr.contains("(SQLSTATE 42P01)"), "{stderr}");
+    assert_eq!(stderr.matches("ERROR:").count(), 1, "{stderr}");
+    // The statement before the error ran; the one after did not.
+    assert_eq!(common::scalar(&data, "SELECT count(*) FROM p WHERE id >= 4"), "1");
+}
+
+#[test]
+fn scripts_from_files_and_stdin_run_every_statement() {
+    let data = DataDir::new();
+    let script = data.path().join("script.sql");
+    std::fs::write(&script, "-- a comment; with a semicolon\nCREATE TABLE s (a INT);\nINSERT INTO s VALUES (1);\n\nINSERT INTO s VALUES (2)\n;\n").expect("write");
+    let out = data.command().args(["sql", "-f"]).arg(&script).output().expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let mut child = data
+        .command()
+        .args(["sql", "--format", "csv"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child.stdin.take().expect("stdin").write_all(b"INSERT INTO s VALUES (3);\nSELECT sum(a) AS total FROM s;\n").expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "total\n6\n");
+
+    let missing = data.command().args(["sql", "-f", "/no/such/file.sql"]).output().expect("run");
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("SQLSTATE 58P01"));
+}
+
+#[test]
+fn explain_and_explain_analyze() {
+    let data = setup();
+    let plan = data.sql_ok("EXPLAIN SELECT name FROM p WHERE id = 2");
+    assert!(plan.contains("TableScan: p"), "{plan}");
+    assert!(plan.contains("DataSourceExec"), "{plan}");
+    let analyzed = data.sql_ok("EXPLAIN ANALYZE SELECT count(*) FROM p");
+    assert!(analyzed.contains("output_rows="), "{analyzed}");
+}
+
+#[test]
+fn tables_persist_across_processes_and_data_env_is_honoured() {
+    let data = DataDir::new();
+    data.sql_ok("CREATE TABLE keep (v VARCHAR); INSERT INTO keep VALUES ('kept')");
+    // A new process, locating the data with CIRRO_DATA instead of --data.
+    let out = std::process::Command::new(common::cirro_bin())
+        .env("CIRRO_DATA", data.path())
+        .args(["sql", "--format", "csv", "-c", "SELECT v FROM keep"])
+        .output()
+        .expect("run");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "v\nkept\n");
+}
+
+#[test]
+fn load_refuses_existing_tables_unless_replace() {
+    let data = DataDir::new();
+    data.load(&["tpch", "--sf", "0.001"]);
+    let out = data.command().args(["load", "tpch", "--sf", "0.001"]).output().expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SQLSTATE 42P07"));
+    data.load(&["tpch", "--sf", "0.002", "--replace"]);
+    assert_eq!(common::scalar(&data, "SELECT count(*) FROM nation"), "25");
+    let out = data.command().args(["load", "tpch", "--sf", "-1"]).output().expect("run");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SQLSTATE 22023"));
+    let out = data.command().args(["load", "tpch", "--sf", "0.001", "--schema", "other"]).output().expect("run");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SQLSTATE 3F000"));
+    data.sql_ok("CREATE SCHEMA other");
+    data.load(&["tpch", "--sf", "0.001", "--schema", "other"]);
+    assert_eq!(common::scalar(&data, "SELECT count(*) FROM other.region"), "5");
+}

@@ -1,0 +1,102 @@
+//! Helpers shared by the integration tests: run the real `cirro` binary on a
+//! temporary data location, and compare results with reference answers.
+#![allow(dead_code)]
+
+pub mod compare;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `cirro` binary built for these tests.
+pub fn cirro_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cirro")
+}
+
+/// `../shared` beside the repository. Tests that need it fail (not skip) when
+/// it is missing.
+pub fn shared_dir() -> PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let shared = repo.join("../shared");
+    assert!(
+        shared.join("tpch").is_dir(),
+        "the reference data ../shared/tpch is missing (looked in {})",
+        shared.display()
+    );
+    shared.canonicalize().expect("canonical shared path")
+}
+
+/// A data location in a fresh temporary directory.
+pub struct DataDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl DataDir {
+    pub fn new() -> Self {
+        Self { dir: tempfile::Builder::new().prefix("cirro-test-").tempdir().expect("temp dir") }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(cirro_bin());
+        command.arg("--data").arg(self.path()).env_remove("CIRRO_DATA").env_remove("CIRRO_CRASH_POINT");
+        command
+    }
+
+    /// Run `cirro sql -c SQL` with extra arguments, returning the raw output.
+    pub fn sql_output(&self, sql: &str, extra: &[&str]) -> Output {
+        let mut command = self.command();
+        command.arg("sql").args(extra).arg("-c").arg(sql);
+        command.output().expect("run cirro")
+    }
+
+    /// Run SQL that must succeed; returns stdout.
+    pub fn sql_ok(&self, sql: &str) -> String {
+        let out = self.sql_output(sql, &[]);
+        assert!(
+            out.status.success(),
+            "cirro sql failed for {sql}:\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Run a query and return its CSV rows (header first), `|`-separated.
+    pub fn query_csv(&self, sql: &str) -> String {
+        let out = self.sql_output(sql, &["--format", "csv", "--delimiter", "|"]);
+        assert!(
+            out.status.success(),
+            "query failed: {sql}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Run SQL that must fail; returns stderr.
+    pub fn sql_err(&self, sql: &str) -> String {
+        let out = self.sql_output(sql, &[]);
+        assert!(!out.status.success(), "expected failure for {sql}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// Run `cirro load ARGS…`, which must succeed.
+    pub fn load(&self, args: &[&str]) {
+        let out = self.command().arg("load").args(args).output().expect("run cirro load");
+        assert!(
+            out.status.success(),
+            "cirro load {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A single-value query result as text.
+pub fn scalar(data: &DataDir, sql: &str) -> String {
+    let csv = data.query_csv(sql);
+    let mut lines = csv.lines();
+    lines.next().expect("header");
+    lines.next().expect("one row").to_string()
+}

@@ -1,0 +1,87 @@
+//! The interactive shell in a real terminal (tmux): multi-line input, and
+//! Ctrl-C cancelling a running query without leaving the shell.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{DataDir, cirro_bin};
+
+const WAIT_SECS_MAX: u64 = 60;
+
+struct Tmux {
+    session: String,
+}
+
+impl Tmux {
+    fn start(command: &str) -> Self {
+        let session = format!("cirro-shell-test-{}", std::process::id());
+        let status = Command::new("tmux")
+            .args(["new-session", "-d", "-s", &session, "-x", "160", "-y", "50", command])
+            .status()
+            .expect("tmux must be installed (Debian package tmux; .ci/run installs it)");
+        assert!(status.success(), "tmux new-session failed");
+        Self { session }
+    }
+
+    fn send(&self, keys: &[&str]) {
+        let status = Command::new("tmux").args(["send-keys", "-t", &self.session]).args(keys).status().expect("send-keys");
+        assert!(status.success());
+    }
+
+    fn screen(&self) -> String {
+        let out = Command::new("tmux").args(["capture-pane", "-p", "-t", &self.session]).output().expect("capture");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn wait_for(&self, text: &str) -> String {
+        let started = Instant::now();
+        loop {
+            let screen = self.screen();
+            if screen.contains(text) {
+                return screen;
+            }
+            assert!(started.elapsed() < Duration::from_secs(WAIT_SECS_MAX), "'{text}' never appeared; screen:\n{screen}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux").args(["kill-session", "-t", &self.session]).status();
+    }
+}
+
+#[test]
+fn ctrl_c_cancels_the_running_query_and_the_shell_carries_on() {
+    let data = DataDir::new();
+    let command = format!(
+        "env HOME={} {} --data {} sql",
+        data.path().display(),
+        cirro_bin(),
+        data.path().display()
+    );
+    let tmux = Tmux::start(&command);
+    tmux.wait_for("cirro=>");
+    tmux.send(&["SELECT sum(value) FROM generate_series(1, 100000000000);", "Enter"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    tmux.send(&["C-c"]);
+    tmux.wait_for("canceling statement due to user request (SQLSTATE 57014)");
+    // Still alive: a statement over two lines runs.
+    tmux.send(&["SELECT 40 + 2", "Enter"]);
+    tmux.wait_for("cirro->");
+    tmux.send(&["AS answer;", "Enter"]);
+    let screen = tmux.wait_for("(1 row)");
+    assert!(screen.contains("| 42     |"), "{screen}");
+    tmux.send(&["\\q", "Enter"]);
+    // History was written on exit.
+    let started = Instant::now();
+    let history = data.path().join(".cirro_history");
+    while !history.exists() && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let saved = std::fs::read_to_string(&history).expect("history file");
+    assert!(saved.contains("AS answer;"), "{saved}");
+}
