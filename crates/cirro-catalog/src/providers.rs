@@ -33,7 +33,10 @@ pub struct CirroCatalogList {
 
 impl CirroCatalogList {
     pub fn new(catalog: Arc<Catalog>) -> Self {
-        Self { catalog, planner: Arc::new(OnceLock::new()) }
+        Self {
+            catalog,
+            planner: Arc::new(OnceLock::new()),
+        }
     }
 
     /// Set the view planner (once, after the session state exists).
@@ -137,7 +140,9 @@ impl SchemaProvider for CirroSchemaProvider {
         }
         if let Some(view) = snapshot.view(&self.db, &self.schema, name) {
             let planner = self.planner.get().ok_or_else(|| {
-                DataFusionError::Internal("views cannot be planned before the session exists".into())
+                DataFusionError::Internal(
+                    "views cannot be planned before the session exists".into(),
+                )
             })?;
             let plan = planner.plan_view(&self.db, &self.schema, view).await?;
             return Ok(Some(Arc::new(ViewTable::new(plan, Some(view.sql.clone())))));

@@ -55,32 +55,53 @@ impl CatalogState {
     fn initial() -> Self {
         let mut databases = BTreeMap::new();
         databases.insert(DEFAULT_DATABASE.to_string(), DatabaseEntry::with_public());
-        Self { format: FORMAT_VERSION, version: 0, databases }
+        Self {
+            format: FORMAT_VERSION,
+            version: 0,
+            databases,
+        }
     }
 
     pub fn database(&self, db: &str) -> Result<&DatabaseEntry> {
         self.databases.get(db).ok_or_else(|| {
-            CirroError::new(SqlState::INVALID_CATALOG_NAME, format!("database \"{db}\" does not exist"))
+            CirroError::new(
+                SqlState::INVALID_CATALOG_NAME,
+                format!("database \"{db}\" does not exist"),
+            )
         })
     }
 
     pub fn schema(&self, db: &str, schema: &str) -> Result<&SchemaEntry> {
         self.database(db)?.schemas.get(schema).ok_or_else(|| {
-            CirroError::new(SqlState::INVALID_SCHEMA_NAME, format!("schema \"{db}.{schema}\" does not exist"))
+            CirroError::new(
+                SqlState::INVALID_SCHEMA_NAME,
+                format!("schema \"{db}.{schema}\" does not exist"),
+            )
         })
     }
 
     pub fn schema_mut(&mut self, db: &str, schema: &str) -> Result<&mut SchemaEntry> {
         let database = self.databases.get_mut(db).ok_or_else(|| {
-            CirroError::new(SqlState::INVALID_CATALOG_NAME, format!("database \"{db}\" does not exist"))
+            CirroError::new(
+                SqlState::INVALID_CATALOG_NAME,
+                format!("database \"{db}\" does not exist"),
+            )
         })?;
         database.schemas.get_mut(schema).ok_or_else(|| {
-            CirroError::new(SqlState::INVALID_SCHEMA_NAME, format!("schema \"{db}.{schema}\" does not exist"))
+            CirroError::new(
+                SqlState::INVALID_SCHEMA_NAME,
+                format!("schema \"{db}.{schema}\" does not exist"),
+            )
         })
     }
 
     pub fn table(&self, db: &str, schema: &str, name: &str) -> Option<&TableEntry> {
-        self.databases.get(db)?.schemas.get(schema)?.tables.get(name)
+        self.databases
+            .get(db)?
+            .schemas
+            .get(schema)?
+            .tables
+            .get(name)
     }
 
     pub fn view(&self, db: &str, schema: &str, name: &str) -> Option<&ViewEntry> {
@@ -217,8 +238,16 @@ impl Catalog {
             next.version = base.version + 1;
             let body = serde_json::to_vec_pretty(&next)?;
             let path = self.root.path(&version_path(next.version));
-            let options = PutOptions { mode: PutMode::Create, ..Default::default() };
-            match self.root.store().put_opts(&path, PutPayload::from(body), options).await {
+            let options = PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            match self
+                .root
+                .store()
+                .put_opts(&path, PutPayload::from(body), options)
+                .await
+            {
                 Ok(_) => {
                     let version = next.version;
                     self.set_current(next);
@@ -249,17 +278,33 @@ impl Catalog {
     pub fn new_table_location(db: &str, schema: &str, name: &str) -> String {
         let safe: String = name
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         let id = uuid::Uuid::new_v4().simple().to_string();
-        format!("data/{}/{}/{}-{}", sanitize(db), sanitize(schema), safe, &id[..12])
+        format!(
+            "data/{}/{}/{}-{}",
+            sanitize(db),
+            sanitize(schema),
+            safe,
+            &id[..12]
+        )
     }
 
     /// Open the table stored at `location`, reusing an open snapshot while the
     /// table's Delta version is unchanged.
     pub async fn open_table(&self, location: &str) -> Result<CirroTable> {
         let url = self.root.dir_url(location)?;
-        let cached = self.open_tables.lock().ok().and_then(|m| m.get(location).cloned());
+        let cached = self
+            .open_tables
+            .lock()
+            .ok()
+            .and_then(|m| m.get(location).cloned());
         if let Some(table) = cached {
             let latest = table.delta().get_latest_version().await.ok();
             if latest.map(|v| v as i64) == Some(table.version()) {
@@ -283,7 +328,13 @@ impl Catalog {
 
 fn sanitize(name: &str) -> String {
     name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -294,7 +345,10 @@ mod tests {
     fn temp_root(tag: &str) -> (StorageRoot, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!("cirro-cat-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        (StorageRoot::open(dir.to_str().expect("utf8")).expect("root"), dir)
+        (
+            StorageRoot::open(dir.to_str().expect("utf8")).expect("root"),
+            dir,
+        )
     }
 
     #[tokio::test]
@@ -303,14 +357,16 @@ mod tests {
         let a = Catalog::open(root.clone()).await.expect("open a");
         let b = Catalog::open(root.clone()).await.expect("open b");
         a.commit(|s| {
-            s.databases.insert("sales".into(), DatabaseEntry::with_public());
+            s.databases
+                .insert("sales".into(), DatabaseEntry::with_public());
             Ok(())
         })
         .await
         .expect("a commits");
         // b has a stale snapshot; its commit must re-read and keep a's change.
         b.commit(|s| {
-            s.databases.insert("hr".into(), DatabaseEntry::with_public());
+            s.databases
+                .insert("hr".into(), DatabaseEntry::with_public());
             Ok(())
         })
         .await
@@ -334,7 +390,10 @@ mod tests {
             .await
             .expect_err("refused");
         assert_eq!(err.state, SqlState::DUPLICATE_TABLE);
-        assert_eq!(cat.refresh().await.expect("refresh").version, before.version);
+        assert_eq!(
+            cat.refresh().await.expect("refresh").version,
+            before.version
+        );
         std::fs::remove_dir_all(dir).ok();
     }
 }

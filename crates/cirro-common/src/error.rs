@@ -42,7 +42,7 @@ impl SqlState {
     pub const AMBIGUOUS_COLUMN: SqlState = SqlState("42702");
     pub const DATATYPE_MISMATCH: SqlState = SqlState("42804");
     pub const WRONG_OBJECT_TYPE: SqlState = SqlState("42809");
-    pub const INVALID_RECURSION: SqlState = SqlState("42P19");
+    pub const INVALID_OBJECT_DEFINITION: SqlState = SqlState("42P17");
     pub const DEPENDENT_OBJECTS_STILL_EXIST: SqlState = SqlState("2BP01");
     pub const INSUFFICIENT_RESOURCES: SqlState = SqlState("53000");
     pub const OUT_OF_MEMORY: SqlState = SqlState("53200");
@@ -73,7 +73,10 @@ pub type Result<T, E = CirroError> = std::result::Result<T, E>;
 
 impl CirroError {
     pub fn new(state: SqlState, message: impl Into<String>) -> Self {
-        Self { state, message: message.into() }
+        Self {
+            state,
+            message: message.into(),
+        }
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
@@ -199,8 +202,7 @@ fn from_arrow(err: &arrow::error::ArrowError) -> CirroError {
 
 fn cast_state(text: &str) -> SqlState {
     let lower = text.to_ascii_lowercase();
-    if lower.contains("overflow") || lower.contains("too large") || lower.contains("out of range")
-    {
+    if lower.contains("overflow") || lower.contains("too large") || lower.contains("out of range") {
         SqlState::NUMERIC_VALUE_OUT_OF_RANGE
     } else if lower.contains("date") || lower.contains("timestamp") {
         SqlState::INVALID_DATETIME_FORMAT
@@ -214,8 +216,8 @@ fn from_datafusion(err: DataFusionError) -> CirroError {
 }
 
 fn from_datafusion_ref(err: &DataFusionError) -> CirroError {
-    use datafusion::common::SchemaError as S;
     use DataFusionError as D;
+    use datafusion::common::SchemaError as S;
     match err {
         D::ArrowError(inner, _) => from_arrow(inner),
         D::ParquetError(inner) => CirroError::io(format!("parquet error: {inner}")),
@@ -232,14 +234,19 @@ fn from_datafusion_ref(err: &DataFusionError) -> CirroError {
                 CirroError::io(inner.to_string())
             }
         }
-        D::SQL(inner, _) => CirroError::new(SqlState::SYNTAX_ERROR, format!("syntax error: {inner}")),
-        D::NotImplemented(msg) => {
-            CirroError::new(SqlState::FEATURE_NOT_SUPPORTED, format!("not supported: {msg}"))
+        D::SQL(inner, _) => {
+            CirroError::new(SqlState::SYNTAX_ERROR, format!("syntax error: {inner}"))
         }
-        D::Internal(msg) => CirroError::internal(format!("internal error: {msg}")),
-        D::Plan(msg) | D::Execution(msg) | D::Configuration(msg) => {
-            CirroError::new(classify_message(msg), clean_message(msg))
-        }
+        D::NotImplemented(msg) => CirroError::new(
+            SqlState::FEATURE_NOT_SUPPORTED,
+            format!("not supported: {msg}"),
+        ),
+        D::Internal(msg) => match no_matching_function(msg) {
+            Some(err) => err,
+            None => CirroError::internal(format!("internal error: {msg}")),
+        },
+        D::Plan(msg) | D::Execution(msg) | D::Configuration(msg) => no_matching_function(msg)
+            .unwrap_or_else(|| CirroError::new(classify_message(msg), clean_message(msg))),
         D::SchemaError(inner, _) => {
             let text = inner.to_string();
             let state = match inner.as_ref() {
@@ -252,9 +259,10 @@ fn from_datafusion_ref(err: &DataFusionError) -> CirroError {
             CirroError::new(state, clean_message(&text))
         }
         D::ExecutionJoin(inner) => CirroError::internal(format!("task failed: {inner}")),
-        D::ResourcesExhausted(msg) => {
-            CirroError::new(SqlState::OUT_OF_MEMORY, format!("resources exhausted: {msg}"))
-        }
+        D::ResourcesExhausted(msg) => CirroError::new(
+            SqlState::OUT_OF_MEMORY,
+            format!("resources exhausted: {msg}"),
+        ),
         D::External(inner) => {
             if let Some(cirro) = inner.downcast_ref::<CirroError>() {
                 return cirro.clone();
@@ -283,6 +291,18 @@ fn from_datafusion_ref(err: &DataFusionError) -> CirroError {
     }
 }
 
+/// A call with argument types no signature accepts. DataFusion wraps this in
+/// an "internal error … likely a bug" text; the useful sentence is inside.
+fn no_matching_function(msg: &str) -> Option<CirroError> {
+    let at = msg.find("No function matches")?;
+    let text = &msg[at..];
+    let end = text.find('\n').unwrap_or(text.len());
+    Some(CirroError::new(
+        SqlState::UNDEFINED_FUNCTION,
+        text[..end].trim().to_string(),
+    ))
+}
+
 /// DataFusion reports many distinct conditions as plain plan or execution errors;
 /// the message is all there is to go on.
 fn classify_message(msg: &str) -> SqlState {
@@ -298,10 +318,15 @@ fn classify_message(msg: &str) -> SqlState {
         SqlState::NOT_NULL_VIOLATION
     } else if has("divide by zero") || has("division by zero") {
         SqlState::DIVISION_BY_ZERO
-    } else if has("overflow") || has("out of range") {
+    } else if has("overflow") || has("out of range") || has("too large to store") {
         SqlState::NUMERIC_VALUE_OUT_OF_RANGE
-    } else if has("cannot cast") || has("can't cast") || has("cast error") || has("parser error")
-        || has("error parsing") || has("invalid digit") || has("failed to parse")
+    } else if has("cannot cast")
+        || has("can't cast")
+        || has("cast error")
+        || has("parser error")
+        || has("error parsing")
+        || has("invalid digit")
+        || has("failed to parse")
         || has("unable to parse")
     {
         cast_state(msg)
@@ -311,7 +336,12 @@ fn classify_message(msg: &str) -> SqlState {
         SqlState::BAD_COPY_FILE_FORMAT
     } else if has("no such file") || has("not found") && has("path") || has("does not exist") {
         SqlState::UNDEFINED_FILE
+    } else if has("inconsistent data length across values list") {
+        SqlState::SYNTAX_ERROR
     } else if has("cannot infer common")
+        || has("cannot coerce")
+        || has("no valid cast exists")
+        || has("cannot automatically convert")
         || has("coercion")
         || has("type mismatch")
         || has("does not support")
@@ -319,8 +349,7 @@ fn classify_message(msg: &str) -> SqlState {
         || has("failed to coerce")
         || has("cannot be cast")
         || has("inserting query must have the same schema")
-        || has("insert")
-            && (has("expected") && has("columns") || has("type") && has("mismatch"))
+        || has("insert") && (has("expected") && has("columns") || has("type") && has("mismatch"))
     {
         SqlState::DATATYPE_MISMATCH
     } else if has("already exists") {
@@ -377,6 +406,16 @@ mod tests {
                 DataFusionError::ArrowError(Box::new(arrow::error::ArrowError::DivideByZero), None),
                 "22012",
             ),
+            (
+                DataFusionError::Plan("Cannot automatically convert Boolean to Decimal128(10, 2)".into()),
+                "42804",
+            ),
+            (
+                DataFusionError::Internal(
+                    "Function 'sum' failed. No function matches the given name and argument types 'sum(Utf8View)'.\n\tCandidate".into(),
+                ),
+                "42883",
+            ),
         ];
         for (err, code) in cases {
             assert_eq!(CirroError::from(err).state.code(), code);
@@ -388,7 +427,8 @@ mod tests {
         let original = CirroError::new(SqlState::NOT_NULL_VIOLATION, "null in c");
         let back = CirroError::from(original.clone().into_datafusion());
         assert_eq!(back, original);
-        let wrapped = DataFusionError::Context("ctx".into(), Box::new(original.clone().into_datafusion()));
+        let wrapped =
+            DataFusionError::Context("ctx".into(), Box::new(original.clone().into_datafusion()));
         assert_eq!(CirroError::from(wrapped), original);
     }
 }

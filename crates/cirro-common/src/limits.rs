@@ -16,4 +16,4 @@ pub const CATALOG_COMMIT_RETRIES_MAX: usize = 16;
 pub const CATALOG_VERSIONS_KEPT: u64 = 32;
 
 /// Nesting depth of views referring to views, to stop cycles.
-pub const VIEW_NESTING_DEPTH_MAX: usize = 32;
+pub const VIEW_NESTING_DEPTH_MAX: usize = 24;

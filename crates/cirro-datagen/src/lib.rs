@@ -26,14 +26,19 @@ pub struct GeneratedTable {
 
 impl std::fmt::Debug for GeneratedTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GeneratedTable").field("name", &self.name).field("rows", &self.rows_estimate).finish()
+        f.debug_struct("GeneratedTable")
+            .field("name", &self.name)
+            .field("rows", &self.rows_estimate)
+            .finish()
     }
 }
 
 /// Refuse scale factors that make no sense.
 pub fn check_scale_factor(sf: f64) -> Result<(), String> {
     if !(sf.is_finite() && sf > 0.0 && sf <= 100_000.0) {
-        return Err(format!("scale factor must be a positive number up to 100000, got {sf}"));
+        return Err(format!(
+            "scale factor must be a positive number up to 100000, got {sf}"
+        ));
     }
     Ok(())
 }

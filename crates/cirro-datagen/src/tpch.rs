@@ -13,8 +13,9 @@ use tpchgen_arrow::{
 use crate::{BatchIter, GeneratedTable};
 
 /// Names of the TPC-H tables, in load order (small first).
-pub const TABLES: [&str; 8] =
-    ["region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem"];
+pub const TABLES: [&str; 8] = [
+    "region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem",
+];
 
 fn scaled(base: f64, sf: f64) -> u64 {
     (base * sf).round().max(1.0) as u64
@@ -45,7 +46,9 @@ pub fn tables(sf: f64) -> Vec<GeneratedTable> {
             schema: SupplierArrow::schema_ref(),
             rows_estimate: SupplierGenerator::calculate_row_count(sf, 1, 1) as u64,
             batches: Box::new(move || -> BatchIter {
-                Box::new(SupplierArrow::new(SupplierGenerator::new(sf, 1, 1)).with_batch_size(batch))
+                Box::new(
+                    SupplierArrow::new(SupplierGenerator::new(sf, 1, 1)).with_batch_size(batch),
+                )
             }),
         },
         GeneratedTable {
@@ -53,7 +56,9 @@ pub fn tables(sf: f64) -> Vec<GeneratedTable> {
             schema: CustomerArrow::schema_ref(),
             rows_estimate: CustomerGenerator::calculate_row_count(sf, 1, 1) as u64,
             batches: Box::new(move || -> BatchIter {
-                Box::new(CustomerArrow::new(CustomerGenerator::new(sf, 1, 1)).with_batch_size(batch))
+                Box::new(
+                    CustomerArrow::new(CustomerGenerator::new(sf, 1, 1)).with_batch_size(batch),
+                )
             }),
         },
         GeneratedTable {
@@ -69,7 +74,9 @@ pub fn tables(sf: f64) -> Vec<GeneratedTable> {
             schema: PartSuppArrow::schema_ref(),
             rows_estimate: PartGenerator::calculate_row_count(sf, 1, 1) as u64 * 4,
             batches: Box::new(move || -> BatchIter {
-                Box::new(PartSuppArrow::new(PartSuppGenerator::new(sf, 1, 1)).with_batch_size(batch))
+                Box::new(
+                    PartSuppArrow::new(PartSuppGenerator::new(sf, 1, 1)).with_batch_size(batch),
+                )
             }),
         },
         GeneratedTable {
@@ -85,7 +92,9 @@ pub fn tables(sf: f64) -> Vec<GeneratedTable> {
             schema: LineItemArrow::schema_ref(),
             rows_estimate: scaled(6_001_215.0, sf),
             batches: Box::new(move || -> BatchIter {
-                Box::new(LineItemArrow::new(LineItemGenerator::new(sf, 1, 1)).with_batch_size(batch))
+                Box::new(
+                    LineItemArrow::new(LineItemGenerator::new(sf, 1, 1)).with_batch_size(batch),
+                )
             }),
         },
     ]

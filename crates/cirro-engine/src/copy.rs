@@ -10,11 +10,13 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::write::write_stream;
+use datafusion::common::TableReference;
 use datafusion::dataframe::DataFrame;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
-use datafusion::common::TableReference;
 use datafusion::sql::planner::object_name_to_table_reference;
-use datafusion::sql::sqlparser::ast::{CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement};
+use datafusion::sql::sqlparser::ast::{
+    CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement,
+};
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 use deltalake::protocol::SaveMode;
@@ -45,7 +47,12 @@ pub(crate) struct CopyFrom {
 fn first_word(sql: &str) -> String {
     crate::split::split_statements(sql)
         .first()
-        .map(|s| s.split_whitespace().next().unwrap_or("").to_ascii_lowercase())
+        .map(|s| {
+            s.split_whitespace()
+                .next()
+                .unwrap_or("")
+                .to_ascii_lowercase()
+        })
         .unwrap_or_default()
 }
 
@@ -53,7 +60,12 @@ fn single_byte(c: char, what: &str) -> Result<u8> {
     u8::try_from(c as u32)
         .ok()
         .filter(|b| b.is_ascii())
-        .ok_or_else(|| CirroError::new(SqlState::INVALID_PARAMETER_VALUE, format!("COPY {what} must be a single ASCII character")))
+        .ok_or_else(|| {
+            CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!("COPY {what} must be a single ASCII character"),
+            )
+        })
 }
 
 /// `Some` for `COPY … FROM`; `None` for anything else (including `COPY … TO`,
@@ -63,25 +75,51 @@ pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
         return Ok(None);
     }
     let dialect = PostgreSqlDialect {};
-    let statement = match Parser::new(&dialect).try_with_sql(sql).and_then(|mut p| p.parse_statement()) {
+    let statement = match Parser::new(&dialect)
+        .try_with_sql(sql)
+        .and_then(|mut p| p.parse_statement())
+    {
         Ok(statement) => statement,
         Err(_) => return Ok(None),
     };
-    let Statement::Copy { source, to: false, target, options, legacy_options, .. } = statement else {
+    let Statement::Copy {
+        source,
+        to: false,
+        target,
+        options,
+        legacy_options,
+        ..
+    } = statement
+    else {
         return Ok(None);
     };
-    let CopySource::Table { table_name, columns } = source else {
-        return Err(CirroError::new(SqlState::SYNTAX_ERROR, "COPY FROM needs a table"));
+    let CopySource::Table {
+        table_name,
+        columns,
+    } = source
+    else {
+        return Err(CirroError::new(
+            SqlState::SYNTAX_ERROR,
+            "COPY FROM needs a table",
+        ));
     };
     if !columns.is_empty() {
-        return Err(CirroError::unsupported("COPY with a column list is not supported yet; the file must hold every column"));
+        return Err(CirroError::unsupported(
+            "COPY with a column list is not supported yet; the file must hold every column",
+        ));
     }
     let path = match target {
         CopyTarget::File { filename } => filename,
         CopyTarget::Stdin => {
-            return Err(CirroError::unsupported("COPY FROM STDIN needs a client connection (cirro serve)"));
+            return Err(CirroError::unsupported(
+                "COPY FROM STDIN needs a client connection (cirro serve)",
+            ));
         }
-        other => return Err(CirroError::unsupported(format!("COPY FROM {other} is not supported"))),
+        other => {
+            return Err(CirroError::unsupported(format!(
+                "COPY FROM {other} is not supported"
+            )));
+        }
     };
     let mut copy = CopyFrom {
         table: object_name_to_table_reference(table_name, true)?,
@@ -100,7 +138,11 @@ pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
                 copy.format = match name.value.to_ascii_lowercase().as_str() {
                     "csv" | "text" => Format::Csv,
                     "parquet" => Format::Parquet,
-                    other => return Err(CirroError::unsupported(format!("COPY format \"{other}\" is not supported (csv, parquet)"))),
+                    other => {
+                        return Err(CirroError::unsupported(format!(
+                            "COPY format \"{other}\" is not supported (csv, parquet)"
+                        )));
+                    }
                 }
             }
             CopyOption::Delimiter(c) => {
@@ -111,7 +153,11 @@ pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
             CopyOption::Null(s) => copy.null = Some(s),
             CopyOption::Quote(c) => copy.quote = Some(single_byte(c, "quote")?),
             CopyOption::Escape(c) => copy.escape = Some(single_byte(c, "escape")?),
-            other => return Err(CirroError::unsupported(format!("COPY option {other} is not supported"))),
+            other => {
+                return Err(CirroError::unsupported(format!(
+                    "COPY option {other} is not supported"
+                )));
+            }
         }
     }
     for option in legacy_options {
@@ -126,18 +172,33 @@ pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
                 for o in csv {
                     match o {
                         CopyLegacyCsvOption::Header => copy.header = true,
-                        CopyLegacyCsvOption::Quote(c) => copy.quote = Some(single_byte(c, "quote")?),
-                        CopyLegacyCsvOption::Escape(c) => copy.escape = Some(single_byte(c, "escape")?),
-                        other => return Err(CirroError::unsupported(format!("COPY option {other} is not supported"))),
+                        CopyLegacyCsvOption::Quote(c) => {
+                            copy.quote = Some(single_byte(c, "quote")?)
+                        }
+                        CopyLegacyCsvOption::Escape(c) => {
+                            copy.escape = Some(single_byte(c, "escape")?)
+                        }
+                        other => {
+                            return Err(CirroError::unsupported(format!(
+                                "COPY option {other} is not supported"
+                            )));
+                        }
                     }
                 }
             }
             CopyLegacyOption::Header => copy.header = true,
-            other => return Err(CirroError::unsupported(format!("COPY option {other} is not supported"))),
+            other => {
+                return Err(CirroError::unsupported(format!(
+                    "COPY option {other} is not supported"
+                )));
+            }
         }
     }
     if copy.format == Format::Parquet && delimiter_given {
-        return Err(CirroError::new(SqlState::INVALID_PARAMETER_VALUE, "DELIMITER is only for FORMAT csv"));
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            "DELIMITER is only for FORMAT csv",
+        ));
     }
     Ok(Some(copy))
 }
@@ -146,9 +207,14 @@ pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
 /// more than the table has (dbgen's `a|b|c|`).
 fn has_trailing_delimiter(path: &str, delimiter: u8, columns: usize) -> bool {
     use std::io::BufRead;
-    let Ok(file) = std::fs::File::open(path) else { return false };
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
     let mut line = Vec::new();
-    if std::io::BufReader::new(file).read_until(b'\n', &mut line).is_err() {
+    if std::io::BufReader::new(file)
+        .read_until(b'\n', &mut line)
+        .is_err()
+    {
         return false;
     }
     while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
@@ -162,7 +228,9 @@ fn extension_of(path: &str) -> String {
     if p.is_dir() {
         return String::new();
     }
-    p.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default()
+    p.extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default()
 }
 
 fn check_exists(path: &str) -> Result<()> {
@@ -185,9 +253,17 @@ pub(crate) async fn copy_from(engine: &Engine, copy: CopyFrom) -> Result<Outcome
     let entry = match snapshot.table(&db, &schema, &name) {
         Some(entry) => entry.clone(),
         None if snapshot.view(&db, &schema, &name).is_some() => {
-            return Err(CirroError::new(SqlState::WRONG_OBJECT_TYPE, format!("cannot copy to view \"{name}\"")));
+            return Err(CirroError::new(
+                SqlState::WRONG_OBJECT_TYPE,
+                format!("cannot copy to view \"{name}\""),
+            ));
         }
-        None => return Err(CirroError::new(SqlState::UNDEFINED_TABLE, format!("relation \"{name}\" does not exist"))),
+        None => {
+            return Err(CirroError::new(
+                SqlState::UNDEFINED_TABLE,
+                format!("relation \"{name}\" does not exist"),
+            ));
+        }
     };
     check_exists(&copy.path)?;
     let table = engine.catalog().open_table(&entry.location).await?;
@@ -196,7 +272,10 @@ pub(crate) async fn copy_from(engine: &Engine, copy: CopyFrom) -> Result<Outcome
         Format::Csv => read_csv(engine, &copy, &stored).await?,
         Format::Parquet => read_parquet(engine, &copy, &stored).await?,
     };
-    let stream = frame.execute_stream().await?.map(|b| b.map_err(CirroError::from));
+    let stream = frame
+        .execute_stream()
+        .await?
+        .map(|b| b.map_err(CirroError::from));
     let rows = write_stream(table.delta(), stored, stream, SaveMode::Append).await?;
     Ok(Outcome::command(format!("COPY {rows}")))
 }
@@ -249,7 +328,10 @@ async fn read_csv(engine: &Engine, copy: &CopyFrom, stored: &Schema) -> Result<D
     if let Some(escape) = copy.escape {
         options = options.escape(escape);
     }
-    let frame = engine.context().read_csv(copy.path.as_str(), options).await?;
+    let frame = engine
+        .context()
+        .read_csv(copy.path.as_str(), options)
+        .await?;
     if trailing {
         let names: Vec<&str> = stored.fields().iter().map(|f| f.name().as_str()).collect();
         return Ok(frame.select_columns(&names)?);
@@ -271,13 +353,26 @@ fn regex_escape(text: &str) -> String {
 async fn read_parquet(engine: &Engine, copy: &CopyFrom, stored: &Schema) -> Result<DataFrame> {
     let extension = extension_of(&copy.path);
     let options = ParquetReadOptions::default().file_extension(&extension);
-    let frame = engine.context().read_parquet(copy.path.as_str(), options).await?;
-    let file_fields: Vec<String> = frame.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let frame = engine
+        .context()
+        .read_parquet(copy.path.as_str(), options)
+        .await?;
+    let file_fields: Vec<String> = frame
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     // Match columns by name where the file has them all, else by position.
     let by_name: Option<Vec<String>> = stored
         .fields()
         .iter()
-        .map(|f| file_fields.iter().find(|n| n.eq_ignore_ascii_case(f.name())).cloned())
+        .map(|f| {
+            file_fields
+                .iter()
+                .find(|n| n.eq_ignore_ascii_case(f.name()))
+                .cloned()
+        })
         .collect();
     match by_name {
         Some(names) => {
@@ -290,7 +385,12 @@ async fn read_parquet(engine: &Engine, copy: &CopyFrom, stored: &Schema) -> Resu
             format!(
                 "the Parquet file has columns ({}) that do not match the table's ({})",
                 file_fields.join(", "),
-                stored.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
+                stored
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         )),
     }
@@ -302,14 +402,18 @@ mod tests {
 
     #[test]
     fn parses_copy_from_options() {
-        let copy = parse_copy_from("COPY lineitem FROM '/x/l.tbl' (FORMAT csv, DELIMITER '|', HEADER false)")
-            .expect("parses")
-            .expect("is COPY FROM");
+        let copy = parse_copy_from(
+            "COPY lineitem FROM '/x/l.tbl' (FORMAT csv, DELIMITER '|', HEADER false)",
+        )
+        .expect("parses")
+        .expect("is COPY FROM");
         assert_eq!(copy.delimiter, b'|');
         assert!(!copy.header);
         assert_eq!(copy.format, Format::Csv);
         assert_eq!(copy.path, "/x/l.tbl");
-        let parquet = parse_copy_from("copy t from 'a.parquet' (format parquet)").expect("ok").expect("some");
+        let parquet = parse_copy_from("copy t from 'a.parquet' (format parquet)")
+            .expect("ok")
+            .expect("some");
         assert_eq!(parquet.format, Format::Parquet);
     }
 
@@ -323,7 +427,8 @@ mod tests {
     fn bad_options_are_refused() {
         let err = parse_copy_from("COPY t FROM 'x' (FORMAT avro)").expect_err("refused");
         assert_eq!(err.state, SqlState::FEATURE_NOT_SUPPORTED);
-        let err = parse_copy_from("COPY t FROM 'x' (FORMAT parquet, DELIMITER '|')").expect_err("refused");
+        let err = parse_copy_from("COPY t FROM 'x' (FORMAT parquet, DELIMITER '|')")
+            .expect_err("refused");
         assert_eq!(err.state, SqlState::INVALID_PARAMETER_VALUE);
     }
 }

@@ -10,8 +10,8 @@ use cirro_storage::table::create_delta_table;
 use cirro_storage::write::write_stream;
 use cirro_storage::{CirroTable, TableOptions};
 use datafusion::common::SchemaReference;
-use datafusion::logical_expr::{CreateMemoryTable, LogicalPlan};
 use datafusion::common::TableReference;
+use datafusion::logical_expr::{CreateMemoryTable, LogicalPlan};
 use datafusion::sql::sqlparser::ast::ObjectName;
 use deltalake::protocol::SaveMode;
 use futures::StreamExt;
@@ -19,7 +19,10 @@ use futures::StreamExt;
 use crate::{Engine, Outcome};
 
 fn duplicate_relation(name: &str) -> CirroError {
-    CirroError::new(SqlState::DUPLICATE_TABLE, format!("relation \"{name}\" already exists"))
+    CirroError::new(
+        SqlState::DUPLICATE_TABLE,
+        format!("relation \"{name}\" already exists"),
+    )
 }
 
 pub(crate) async fn create_table(engine: &Engine, cmd: CreateMemoryTable) -> Result<Outcome> {
@@ -38,9 +41,12 @@ pub(crate) async fn create_table(engine: &Engine, cmd: CreateMemoryTable) -> Res
         }
     }
     if cmd.temporary {
-        return Err(CirroError::unsupported("temporary tables are not supported"));
+        return Err(CirroError::unsupported(
+            "temporary tables are not supported",
+        ));
     }
-    let is_query = !matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
+    let is_query =
+        !matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
     let planned = cmd.input.schema().as_arrow().clone();
     // Columns of CREATE TABLE AS take the query's types but are nullable, as in PostgreSQL.
     let columns: Vec<Field> = planned
@@ -50,13 +56,34 @@ pub(crate) async fn create_table(engine: &Engine, cmd: CreateMemoryTable) -> Res
         .collect();
     let table_schema = Schema::new(columns);
     let data = if is_query {
-        let frame = engine.context().execute_logical_plan(cmd.input.as_ref().clone()).await?;
-        Some(frame.execute_stream().await?.map(|b| b.map_err(CirroError::from)))
+        let frame = engine
+            .context()
+            .execute_logical_plan(cmd.input.as_ref().clone())
+            .await?;
+        Some(
+            frame
+                .execute_stream()
+                .await?
+                .map(|b| b.map_err(CirroError::from)),
+        )
     } else {
         None
     };
-    let rows = create_with_data(engine, &db, &schema, &name, &table_schema, data, cmd.or_replace).await?;
-    Ok(if is_query { Outcome::command(format!("SELECT {rows}")) } else { Outcome::command("CREATE TABLE") })
+    let rows = create_with_data(
+        engine,
+        &db,
+        &schema,
+        &name,
+        &table_schema,
+        data,
+        cmd.or_replace,
+    )
+    .await?;
+    Ok(if is_query {
+        Outcome::command(format!("SELECT {rows}"))
+    } else {
+        Outcome::command("CREATE TABLE")
+    })
 }
 
 /// Create table `db.schema.name` holding the rows of `data` (if any), as one
@@ -85,18 +112,30 @@ where
         let mut rows = 0;
         if let Some(stream) = data {
             let table = CirroTable::from_delta(delta.clone(), url.clone())?;
-            rows = write_stream(&delta, Arc::clone(table.stored_schema()), stream, SaveMode::Append).await?;
+            rows = write_stream(
+                &delta,
+                Arc::clone(table.stored_schema()),
+                stream,
+                SaveMode::Append,
+            )
+            .await?;
         }
         let mut replaced = None;
         catalog
             .commit(|state| {
                 let target = state.schema_mut(db, schema)?;
-                if target.views.contains_key(name) || target.tables.contains_key(name) && !or_replace {
+                if target.views.contains_key(name)
+                    || target.tables.contains_key(name) && !or_replace
+                {
                     return Err(duplicate_relation(name));
                 }
-                replaced = target
-                    .tables
-                    .insert(name.to_string(), TableEntry { location: location.clone(), created_ms: now_ms() });
+                replaced = target.tables.insert(
+                    name.to_string(),
+                    TableEntry {
+                        location: location.clone(),
+                        created_ms: now_ms(),
+                    },
+                );
                 Ok(())
             })
             .await?;
@@ -118,7 +157,11 @@ where
     }
 }
 
-pub(crate) async fn drop_table(engine: &Engine, name: &TableReference, if_exists: bool) -> Result<Outcome> {
+pub(crate) async fn drop_table(
+    engine: &Engine,
+    name: &TableReference,
+    if_exists: bool,
+) -> Result<Outcome> {
     let (db, schema, table) = engine.resolve(name);
     let catalog = engine.catalog();
     let mut removed = None;
@@ -152,7 +195,10 @@ pub(crate) async fn drop_table(engine: &Engine, name: &TableReference, if_exists
             let _ = catalog.root().remove_dir(&entry.location).await;
             Ok(Outcome::command("DROP TABLE"))
         }
-        None => Ok(Outcome::with_notice("DROP TABLE", format!("table \"{table}\" does not exist, skipping"))),
+        None => Ok(Outcome::with_notice(
+            "DROP TABLE",
+            format!("table \"{table}\" does not exist, skipping"),
+        )),
     }
 }
 
@@ -161,18 +207,28 @@ fn split_schema_name(engine: &Engine, name: &str) -> Result<(String, String)> {
     match parts.as_slice() {
         [schema] => Ok((engine.default_database(), schema.to_string())),
         [db, schema] => Ok((db.to_string(), schema.to_string())),
-        _ => Err(CirroError::new(SqlState::SYNTAX_ERROR, format!("bad schema name \"{name}\""))),
+        _ => Err(CirroError::new(
+            SqlState::SYNTAX_ERROR,
+            format!("bad schema name \"{name}\""),
+        )),
     }
 }
 
-pub(crate) async fn create_schema(engine: &Engine, name: &str, if_not_exists: bool) -> Result<Outcome> {
+pub(crate) async fn create_schema(
+    engine: &Engine,
+    name: &str,
+    if_not_exists: bool,
+) -> Result<Outcome> {
     let (db, schema) = split_schema_name(engine, name)?;
     let mut existed = false;
     engine
         .catalog()
         .commit(|state| {
             let database = state.databases.get_mut(&db).ok_or_else(|| {
-                CirroError::new(SqlState::INVALID_CATALOG_NAME, format!("database \"{db}\" does not exist"))
+                CirroError::new(
+                    SqlState::INVALID_CATALOG_NAME,
+                    format!("database \"{db}\" does not exist"),
+                )
             })?;
             existed = database.schemas.contains_key(&schema);
             if existed && !if_not_exists {
@@ -186,7 +242,10 @@ pub(crate) async fn create_schema(engine: &Engine, name: &str, if_not_exists: bo
         })
         .await?;
     Ok(if existed {
-        Outcome::with_notice("CREATE SCHEMA", format!("schema \"{schema}\" already exists, skipping"))
+        Outcome::with_notice(
+            "CREATE SCHEMA",
+            format!("schema \"{schema}\" already exists, skipping"),
+        )
     } else {
         Outcome::command("CREATE SCHEMA")
     })
@@ -242,14 +301,25 @@ pub(crate) async fn drop_schema(
         .await?;
     match removed {
         Some(entry) => {
-            remove_table_dirs(engine, entry.tables.into_values().map(|t| t.location).collect()).await;
+            remove_table_dirs(
+                engine,
+                entry.tables.into_values().map(|t| t.location).collect(),
+            )
+            .await;
             Ok(Outcome::command("DROP SCHEMA"))
         }
-        None => Ok(Outcome::with_notice("DROP SCHEMA", format!("schema \"{schema}\" does not exist, skipping"))),
+        None => Ok(Outcome::with_notice(
+            "DROP SCHEMA",
+            format!("schema \"{schema}\" does not exist, skipping"),
+        )),
     }
 }
 
-pub(crate) async fn create_database(engine: &Engine, name: &str, if_not_exists: bool) -> Result<Outcome> {
+pub(crate) async fn create_database(
+    engine: &Engine,
+    name: &str,
+    if_not_exists: bool,
+) -> Result<Outcome> {
     let name = normalize_ident(name);
     let mut existed = false;
     engine
@@ -262,12 +332,18 @@ pub(crate) async fn create_database(engine: &Engine, name: &str, if_not_exists: 
                     format!("database \"{name}\" already exists"),
                 ));
             }
-            state.databases.entry(name.clone()).or_insert_with(DatabaseEntry::with_public);
+            state
+                .databases
+                .entry(name.clone())
+                .or_insert_with(DatabaseEntry::with_public);
             Ok(())
         })
         .await?;
     Ok(if existed {
-        Outcome::with_notice("CREATE DATABASE", format!("database \"{name}\" already exists, skipping"))
+        Outcome::with_notice(
+            "CREATE DATABASE",
+            format!("database \"{name}\" already exists, skipping"),
+        )
     } else {
         Outcome::command("CREATE DATABASE")
     })
@@ -289,7 +365,10 @@ pub(crate) async fn drop_database(
     cascade: bool,
 ) -> Result<Outcome> {
     let [name] = names else {
-        return Err(CirroError::new(SqlState::SYNTAX_ERROR, "DROP DATABASE takes one name"));
+        return Err(CirroError::new(
+            SqlState::SYNTAX_ERROR,
+            "DROP DATABASE takes one name",
+        ));
     };
     let name = normalize_ident(&name.to_string());
     if name == engine.default_database() {
@@ -330,6 +409,9 @@ pub(crate) async fn drop_database(
             remove_table_dirs(engine, locations).await;
             Ok(Outcome::command("DROP DATABASE"))
         }
-        None => Ok(Outcome::with_notice("DROP DATABASE", format!("database \"{name}\" does not exist, skipping"))),
+        None => Ok(Outcome::with_notice(
+            "DROP DATABASE",
+            format!("database \"{name}\" does not exist, skipping"),
+        )),
     }
 }

@@ -4,17 +4,19 @@
 
 use std::sync::Arc;
 
+use cirro_common::{CirroError, SqlState};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::TableProvider;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::csv::CsvFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::datasource::listing::{
+    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+};
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::Expr;
-use cirro_common::{CirroError, SqlState};
 
 pub(crate) fn register(ctx: &SessionContext) {
     ctx.register_udtf("read_parquet", Arc::new(ReadFile { csv: false }));
@@ -42,18 +44,27 @@ impl ReadFile {
         if self.csv { "read_csv" } else { "read_parquet" }
     }
 
-    fn options(&self, session: &dyn Session, exprs: &[Expr], path: &str) -> DfResult<ListingOptions> {
+    fn options(
+        &self,
+        session: &dyn Session,
+        exprs: &[Expr],
+        path: &str,
+    ) -> DfResult<ListingOptions> {
         let extension = std::path::Path::new(path)
             .extension()
             .filter(|_| !std::path::Path::new(path).is_dir())
             .map(|e| format!(".{}", e.to_string_lossy()))
             .unwrap_or_default();
         let format: Arc<dyn FileFormat> = if self.csv {
-            let mut format = CsvFormat::default().with_options(session.table_options().csv.clone()).with_has_header(true);
+            let mut format = CsvFormat::default()
+                .with_options(session.table_options().csv.clone())
+                .with_has_header(true);
             if let Some(value) = exprs.get(1).and_then(literal) {
                 let text = value.to_string();
                 let [byte] = text.as_bytes() else {
-                    return Err(bad_argument("read_csv: the delimiter must be one character"));
+                    return Err(bad_argument(
+                        "read_csv: the delimiter must be one character",
+                    ));
                 };
                 format = format.with_delimiter(*byte);
             }
@@ -76,8 +87,17 @@ impl TableFunctionImpl for ReadFile {
         let exprs = args.exprs();
         let session = args.session();
         let path = match exprs.first().and_then(literal) {
-            Some(ScalarValue::Utf8(Some(p)) | ScalarValue::Utf8View(Some(p)) | ScalarValue::LargeUtf8(Some(p))) => p,
-            _ => return Err(bad_argument(format!("{}: the first argument must be a file path string", self.name()))),
+            Some(
+                ScalarValue::Utf8(Some(p))
+                | ScalarValue::Utf8View(Some(p))
+                | ScalarValue::LargeUtf8(Some(p)),
+            ) => p,
+            _ => {
+                return Err(bad_argument(format!(
+                    "{}: the first argument must be a file path string",
+                    self.name()
+                )));
+            }
         };
         if !path.contains("://") && !std::path::Path::new(&path).exists() {
             return Err(CirroError::new(
@@ -93,10 +113,15 @@ impl TableFunctionImpl for ReadFile {
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|_| DataFusionError::Internal("read functions need a Tokio runtime".into()))?;
         if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-            return Err(DataFusionError::Internal("read functions need a multi-threaded runtime".into()));
+            return Err(DataFusionError::Internal(
+                "read functions need a multi-threaded runtime".into(),
+            ));
         }
-        let schema = tokio::task::block_in_place(|| handle.block_on(options.infer_schema(session, &url)))?;
-        let config = ListingTableConfig::new(url).with_listing_options(options).with_schema(schema);
+        let schema =
+            tokio::task::block_in_place(|| handle.block_on(options.infer_schema(session, &url)))?;
+        let config = ListingTableConfig::new(url)
+            .with_listing_options(options)
+            .with_schema(schema);
         Ok(Arc::new(ListingTable::try_new(config)?))
     }
 }

@@ -54,11 +54,17 @@ pub enum Outcome {
 
 impl Outcome {
     fn command(tag: impl Into<String>) -> Self {
-        Outcome::Command { tag: tag.into(), notice: None }
+        Outcome::Command {
+            tag: tag.into(),
+            notice: None,
+        }
     }
 
     fn with_notice(tag: impl Into<String>, notice: impl Into<String>) -> Self {
-        Outcome::Command { tag: tag.into(), notice: Some(notice.into()) }
+        Outcome::Command {
+            tag: tag.into(),
+            notice: Some(notice.into()),
+        }
     }
 }
 
@@ -111,10 +117,20 @@ impl Engine {
         let statement = state.sql_to_statement(sql, &dialect)?;
         if let DfStatement::Statement(inner) = &statement {
             match inner.as_ref() {
-                SqlStatement::Drop { object_type: ObjectType::Database, if_exists, names, cascade, .. } => {
+                SqlStatement::Drop {
+                    object_type: ObjectType::Database,
+                    if_exists,
+                    names,
+                    cascade,
+                    ..
+                } => {
                     return ddl::drop_database(self, names, *if_exists, *cascade).await;
                 }
-                SqlStatement::CreateDatabase { db_name, if_not_exists, .. } => {
+                SqlStatement::CreateDatabase {
+                    db_name,
+                    if_not_exists,
+                    ..
+                } => {
                     return ddl::create_database(self, &db_name.to_string(), *if_not_exists).await;
                 }
                 SqlStatement::CreateView(view) => return views::create_view(self, view).await,
@@ -136,8 +152,12 @@ impl Engine {
         match plan {
             LogicalPlan::Ddl(ddl) => match ddl {
                 DdlStatement::CreateMemoryTable(cmd) => ddl::create_table(self, cmd).await,
-                DdlStatement::DropTable(cmd) => ddl::drop_table(self, &cmd.name, cmd.if_exists).await,
-                DdlStatement::DropView(cmd) => views::drop_view(self, &cmd.name, cmd.if_exists).await,
+                DdlStatement::DropTable(cmd) => {
+                    ddl::drop_table(self, &cmd.name, cmd.if_exists).await
+                }
+                DdlStatement::DropView(cmd) => {
+                    views::drop_view(self, &cmd.name, cmd.if_exists).await
+                }
                 DdlStatement::CreateCatalogSchema(cmd) => {
                     ddl::create_schema(self, &cmd.schema_name, cmd.if_not_exists).await
                 }
@@ -150,7 +170,10 @@ impl Engine {
                 DdlStatement::CreateExternalTable(_) => Err(CirroError::unsupported(
                     "CREATE EXTERNAL TABLE is not supported: use CREATE TABLE and COPY, or query files directly with read_parquet()/read_csv()",
                 )),
-                other => Err(CirroError::unsupported(format!("{} is not supported", other.name()))),
+                other => Err(CirroError::unsupported(format!(
+                    "{} is not supported",
+                    other.name()
+                ))),
             },
             LogicalPlan::Dml(dml) => {
                 let (db, schema, name) = self.resolve(&dml.table_name);
@@ -193,7 +216,11 @@ impl Engine {
         while let Some(batch) = stream.next().await {
             let batch = batch?;
             if batch.num_columns() == 1 {
-                if let Some(array) = batch.column(0).as_any().downcast_ref::<arrow::array::UInt64Array>() {
+                if let Some(array) = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<arrow::array::UInt64Array>()
+                {
                     count += array.iter().flatten().sum::<u64>();
                 }
             }
@@ -235,12 +262,26 @@ impl Engine {
     {
         self.catalog.refresh().await?;
         let db = self.default_database();
-        ddl::create_with_data(self, &db, schema_name, name, table_schema, Some(batches), replace).await
+        ddl::create_with_data(
+            self,
+            &db,
+            schema_name,
+            name,
+            table_schema,
+            Some(batches),
+            replace,
+        )
+        .await
     }
 
     /// Fail with 42P07 if any of `names` exists in `schema_name` (and 3F000 if
     /// the schema does not exist), unless `replace`.
-    pub async fn check_new_tables(&self, schema_name: &str, names: &[&str], replace: bool) -> Result<()> {
+    pub async fn check_new_tables(
+        &self,
+        schema_name: &str,
+        names: &[&str],
+        replace: bool,
+    ) -> Result<()> {
         let snapshot = self.catalog.refresh().await?;
         let schema = snapshot.schema(&self.default_database(), schema_name)?;
         for name in names {
@@ -262,20 +303,40 @@ impl Engine {
         table_schema: &arrow::datatypes::Schema,
         delimiter: u8,
         header: bool,
-    ) -> Result<impl futures::Stream<Item = Result<arrow::array::RecordBatch>> + Unpin + use<>> {
+    ) -> Result<impl futures::Stream<Item = Result<arrow::array::RecordBatch>> + Unpin + use<>>
+    {
         let frame = copy::read_delimited(self, path, table_schema, delimiter, header).await?;
-        Ok(frame.execute_stream().await?.map(|b| b.map_err(CirroError::from)))
+        Ok(frame
+            .execute_stream()
+            .await?
+            .map(|b| b.map_err(CirroError::from)))
     }
 
     /// Resolve a (possibly qualified) name against the session defaults.
-    pub(crate) fn resolve(&self, name: &datafusion::common::TableReference) -> (String, String, String) {
+    pub(crate) fn resolve(
+        &self,
+        name: &datafusion::common::TableReference,
+    ) -> (String, String, String) {
         let state = self.ctx.state();
         let options = state.config().options();
-        let resolved = name.clone().resolve(&options.catalog.default_catalog, &options.catalog.default_schema);
-        (resolved.catalog.to_string(), resolved.schema.to_string(), resolved.table.to_string())
+        let resolved = name.clone().resolve(
+            &options.catalog.default_catalog,
+            &options.catalog.default_schema,
+        );
+        (
+            resolved.catalog.to_string(),
+            resolved.schema.to_string(),
+            resolved.table.to_string(),
+        )
     }
 
     pub(crate) fn default_database(&self) -> String {
-        self.ctx.state().config().options().catalog.default_catalog.clone()
+        self.ctx
+            .state()
+            .config()
+            .options()
+            .catalog
+            .default_catalog
+            .clone()
     }
 }

@@ -122,7 +122,11 @@ fn scan_inner(text: &str, strip_comments: bool) -> (Vec<String>, String, Mode) {
                     if !strip_comments {
                         current.push_str("*/");
                     }
-                    mode = if depth == 1 { Mode::Normal } else { Mode::BlockComment(depth - 1) };
+                    mode = if depth == 1 {
+                        Mode::Normal
+                    } else {
+                        Mode::BlockComment(depth - 1)
+                    };
                     if strip_comments && mode == Mode::Normal {
                         current.push(' ');
                     }
@@ -152,7 +156,8 @@ mod tests {
 
     #[test]
     fn splits_at_top_level_semicolons_only() {
-        let text = "select 'a;b' as x; -- c;d\nselect \"e;f\" from t /* g; */ ;\n\n select $$h;i$$;;";
+        let text =
+            "select 'a;b' as x; -- c;d\nselect \"e;f\" from t /* g; */ ;\n\n select $$h;i$$;;";
         let parts = split_statements(text);
         assert_eq!(parts.len(), 3, "{parts:?}");
         assert_eq!(parts[0], "select 'a;b' as x");
@@ -169,7 +174,10 @@ mod tests {
     #[test]
     fn escaped_quotes_stay_inside_the_literal() {
         let parts = split_statements("select 'it''s; fine'; select 2");
-        assert_eq!(parts, vec!["select 'it''s; fine'".to_string(), "select 2".to_string()]);
+        assert_eq!(
+            parts,
+            vec!["select 'it''s; fine'".to_string(), "select 2".to_string()]
+        );
     }
 
     #[test]

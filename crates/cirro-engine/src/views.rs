@@ -9,16 +9,24 @@ use cirro_catalog::state::now_ms;
 use cirro_catalog::{ViewEntry, ViewPlanner};
 use cirro_common::limits::VIEW_NESTING_DEPTH_MAX;
 use cirro_common::{CirroError, Result, SqlState};
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::datasource::source_as_provider;
+use std::ops::ControlFlow;
+
+use datafusion::common::TableReference;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::session_state::SessionState;
 use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder, col};
-use datafusion::common::TableReference;
 use datafusion::sql::planner::object_name_to_table_reference;
 use datafusion::sql::sqlparser::ast::CreateView;
+use datafusion::sql::sqlparser::ast::visit_relations;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
 
 use crate::{Engine, Outcome};
+
+tokio::task_local! {
+    /// How many views deep the current planning is.
+    static VIEW_DEPTH: usize;
+}
 
 /// Gives a copy of the engine's current session state (None once it is gone).
 pub(crate) type StateSource = Arc<dyn Fn() -> Option<SessionState> + Send + Sync>;
@@ -42,18 +50,35 @@ impl SessionViewPlanner {
     /// A planner over the session of `ctx` (held weakly: no reference cycle).
     pub(crate) fn for_context(ctx: &datafusion::execution::context::SessionContext) -> Self {
         let weak = ctx.state_weak_ref();
-        Self::new(Arc::new(move || weak.upgrade().map(|state| state.read().clone())))
+        Self::new(Arc::new(move || {
+            weak.upgrade().map(|state| state.read().clone())
+        }))
     }
 }
 
 #[async_trait]
 impl ViewPlanner for SessionViewPlanner {
     async fn plan_view(&self, db: &str, schema: &str, view: &ViewEntry) -> DfResult<LogicalPlan> {
-        let mut state = (self.state)().ok_or_else(|| DataFusionError::Internal("session is gone".into()))?;
+        let mut state =
+            (self.state)().ok_or_else(|| DataFusionError::Internal("session is gone".into()))?;
         let options = state.config_mut().options_mut();
         options.catalog.default_catalog = db.to_string();
         options.catalog.default_schema = schema.to_string();
-        let plan = state.create_logical_plan(&view.sql).await?;
+        // Planning a view plans the views it reads, within this same task: the
+        // depth bounds that recursion even if the catalog held a cycle.
+        let depth = VIEW_DEPTH.try_with(|d| *d).unwrap_or(0);
+        if depth >= VIEW_NESTING_DEPTH_MAX {
+            return Err(CirroError::new(
+                SqlState::INVALID_OBJECT_DEFINITION,
+                format!(
+                    "views are nested more than {VIEW_NESTING_DEPTH_MAX} deep (or read themselves)"
+                ),
+            )
+            .into_datafusion());
+        }
+        let plan = VIEW_DEPTH
+            .scope(depth + 1, state.create_logical_plan(&view.sql))
+            .await?;
         apply_column_names(plan, &view.columns)
     }
 }
@@ -67,7 +92,11 @@ fn apply_column_names(plan: LogicalPlan, names: &[String]) -> DfResult<LogicalPl
     if columns.len() != names.len() {
         return Err(CirroError::new(
             SqlState::SYNTAX_ERROR,
-            format!("the view names {} columns but its query returns {}", names.len(), columns.len()),
+            format!(
+                "the view names {} columns but its query returns {}",
+                names.len(),
+                columns.len()
+            ),
         )
         .into_datafusion());
     }
@@ -75,53 +104,86 @@ fn apply_column_names(plan: LogicalPlan, names: &[String]) -> DfResult<LogicalPl
     LogicalPlanBuilder::from(plan).project(exprs)?.build()
 }
 
-/// Whether `plan` (or any view it reads, transitively) scans `target`.
-fn references(plan: &LogicalPlan, target: &TableReference, resolve: &dyn Fn(&TableReference) -> TableReference, depth: usize) -> bool {
+/// The relations that the query text `sql` names, resolved against `db.schema`.
+fn relations_of(sql: &str, db: &str, schema: &str) -> Vec<(String, String, String)> {
+    let dialect = GenericDialect {};
+    let Ok(statements) = Parser::parse_sql(&dialect, sql) else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    for statement in &statements {
+        let _ = visit_relations(statement, |name| {
+            if let Ok(reference) = object_name_to_table_reference(name.clone(), true) {
+                let resolved = reference.resolve(db, schema);
+                names.push((
+                    resolved.catalog.to_string(),
+                    resolved.schema.to_string(),
+                    resolved.table.to_string(),
+                ));
+            }
+            ControlFlow::<()>::Continue(())
+        });
+    }
+    names
+}
+
+/// Whether the view query `sql` (in `db.schema`) reads `target`, directly or
+/// through other views. Works on the SQL text: DataFusion inlines views while
+/// planning, so a plan no longer names the views it read.
+fn reads_relation(
+    catalog: &cirro_catalog::CatalogState,
+    sql: &str,
+    db: &str,
+    schema: &str,
+    target: &(String, String, String),
+    depth: usize,
+) -> bool {
     if depth > VIEW_NESTING_DEPTH_MAX {
         return true;
     }
-    let mut found = false;
-    let _ = plan.apply(|node| {
-        if let LogicalPlan::TableScan(scan) = node {
-            if resolve(&scan.table_name) == *target {
-                found = true;
-                return Ok(TreeNodeRecursion::Stop);
-            }
-            if let Ok(provider) = source_as_provider(&scan.source) {
-                if let Some(inner) = provider.get_logical_plan() {
-                    if references(inner.as_ref(), target, resolve, depth + 1) {
-                        found = true;
-                        return Ok(TreeNodeRecursion::Stop);
-                    }
-                }
-            }
+    relations_of(sql, db, schema).into_iter().any(|relation| {
+        if relation == *target {
+            return true;
         }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
+        let (d, s, t) = &relation;
+        match catalog.view(d, s, t) {
+            Some(view) => reads_relation(catalog, &view.sql, d, s, target, depth + 1),
+            None => false,
+        }
+    })
 }
 
 pub(crate) async fn create_view(engine: &Engine, view: &CreateView) -> Result<Outcome> {
     if view.materialized {
-        return Err(CirroError::unsupported("materialized views are not supported"));
+        return Err(CirroError::unsupported(
+            "materialized views are not supported",
+        ));
     }
     let reference = object_name_to_table_reference(view.name.clone(), true)?;
     let (db, schema, name) = engine.resolve(&reference);
     let sql = view.query.to_string();
     let columns: Vec<String> = view.columns.iter().map(|c| c.name.value.clone()).collect();
-    let entry = ViewEntry { sql, columns, created_ms: now_ms() };
+    let entry = ViewEntry {
+        sql,
+        columns,
+        created_ms: now_ms(),
+    };
 
     // Plan it now: a view that does not plan is refused at creation.
     let planner = SessionViewPlanner::for_context(engine.context());
     let plan = planner.plan_view(&db, &schema, &entry).await?;
-    let target = TableReference::full(db.clone(), schema.clone(), name.clone());
-    let resolve = |r: &TableReference| {
-        let (d, s, t) = engine.resolve(r);
-        TableReference::full(d, s, t)
-    };
-    if references(&plan, &target, &resolve, 0) {
+    drop(plan);
+    let target = (db.clone(), schema.clone(), name.clone());
+    if reads_relation(
+        &engine.catalog().snapshot(),
+        &entry.sql,
+        &db,
+        &schema,
+        &target,
+        0,
+    ) {
         return Err(CirroError::new(
-            SqlState("42P17"),
+            SqlState::INVALID_OBJECT_DEFINITION,
             format!("infinite recursion: view \"{name}\" would read itself"),
         ));
     }
@@ -133,9 +195,15 @@ pub(crate) async fn create_view(engine: &Engine, view: &CreateView) -> Result<Ou
             let target = state.schema_mut(&db, &schema)?;
             if target.tables.contains_key(&name) {
                 return Err(if view.or_replace {
-                    CirroError::new(SqlState::WRONG_OBJECT_TYPE, format!("\"{name}\" is a table, not a view"))
+                    CirroError::new(
+                        SqlState::WRONG_OBJECT_TYPE,
+                        format!("\"{name}\" is a table, not a view"),
+                    )
                 } else {
-                    CirroError::new(SqlState::DUPLICATE_TABLE, format!("relation \"{name}\" already exists"))
+                    CirroError::new(
+                        SqlState::DUPLICATE_TABLE,
+                        format!("relation \"{name}\" already exists"),
+                    )
                 });
             }
             existed = target.views.contains_key(&name);
@@ -143,20 +211,30 @@ pub(crate) async fn create_view(engine: &Engine, view: &CreateView) -> Result<Ou
                 return Ok(());
             }
             if existed && !view.or_replace {
-                return Err(CirroError::new(SqlState::DUPLICATE_TABLE, format!("relation \"{name}\" already exists")));
+                return Err(CirroError::new(
+                    SqlState::DUPLICATE_TABLE,
+                    format!("relation \"{name}\" already exists"),
+                ));
             }
             target.views.insert(name.clone(), entry.clone());
             Ok(())
         })
         .await?;
     Ok(if existed && view.if_not_exists {
-        Outcome::with_notice("CREATE VIEW", format!("relation \"{name}\" already exists, skipping"))
+        Outcome::with_notice(
+            "CREATE VIEW",
+            format!("relation \"{name}\" already exists, skipping"),
+        )
     } else {
         Outcome::command("CREATE VIEW")
     })
 }
 
-pub(crate) async fn drop_view(engine: &Engine, name: &TableReference, if_exists: bool) -> Result<Outcome> {
+pub(crate) async fn drop_view(
+    engine: &Engine,
+    name: &TableReference,
+    if_exists: bool,
+) -> Result<Outcome> {
     let (db, schema, view) = engine.resolve(name);
     let mut removed = false;
     engine
@@ -178,7 +256,10 @@ pub(crate) async fn drop_view(engine: &Engine, name: &TableReference, if_exists:
             }
             removed = target.views.remove(&view).is_some();
             if !removed && !if_exists {
-                return Err(CirroError::new(SqlState::UNDEFINED_TABLE, format!("view \"{view}\" does not exist")));
+                return Err(CirroError::new(
+                    SqlState::UNDEFINED_TABLE,
+                    format!("view \"{view}\" does not exist"),
+                ));
             }
             Ok(())
         })
@@ -186,6 +267,9 @@ pub(crate) async fn drop_view(engine: &Engine, name: &TableReference, if_exists:
     Ok(if removed {
         Outcome::command("DROP VIEW")
     } else {
-        Outcome::with_notice("DROP VIEW", format!("view \"{view}\" does not exist, skipping"))
+        Outcome::with_notice(
+            "DROP VIEW",
+            format!("view \"{view}\" does not exist, skipping"),
+        )
     })
 }

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use cirro_common::{CirroError, Result, SqlState};
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
 /// The root of a data location and the object store that reaches it.
@@ -23,15 +23,19 @@ impl StorageRoot {
     pub fn open(location: &str) -> Result<Self> {
         let url = if location.contains("://") {
             Url::parse(location).map_err(|e| {
-                CirroError::new(SqlState::INVALID_PARAMETER_VALUE, format!("bad data URL {location}: {e}"))
+                CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!("bad data URL {location}: {e}"),
+                )
             })?
         } else {
             let path = std::path::Path::new(location);
             std::fs::create_dir_all(path).map_err(|e| {
                 CirroError::io(format!("cannot create data directory {location}: {e}"))
             })?;
-            let absolute = std::fs::canonicalize(path)
-                .map_err(|e| CirroError::io(format!("cannot open data directory {location}: {e}")))?;
+            let absolute = std::fs::canonicalize(path).map_err(|e| {
+                CirroError::io(format!("cannot open data directory {location}: {e}"))
+            })?;
             Url::from_directory_path(&absolute)
                 .map_err(|_| CirroError::io(format!("bad data directory {}", absolute.display())))?
         };
@@ -40,13 +44,17 @@ impl StorageRoot {
                 let local = url
                     .to_file_path()
                     .map_err(|_| CirroError::io(format!("bad file URL {url}")))?;
-                std::fs::create_dir_all(&local)
-                    .map_err(|e| CirroError::io(format!("cannot create {}: {e}", local.display())))?;
+                std::fs::create_dir_all(&local).map_err(|e| {
+                    CirroError::io(format!("cannot create {}: {e}", local.display()))
+                })?;
                 let mut url = url;
                 if !url.path().ends_with('/') {
                     url.set_path(&format!("{}/", url.path()));
                 }
-                Ok(Self { url, store: Arc::new(LocalFileSystem::new()) })
+                Ok(Self {
+                    url,
+                    store: Arc::new(LocalFileSystem::new()),
+                })
             }
             other => Err(CirroError::unsupported(format!(
                 "data location scheme '{other}' is not supported yet (use a local path or file://)"
@@ -89,7 +97,12 @@ impl StorageRoot {
                 match tokio::fs::remove_dir_all(&path).await {
                     Ok(()) => return Ok(()),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                    Err(e) => return Err(CirroError::io(format!("cannot remove {}: {e}", path.display()))),
+                    Err(e) => {
+                        return Err(CirroError::io(format!(
+                            "cannot remove {}: {e}",
+                            path.display()
+                        )));
+                    }
                 }
             }
         }
@@ -115,7 +128,11 @@ mod tests {
         assert!(root.url().as_str().ends_with('/'));
         let table = root.dir_url("data/cirro/public/t-1").expect("url");
         assert!(table.as_str().ends_with("/data/cirro/public/t-1/"));
-        assert!(root.path("_catalog/x.json").as_ref().ends_with("_catalog/x.json"));
+        assert!(
+            root.path("_catalog/x.json")
+                .as_ref()
+                .ends_with("_catalog/x.json")
+        );
         std::fs::remove_dir_all(dir).ok();
     }
 }

@@ -53,11 +53,18 @@ pub fn storage_schema(schema: &Schema) -> Result<SchemaRef> {
                     format!("column \"{}\" specified more than once", f.name()),
                 ));
             }
-            Ok(Field::new(f.name(), storage_type(f.name(), f.data_type())?, f.is_nullable()))
+            Ok(Field::new(
+                f.name(),
+                storage_type(f.name(), f.data_type())?,
+                f.is_nullable(),
+            ))
         })
         .collect::<Result<Vec<_>>>()?;
     if fields.is_empty() {
-        return Err(CirroError::new(SqlState::SYNTAX_ERROR, "a table needs at least one column"));
+        return Err(CirroError::new(
+            SqlState::SYNTAX_ERROR,
+            "a table needs at least one column",
+        ));
     }
     Ok(Arc::new(Schema::new(fields)))
 }
@@ -92,9 +99,15 @@ mod tests {
         ]);
         let stored = storage_schema(&schema).expect("maps");
         assert_eq!(stored.field(0).data_type(), &DataType::Utf8);
-        assert_eq!(stored.field(1).data_type(), &DataType::Timestamp(TimeUnit::Microsecond, None));
+        assert_eq!(
+            stored.field(1).data_type(),
+            &DataType::Timestamp(TimeUnit::Microsecond, None)
+        );
         assert!(!stored.field(1).is_nullable());
-        assert_eq!(scan_schema(&stored).field(0).data_type(), &DataType::Utf8View);
+        assert_eq!(
+            scan_schema(&stored).field(0).data_type(),
+            &DataType::Utf8View
+        );
     }
 
     #[test]
@@ -103,8 +116,14 @@ mod tests {
             Field::new("a", DataType::Int32, true),
             Field::new("A", DataType::Int32, true),
         ]);
-        assert_eq!(storage_schema(&dup).unwrap_err().state, SqlState::DUPLICATE_COLUMN);
+        assert_eq!(
+            storage_schema(&dup).unwrap_err().state,
+            SqlState::DUPLICATE_COLUMN
+        );
         let null = Schema::new(vec![Field::new("a", DataType::Null, true)]);
-        assert_eq!(storage_schema(&null).unwrap_err().state, SqlState::DATATYPE_MISMATCH);
+        assert_eq!(
+            storage_schema(&null).unwrap_err().state,
+            SqlState::DATATYPE_MISMATCH
+        );
     }
 }

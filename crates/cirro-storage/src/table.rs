@@ -45,7 +45,11 @@ pub struct TableOptions {
 
 /// Create an empty Delta table at `url` with the given schema. Fails with 42P07
 /// if a table already exists there.
-pub async fn create_delta_table(url: &Url, schema: &Schema, options: &TableOptions) -> Result<DeltaTable> {
+pub async fn create_delta_table(
+    url: &Url,
+    schema: &Schema,
+    options: &TableOptions,
+) -> Result<DeltaTable> {
     let stored = storage_schema(schema)?;
     let struct_type: StructType = stored.as_ref().try_into_kernel().map_err(|e| {
         CirroError::unsupported(format!("cannot store this schema as a Delta table: {e}"))
@@ -67,13 +71,15 @@ pub async fn create_delta_table(url: &Url, schema: &Schema, options: &TableOptio
 
 /// Open the Delta table at `url` at its latest version.
 pub async fn open_delta_table(url: &Url) -> Result<DeltaTable> {
-    deltalake::open_table(url.clone()).await.map_err(|e| match e {
-        deltalake::DeltaTableError::NotATable(msg) => CirroError::new(
-            SqlState::UNDEFINED_TABLE,
-            format!("table storage at {url} is missing or damaged: {msg}"),
-        ),
-        other => CirroError::from(other),
-    })
+    deltalake::open_table(url.clone())
+        .await
+        .map_err(|e| match e {
+            deltalake::DeltaTableError::NotATable(msg) => CirroError::new(
+                SqlState::UNDEFINED_TABLE,
+                format!("table storage at {url} is missing or damaged: {msg}"),
+            ),
+            other => CirroError::from(other),
+        })
 }
 
 /// A Cirro table: one Delta snapshot, scanned and appended to through DataFusion.
@@ -232,10 +238,17 @@ impl TableProvider for CirroTable {
             InsertOp::Append => SaveMode::Append,
             InsertOp::Overwrite => SaveMode::Overwrite,
             InsertOp::Replace => {
-                return Err(CirroError::unsupported("REPLACE INTO is not supported").into_datafusion());
+                return Err(
+                    CirroError::unsupported("REPLACE INTO is not supported").into_datafusion()
+                );
             }
         };
-        let sink = TableSink::new(self.table.clone(), Arc::clone(&self.stored_schema), Arc::clone(&self.schema), mode);
+        let sink = TableSink::new(
+            self.table.clone(),
+            Arc::clone(&self.stored_schema),
+            Arc::clone(&self.schema),
+            mode,
+        );
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
     }
 }

@@ -72,7 +72,14 @@ impl TableWriter {
         let writer = RecordBatchWriter::for_table(table)?
             .with_writer_properties(writer_properties()?)
             .with_target_file_size(data_file_bytes_target());
-        Ok(Self { table: table.clone(), stored_schema, writer, mode, rows: 0, batches: 0 })
+        Ok(Self {
+            table: table.clone(),
+            stored_schema,
+            writer,
+            mode,
+            rows: 0,
+            batches: 0,
+        })
     }
 
     pub fn rows(&self) -> u64 {
@@ -103,9 +110,18 @@ impl TableWriter {
         let mut actions: Vec<Action> = adds.iter().cloned().map(Action::Add).collect();
         if self.mode == SaveMode::Overwrite {
             let snapshot = self.table.snapshot()?;
-            actions.extend(snapshot.log_data().iter().map(|f| Action::Remove(f.remove_action(true))));
+            actions.extend(
+                snapshot
+                    .log_data()
+                    .iter()
+                    .map(|f| Action::Remove(f.remove_action(true))),
+            );
         }
-        let operation = DeltaOperation::Write { mode: self.mode, partition_by: None, predicate: None };
+        let operation = DeltaOperation::Write {
+            mode: self.mode,
+            partition_by: None,
+            predicate: None,
+        };
         let snapshot = self.table.snapshot()?;
         let result = CommitBuilder::default()
             .with_actions(actions)
@@ -153,7 +169,10 @@ pub fn conform(batch: &RecordBatch, stored: &SchemaRef) -> Result<RecordBatch> {
             ),
         ));
     }
-    let options = CastOptions { safe: false, ..Default::default() };
+    let options = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
     let columns = batch
         .columns()
         .iter()
@@ -162,7 +181,10 @@ pub fn conform(batch: &RecordBatch, stored: &SchemaRef) -> Result<RecordBatch> {
             if !field.is_nullable() && column.null_count() > 0 {
                 return Err(CirroError::new(
                     SqlState::NOT_NULL_VIOLATION,
-                    format!("null value in column \"{}\" violates not-null constraint", field.name()),
+                    format!(
+                        "null value in column \"{}\" violates not-null constraint",
+                        field.name()
+                    ),
                 ));
             }
             if column.data_type() == field.data_type() {
@@ -170,7 +192,10 @@ pub fn conform(batch: &RecordBatch, stored: &SchemaRef) -> Result<RecordBatch> {
             }
             arrow::compute::cast_with_options(column, field.data_type(), &options).map_err(|e| {
                 let err = CirroError::from(e);
-                CirroError::new(err.state, format!("column \"{}\": {}", field.name(), err.message))
+                CirroError::new(
+                    err.state,
+                    format!("column \"{}\": {}", field.name(), err.message),
+                )
             })
         })
         .collect::<Result<Vec<ArrayRef>>>()?;
@@ -186,14 +211,26 @@ pub struct TableSink {
 }
 
 impl TableSink {
-    pub fn new(table: DeltaTable, stored_schema: SchemaRef, schema: SchemaRef, mode: SaveMode) -> Self {
-        Self { table, stored_schema, schema, mode }
+    pub fn new(
+        table: DeltaTable,
+        stored_schema: SchemaRef,
+        schema: SchemaRef,
+        mode: SaveMode,
+    ) -> Self {
+        Self {
+            table,
+            stored_schema,
+            schema,
+            mode,
+        }
     }
 }
 
 impl fmt::Debug for TableSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TableSink").field("mode", &self.mode).finish()
+        f.debug_struct("TableSink")
+            .field("mode", &self.mode)
+            .finish()
     }
 }
 
@@ -219,9 +256,14 @@ impl DataSink for TableSink {
         _context: &Arc<TaskContext>,
     ) -> DfResult<u64> {
         let batches = data.map(|batch| batch.map_err(CirroError::from));
-        write_stream(&self.table, Arc::clone(&self.stored_schema), batches, self.mode)
-            .await
-            .map_err(CirroError::into_datafusion)
+        write_stream(
+            &self.table,
+            Arc::clone(&self.stored_schema),
+            batches,
+            self.mode,
+        )
+        .await
+        .map_err(CirroError::into_datafusion)
     }
 }
 

@@ -17,10 +17,19 @@ use cirro_engine::{Engine, EngineConfig};
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "cirro", version, about = "Cirro: a SQL analytics engine for data on shared storage")]
+#[command(
+    name = "cirro",
+    version,
+    about = "Cirro: a SQL analytics engine for data on shared storage"
+)]
 struct Cli {
     /// Data location: a directory (created if missing) or a file:// URL.
-    #[arg(long, global = true, env = "CIRRO_DATA", default_value = "./cirro-data")]
+    #[arg(
+        long,
+        global = true,
+        env = "CIRRO_DATA",
+        default_value = "./cirro-data"
+    )]
     data: String,
     /// Threads for query execution (DataFusion target_partitions); default: all cores.
     #[arg(long, global = true, env = "CIRRO_THREADS")]
@@ -69,7 +78,10 @@ pub enum Format {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("ERROR: cannot start the runtime: {e} (SQLSTATE XX000)");
@@ -86,10 +98,14 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
-    let config = EngineConfig { target_partitions: cli.threads };
+    let config = EngineConfig {
+        target_partitions: cli.threads,
+    };
     let engine = Engine::open(&cli.data, config).await?;
     match cli.command {
         Command::Sql(args) => shell::run(&engine, args).await,
-        Command::Load { dataset } => load::run(&engine, dataset).await.map(|()| ExitCode::SUCCESS),
+        Command::Load { dataset } => load::run(&engine, dataset)
+            .await
+            .map(|()| ExitCode::SUCCESS),
     }
 }

@@ -36,7 +36,11 @@ impl ResultWriter {
                 ));
             }
         };
-        Ok(Self { format, delimiter, null: null.to_string() })
+        Ok(Self {
+            format,
+            delimiter,
+            null: null.to_string(),
+        })
     }
 
     pub fn format(&self) -> Format {
@@ -81,7 +85,13 @@ impl ResultWriter {
     }
 
     /// Write one batch of a CSV/JSON result; the CSV header goes with the first.
-    fn write_part(&self, out: &mut dyn Write, schema: &SchemaRef, batch: &RecordBatch, first: bool) -> Result<()> {
+    fn write_part(
+        &self,
+        out: &mut dyn Write,
+        schema: &SchemaRef,
+        batch: &RecordBatch,
+        first: bool,
+    ) -> Result<()> {
         match self.format {
             Format::Csv => {
                 let mut writer = arrow_csv::WriterBuilder::new()
@@ -92,7 +102,9 @@ impl ResultWriter {
                     .with_timestamp_format("%Y-%m-%d %H:%M:%S%.f".to_string())
                     .build(out);
                 if first {
-                    writer.write(&RecordBatch::new_empty(Arc::clone(schema))).map_err(CirroError::from)?;
+                    writer
+                        .write(&RecordBatch::new_empty(Arc::clone(schema)))
+                        .map_err(CirroError::from)?;
                 }
                 writer.write(batch).map_err(CirroError::from)
             }
@@ -101,7 +113,12 @@ impl ResultWriter {
     }
 
     /// Write `batches` (all of one result) to `out`.
-    pub fn write(&self, out: &mut dyn Write, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<()> {
+    pub fn write(
+        &self,
+        out: &mut dyn Write,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<()> {
         match self.format {
             Format::Table => {
                 let options = arrow::util::display::FormatOptions::default().with_null(&self.null);
@@ -134,7 +151,9 @@ impl ResultWriter {
                     .with_explicit_nulls(true)
                     .build::<_, arrow_json::writer::LineDelimited>(out);
                 for batch in batches {
-                    writer.write(&decimals_as_strings(batch)?).map_err(CirroError::from)?;
+                    writer
+                        .write(&decimals_as_strings(batch)?)
+                        .map_err(CirroError::from)?;
                 }
                 writer.finish().map_err(CirroError::from)
             }
@@ -152,7 +171,11 @@ fn decimals_as_strings(batch: &RecordBatch) -> Result<RecordBatch> {
     let mut columns: Vec<ArrayRef> = Vec::new();
     for (field, column) in schema.fields().iter().zip(batch.columns()) {
         if is_decimal(field.data_type()) {
-            fields.push(Field::new(field.name(), DataType::Utf8, field.is_nullable()));
+            fields.push(Field::new(
+                field.name(),
+                DataType::Utf8,
+                field.is_nullable(),
+            ));
             columns.push(arrow::compute::cast(column, &DataType::Utf8).map_err(CirroError::from)?);
         } else {
             fields.push(field.as_ref().clone());
@@ -165,6 +188,9 @@ fn decimals_as_strings(batch: &RecordBatch) -> Result<RecordBatch> {
 fn is_decimal(data_type: &DataType) -> bool {
     matches!(
         data_type,
-        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..)
+        DataType::Decimal32(..)
+            | DataType::Decimal64(..)
+            | DataType::Decimal128(..)
+            | DataType::Decimal256(..)
     )
 }

@@ -46,10 +46,16 @@ fn read_file(path: &str) -> Result<String> {
     let result = if path == "-" {
         std::io::stdin().read_to_string(&mut text).map(|_| ())
     } else {
-        std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut text)).map(|_| ())
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_to_string(&mut text))
+            .map(|_| ())
     };
     result.map_err(|e| {
-        let state = if e.kind() == std::io::ErrorKind::NotFound { SqlState::UNDEFINED_FILE } else { SqlState::IO_ERROR };
+        let state = if e.kind() == std::io::ErrorKind::NotFound {
+            SqlState::UNDEFINED_FILE
+        } else {
+            SqlState::IO_ERROR
+        };
         CirroError::new(state, format!("could not read \"{path}\": {e}"))
     })?;
     Ok(text)
@@ -118,7 +124,8 @@ async fn run_statement(engine: &Engine, writer: &ResultWriter, sql: &str) -> Res
             if data_only {
                 eprintln!("{tag}\nTime: {elapsed:.3} ms");
             } else {
-                writeln!(out, "{tag}\nTime: {elapsed:.3} ms").map_err(|e| CirroError::io(e.to_string()))?;
+                writeln!(out, "{tag}\nTime: {elapsed:.3} ms")
+                    .map_err(|e| CirroError::io(e.to_string()))?;
             }
         }
     }
@@ -130,15 +137,23 @@ fn history_path() -> Option<std::path::PathBuf> {
 }
 
 async fn interactive(engine: &Engine, writer: &ResultWriter) -> Result<ExitCode> {
-    let mut editor = DefaultEditor::new().map_err(|e| CirroError::io(format!("cannot start the line editor: {e}")))?;
+    let mut editor = DefaultEditor::new()
+        .map_err(|e| CirroError::io(format!("cannot start the line editor: {e}")))?;
     let history = history_path();
     if let Some(path) = &history {
         let _ = editor.load_history(path);
     }
-    println!("Cirro {} — type SQL ending in ';', \\q to quit.", env!("CARGO_PKG_VERSION"));
+    println!(
+        "Cirro {} — type SQL ending in ';', \\q to quit.",
+        env!("CARGO_PKG_VERSION")
+    );
     let mut buffer = String::new();
     loop {
-        let prompt = if buffer.is_empty() { PROMPT } else { PROMPT_MORE };
+        let prompt = if buffer.is_empty() {
+            PROMPT
+        } else {
+            PROMPT_MORE
+        };
         match editor.readline(prompt) {
             Ok(line) => {
                 let trimmed = line.trim();

@@ -36,16 +36,25 @@ fn csv_output_is_rfc4180_with_header_and_full_scale_decimals() {
 #[test]
 fn csv_header_is_written_for_empty_results_and_delimiter_is_honoured() {
     let data = setup();
-    let out = data.sql_output("SELECT id, name FROM p WHERE id > 100", &["--format", "csv", "--delimiter", "|"]);
+    let out = data.sql_output(
+        "SELECT id, name FROM p WHERE id > 100",
+        &["--format", "csv", "--delimiter", "|"],
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "id|name\n");
-    let out = data.sql_output("SELECT id, name FROM p WHERE id = 1", &["--format", "csv", "--delimiter", "|"]);
+    let out = data.sql_output(
+        "SELECT id, name FROM p WHERE id = 1",
+        &["--format", "csv", "--delimiter", "|"],
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "id|name\n1|plain\n");
 }
 
 #[test]
 fn json_output_is_one_object_per_line_with_decimals_as_strings() {
     let data = setup();
-    let out = data.sql_output("SELECT id, name, price, day FROM p ORDER BY id", &["--format", "json"]);
+    let out = data.sql_output(
+        "SELECT id, name, price, day FROM p ORDER BY id",
+        &["--format", "json"],
+    );
     assert!(out.status.success());
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -75,10 +84,16 @@ fn first_error_stops_the_script_with_sqlstate_and_nonzero_exit() {
     let out = data.sql_output("INSERT INTO p VALUES (4, 'x', 1, NULL); SELECT * FROM nope; INSERT INTO p VALUES (5, 'y', 1, NULL)", &[]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("ERROR: ") && stderr.contains("(SQLSTATE 42P01)"), "{stderr}");
+    assert!(
+        stderr.contains("ERROR: ") && stderr.contains("(SQLSTATE 42P01)"),
+        "{stderr}"
+    );
     assert_eq!(stderr.matches("ERROR:").count(), 1, "{stderr}");
     // The statement before the error ran; the one after did not.
-    assert_eq!(common::scalar(&data, "SELECT count(*) FROM p WHERE id >= 4"), "1");
+    assert_eq!(
+        common::scalar(&data, "SELECT count(*) FROM p WHERE id >= 4"),
+        "1"
+    );
 }
 
 #[test]
@@ -86,8 +101,17 @@ fn scripts_from_files_and_stdin_run_every_statement() {
     let data = DataDir::new();
     let script = data.path().join("script.sql");
     std::fs::write(&script, "-- a comment; with a semicolon\nCREATE TABLE s (a INT);\nINSERT INTO s VALUES (1);\n\nINSERT INTO s VALUES (2)\n;\n").expect("write");
-    let out = data.command().args(["sql", "-f"]).arg(&script).output().expect("run");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = data
+        .command()
+        .args(["sql", "-f"])
+        .arg(&script)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let mut child = data
         .command()
@@ -97,12 +121,21 @@ fn scripts_from_files_and_stdin_run_every_statement() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    child.stdin.take().expect("stdin").write_all(b"INSERT INTO s VALUES (3);\nSELECT sum(a) AS total FROM s;\n").expect("write");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"INSERT INTO s VALUES (3);\nSELECT sum(a) AS total FROM s;\n")
+        .expect("write");
     let out = child.wait_with_output().expect("wait");
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "total\n6\n");
 
-    let missing = data.command().args(["sql", "-f", "/no/such/file.sql"]).output().expect("run");
+    let missing = data
+        .command()
+        .args(["sql", "-f", "/no/such/file.sql"])
+        .output()
+        .expect("run");
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("SQLSTATE 58P01"));
 }
@@ -134,16 +167,66 @@ fn tables_persist_across_processes_and_data_env_is_honoured() {
 fn load_refuses_existing_tables_unless_replace() {
     let data = DataDir::new();
     data.load(&["tpch", "--sf", "0.001"]);
-    let out = data.command().args(["load", "tpch", "--sf", "0.001"]).output().expect("run");
+    let out = data
+        .command()
+        .args(["load", "tpch", "--sf", "0.001"])
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("SQLSTATE 42P07"));
     data.load(&["tpch", "--sf", "0.002", "--replace"]);
     assert_eq!(common::scalar(&data, "SELECT count(*) FROM nation"), "25");
-    let out = data.command().args(["load", "tpch", "--sf", "-1"]).output().expect("run");
+    let out = data
+        .command()
+        .args(["load", "tpch", "--sf", "0"])
+        .output()
+        .expect("run");
     assert!(String::from_utf8_lossy(&out.stderr).contains("SQLSTATE 22023"));
-    let out = data.command().args(["load", "tpch", "--sf", "0.001", "--schema", "other"]).output().expect("run");
+    let out = data
+        .command()
+        .args(["load", "tpch", "--sf", "0.001", "--schema", "other"])
+        .output()
+        .expect("run");
     assert!(String::from_utf8_lossy(&out.stderr).contains("SQLSTATE 3F000"));
     data.sql_ok("CREATE SCHEMA other");
     data.load(&["tpch", "--sf", "0.001", "--schema", "other"]);
-    assert_eq!(common::scalar(&data, "SELECT count(*) FROM other.region"), "5");
+    assert_eq!(
+        common::scalar(&data, "SELECT count(*) FROM other.region"),
+        "5"
+    );
+}
+
+/// Even a catalog holding a cycle of views (which CREATE VIEW refuses to make)
+/// gives an error, not a crash.
+#[test]
+fn recursive_views_are_refused_and_never_crash() {
+    let data = DataDir::new();
+    data.sql_ok("CREATE TABLE base (x INT); CREATE VIEW a AS SELECT x FROM base; CREATE VIEW b AS SELECT x FROM a");
+    assert!(
+        data.sql_err("CREATE OR REPLACE VIEW a AS SELECT x FROM b")
+            .contains("SQLSTATE 42P17")
+    );
+    // Forge the cycle a → b → a in a new catalog version.
+    let catalog_dir = data.path().join("_catalog");
+    let mut versions: Vec<_> = std::fs::read_dir(&catalog_dir)
+        .expect("catalog")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    versions.sort();
+    let latest = versions.last().expect("a version");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(latest).expect("read")).expect("json");
+    let version = state["version"].as_u64().expect("version") + 1;
+    state["version"] = version.into();
+    state["databases"]["cirro"]["schemas"]["public"]["views"]["a"]["sql"] =
+        "SELECT x FROM b".into();
+    std::fs::write(
+        catalog_dir.join(format!("v{version:020}.json")),
+        state.to_string(),
+    )
+    .expect("write");
+    let stderr = data.sql_err("SELECT * FROM a");
+    assert!(stderr.contains("SQLSTATE 42P17"), "{stderr}");
+    // The process ended with an error, not a signal, and the data is still served.
+    assert_eq!(common::scalar(&data, "SELECT count(*) FROM base"), "0");
 }

@@ -27,7 +27,11 @@ fn table_dir(data: &DataDir, name: &str) -> PathBuf {
     std::fs::read_dir(&schema_dir)
         .expect("schema dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{name}-"))))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{name}-")))
+        })
         .expect("table dir")
 }
 
@@ -79,10 +83,23 @@ fn kill_at(data: &DataDir, table: &Path, point: &str) {
         }
     };
     assert!(reached, "crash point {point} not reached; stderr: {seen:?}");
-    // The state we kill in: new data files exist, no new commit.
-    let files_at_kill = data_files(table);
-    assert!(files_at_kill > files_before, "{point}: no new data files on disk ({files_before} → {files_at_kill})");
-    assert_eq!(commits(table), commits_before, "{point}: a commit happened before the kill");
+    // The state we kill in: new data files exist, no new commit. (Uploads that
+    // were in flight when the point was reached may take a moment to land.)
+    let waited = std::time::Instant::now();
+    let mut files_at_kill = data_files(table);
+    while files_at_kill <= files_before && waited.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+        files_at_kill = data_files(table);
+    }
+    assert!(
+        files_at_kill > files_before,
+        "{point}: no new data files on disk ({files_before} → {files_at_kill})"
+    );
+    assert_eq!(
+        commits(table),
+        commits_before,
+        "{point}: a commit happened before the kill"
+    );
     child.kill().expect("SIGKILL");
     let status = child.wait().expect("wait");
     assert!(!status.success(), "the process was killed");
@@ -96,7 +113,7 @@ fn killed_insert_leaves_the_table_as_it_was() {
     let table = table_dir(&data, "t");
     let before = scalar(&data, CHECKSUM);
 
-    for point in ["write.batch:3", "write.batch:40", "write.before_commit"] {
+    for point in ["write.batch:10", "write.batch:60", "write.before_commit"] {
         kill_at(&data, &table, point);
         // Restart: the table holds exactly its rows from before.
         assert_eq!(scalar(&data, CHECKSUM), before, "after a kill at {point}");

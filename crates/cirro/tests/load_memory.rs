@@ -17,11 +17,28 @@ fn children_peak_rss_bytes() -> i64 {
 #[test]
 fn tpch_sf1_load_stays_under_1gb_resident() {
     let data = common::DataDir::new();
-    let status = data.command().args(["load", "tpch", "--sf", "1"]).status().expect("run load");
+    let status = data
+        .command()
+        .args(["load", "tpch", "--sf", "1"])
+        .status()
+        .expect("run load");
     assert!(status.success());
     let peak = children_peak_rss_bytes();
-    eprintln!("peak resident memory of `cirro load tpch --sf 1`: {} MB", peak / 1_000_000);
-    assert!(peak > 10_000_000, "implausible peak {peak}: was the load measured?");
-    assert!(peak < PEAK_RSS_BYTES_MAX, "peak resident memory {} MB ≥ 1 GB", peak / 1_000_000);
-    assert_eq!(common::scalar(&data, "SELECT count(*) FROM lineitem"), "6001215");
+    eprintln!(
+        "peak resident memory of `cirro load tpch --sf 1`: {} MB",
+        peak / 1_000_000
+    );
+    assert!(
+        peak > 10_000_000,
+        "implausible peak {peak}: was the load measured?"
+    );
+    assert!(
+        peak < PEAK_RSS_BYTES_MAX,
+        "peak resident memory {} MB ≥ 1 GB",
+        peak / 1_000_000
+    );
+    assert_eq!(
+        common::scalar(&data, "SELECT count(*) FROM lineitem"),
+        "6001215"
+    );
 }

@@ -52,19 +52,43 @@ impl sqllogictest::AsyncDB for CirroProcess {
         if !out.status.success() {
             return Err(SqlError(stderr.trim().to_string()));
         }
-        let first = stderr.lines().find(|l| !l.starts_with("NOTICE:")).unwrap_or("").trim();
+        let first = stderr
+            .lines()
+            .find(|l| !l.starts_with("NOTICE:"))
+            .unwrap_or("")
+            .trim();
         if !is_row_count(first) {
-            let count = first.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            let count = first
+                .rsplit(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
             return Ok(DBOutput::StatementComplete(count));
         }
-        let mut reader = csv::ReaderBuilder::new().has_headers(true).from_reader(out.stdout.as_slice());
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .from_reader(out.stdout.as_slice());
         let width = reader.headers().map(|h| h.len()).unwrap_or(0);
         let mut rows = Vec::new();
         for record in reader.records() {
             let record = record.map_err(|e| SqlError(format!("bad CSV from cirro: {e}")))?;
-            rows.push(record.iter().map(|c| if c.is_empty() { "(empty)".to_string() } else { c.to_string() }).collect());
+            rows.push(
+                record
+                    .iter()
+                    .map(|c| {
+                        if c.is_empty() {
+                            "(empty)".to_string()
+                        } else {
+                            c.to_string()
+                        }
+                    })
+                    .collect(),
+            );
         }
-        Ok(DBOutput::Rows { types: vec![DefaultColumnType::Any; width], rows })
+        Ok(DBOutput::Rows {
+            types: vec![DefaultColumnType::Any; width],
+            rows,
+        })
     }
 
     async fn shutdown(&mut self) {}
@@ -88,7 +112,10 @@ fn slt_files() -> Vec<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_suite() {
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").canonicalize().expect("fixtures");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .canonicalize()
+        .expect("fixtures");
     let mut failures = Vec::new();
     for file in slt_files() {
         let data = common::DataDir::new();
@@ -97,10 +124,17 @@ async fn sqllogictest_suite() {
             let path = path.clone();
             async move { Ok(CirroProcess { data: path }) }
         });
-        runner.set_var("FIXTURES".to_string(), fixtures.to_string_lossy().into_owned());
+        runner.set_var(
+            "FIXTURES".to_string(),
+            fixtures.to_string_lossy().into_owned(),
+        );
         if let Err(e) = runner.run_file_async(&file).await {
             failures.push(format!("{}: {e}", file.display()));
         }
     }
-    assert!(failures.is_empty(), "sqllogictest failures:\n{}", failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "sqllogictest failures:\n{}",
+        failures.join("\n\n")
+    );
 }

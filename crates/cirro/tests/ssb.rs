@@ -7,8 +7,9 @@ mod common;
 use common::compare::{compare, is_ordered};
 use common::{DataDir, scalar, shared_dir};
 
-const QUERIES: [&str; 13] =
-    ["1.1", "1.2", "1.3", "2.1", "2.2", "2.3", "3.1", "3.2", "3.3", "3.4", "4.1", "4.2", "4.3"];
+const QUERIES: [&str; 13] = [
+    "1.1", "1.2", "1.3", "2.1", "2.2", "2.3", "3.1", "3.2", "3.3", "3.4", "4.1", "4.2", "4.3",
+];
 
 #[test]
 fn ssb_queries_match_reference_answers() {
@@ -22,19 +23,33 @@ fn ssb_queries_match_reference_answers() {
     for q in QUERIES {
         let query_path = shared.join(format!("ssb/queries/q{q}.sql"));
         let query = std::fs::read_to_string(&query_path).expect("query");
-        let expected = std::fs::read_to_string(shared.join(format!("ssb/answers-sf0.01/q{q}.csv"))).expect("answer");
+        let expected = std::fs::read_to_string(shared.join(format!("ssb/answers-sf0.01/q{q}.csv")))
+            .expect("answer");
         let mut command = data.command();
-        command.args(["sql", "--format", "csv", "--delimiter", "|", "-f"]).arg(&query_path);
+        command
+            .args(["sql", "--format", "csv", "--delimiter", "|", "-f"])
+            .arg(&query_path);
         let out = command.output().expect("run query");
         if !out.status.success() {
-            failures.push(format!("q{q}: failed: {}", String::from_utf8_lossy(&out.stderr)));
+            failures.push(format!(
+                "q{q}: failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
             continue;
         }
-        if let Err(diff) = compare(&String::from_utf8_lossy(&out.stdout), &expected, is_ordered(&query)) {
+        if let Err(diff) = compare(
+            &String::from_utf8_lossy(&out.stdout),
+            &expected,
+            is_ordered(&query),
+        ) {
             failures.push(format!("q{q}: {diff}"));
         }
     }
-    assert!(failures.is_empty(), "SSB mismatches:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "SSB mismatches:\n{}",
+        failures.join("\n")
+    );
 }
 
 fn fraction(data: &DataDir, where_clause: &str, total: f64) -> f64 {
@@ -50,20 +65,43 @@ fn fraction(data: &DataDir, where_clause: &str, total: f64) -> f64 {
 fn ssb_generator_follows_the_specification_at_sf1() {
     let data = DataDir::new();
     data.load(&["ssb", "--sf", "1"]);
-    let count = |table: &str| scalar(&data, &format!("select count(*) from {table}")).parse::<f64>().expect("count");
+    let count = |table: &str| {
+        scalar(&data, &format!("select count(*) from {table}"))
+            .parse::<f64>()
+            .expect("count")
+    };
     assert_eq!(count("customer"), 30_000.0);
     assert_eq!(count("part"), 200_000.0);
     assert_eq!(count("supplier"), 2_000.0);
     assert_eq!(count("dwdate"), 2_556.0);
     let lineorder = count("lineorder");
-    assert!((lineorder / 6_000_000.0 - 1.0).abs() < 0.01, "lineorder has {lineorder} rows");
+    assert!(
+        (lineorder / 6_000_000.0 - 1.0).abs() < 0.01,
+        "lineorder has {lineorder} rows"
+    );
 
     // Filter factors from the SSB specification, section 3.
     let cases = [
-        ("Q1.1", "d_year = 1993 and lo_discount between 1 and 3 and lo_quantity < 25", (1.0 / 7.0) * 0.5 * (3.0 / 11.0)),
-        ("Q2.1", "p_category = 'MFGR#12' and s_region = 'AMERICA'", (1.0 / 25.0) * (1.0 / 5.0)),
-        ("Q3.1", "c_region = 'ASIA' and s_region = 'ASIA' and d_year >= 1992 and d_year <= 1997", (1.0 / 5.0) * (1.0 / 5.0) * (6.0 / 7.0)),
-        ("Q4.1", "c_region = 'AMERICA' and s_region = 'AMERICA' and (p_mfgr = 'MFGR#1' or p_mfgr = 'MFGR#2')", (1.0 / 5.0) * (1.0 / 5.0) * (2.0 / 5.0)),
+        (
+            "Q1.1",
+            "d_year = 1993 and lo_discount between 1 and 3 and lo_quantity < 25",
+            (1.0 / 7.0) * 0.5 * (3.0 / 11.0),
+        ),
+        (
+            "Q2.1",
+            "p_category = 'MFGR#12' and s_region = 'AMERICA'",
+            (1.0 / 25.0) * (1.0 / 5.0),
+        ),
+        (
+            "Q3.1",
+            "c_region = 'ASIA' and s_region = 'ASIA' and d_year >= 1992 and d_year <= 1997",
+            (1.0 / 5.0) * (1.0 / 5.0) * (6.0 / 7.0),
+        ),
+        (
+            "Q4.1",
+            "c_region = 'AMERICA' and s_region = 'AMERICA' and (p_mfgr = 'MFGR#1' or p_mfgr = 'MFGR#2')",
+            (1.0 / 5.0) * (1.0 / 5.0) * (2.0 / 5.0),
+        ),
     ];
     for (name, predicate, expected) in cases {
         let actual = fraction(&data, predicate, lineorder);

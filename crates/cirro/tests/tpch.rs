@@ -13,13 +13,19 @@ fn run_all_queries(data: &DataDir, answers: &str) {
     for q in 1..=22 {
         let query_path = shared.join(format!("tpch/queries/q{q:02}.sql"));
         let query = std::fs::read_to_string(&query_path).expect("query file");
-        let expected = std::fs::read_to_string(shared.join(format!("tpch/answers/{answers}/q{q:02}.csv")))
-            .expect("answer file");
+        let expected =
+            std::fs::read_to_string(shared.join(format!("tpch/answers/{answers}/q{q:02}.csv")))
+                .expect("answer file");
         let mut command = data.command();
-        command.args(["sql", "--format", "csv", "--delimiter", "|", "-f"]).arg(&query_path);
+        command
+            .args(["sql", "--format", "csv", "--delimiter", "|", "-f"])
+            .arg(&query_path);
         let out = command.output().expect("run query");
         if !out.status.success() {
-            failures.push(format!("q{q:02}: failed: {}", String::from_utf8_lossy(&out.stderr)));
+            failures.push(format!(
+                "q{q:02}: failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
             continue;
         }
         let actual = String::from_utf8_lossy(&out.stdout);
@@ -27,7 +33,11 @@ fn run_all_queries(data: &DataDir, answers: &str) {
             failures.push(format!("q{q:02}: {diff}"));
         }
     }
-    assert!(failures.is_empty(), "TPC-H {answers} mismatches:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "TPC-H {answers} mismatches:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -57,7 +67,8 @@ fn tpch_sf1_matches_reference_answers() {
 #[test]
 fn comparison_catches_perturbed_answers() {
     let shared = shared_dir();
-    let expected = std::fs::read_to_string(shared.join("tpch/answers/sf0.01/q01.csv")).expect("q01");
+    let expected =
+        std::fs::read_to_string(shared.join("tpch/answers/sf0.01/q01.csv")).expect("q01");
     assert!(compare(&expected, &expected, true).is_ok());
 
     let mut lines: Vec<String> = expected.lines().map(String::from).collect();
@@ -67,28 +78,52 @@ fn comparison_catches_perturbed_answers() {
     cells[3] = format!("{:.2}", value * 1.0001);
     let mut perturbed = lines.clone();
     perturbed[1] = cells.join("|");
-    assert!(compare(&perturbed.join("\n"), &expected, true).is_err(), "numeric perturbation not caught");
+    assert!(
+        compare(&perturbed.join("\n"), &expected, true).is_err(),
+        "numeric perturbation not caught"
+    );
 
     // A text cell changed.
     let mut cells: Vec<String> = lines[1].split('|').map(String::from).collect();
     cells[0] = "Z".into();
     let mut perturbed = lines.clone();
     perturbed[1] = cells.join("|");
-    assert!(compare(&perturbed.join("\n"), &expected, true).is_err(), "text perturbation not caught");
+    assert!(
+        compare(&perturbed.join("\n"), &expected, true).is_err(),
+        "text perturbation not caught"
+    );
 
     // A missing row, and rows out of order for an ordered query.
     let mut fewer = lines.clone();
     fewer.pop();
-    assert!(compare(&fewer.join("\n"), &expected, true).is_err(), "missing row not caught");
+    assert!(
+        compare(&fewer.join("\n"), &expected, true).is_err(),
+        "missing row not caught"
+    );
     lines.swap(1, 2);
-    assert!(compare(&lines.join("\n"), &expected, true).is_err(), "order not checked");
-    assert!(compare(&lines.join("\n"), &expected, false).is_ok(), "unordered comparison sorts");
+    assert!(
+        compare(&lines.join("\n"), &expected, true).is_err(),
+        "order not checked"
+    );
+    assert!(
+        compare(&lines.join("\n"), &expected, false).is_ok(),
+        "unordered comparison sorts"
+    );
 
     // Within tolerance passes.
-    let mut cells: Vec<String> = expected.lines().nth(1).expect("row").split('|').map(String::from).collect();
+    let mut cells: Vec<String> = expected
+        .lines()
+        .nth(1)
+        .expect("row")
+        .split('|')
+        .map(String::from)
+        .collect();
     let value: f64 = cells[6].parse().expect("avg_qty");
     cells[6] = format!("{}", value * (1.0 + 1e-9));
     let mut close: Vec<String> = expected.lines().map(String::from).collect();
     close[1] = cells.join("|");
-    assert!(compare(&close.join("\n"), &expected, true).is_ok(), "tolerance too strict");
+    assert!(
+        compare(&close.join("\n"), &expected, true).is_ok(),
+        "tolerance too strict"
+    );
 }

@@ -12,7 +12,12 @@ pub fn parse(text: &str) -> Vec<Vec<String>> {
         .from_reader(text.as_bytes());
     reader
         .records()
-        .map(|r| r.expect("csv row").iter().map(|c| c.trim().to_string()).collect())
+        .map(|r| {
+            r.expect("csv row")
+                .iter()
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
         .collect()
 }
 
@@ -39,7 +44,11 @@ pub fn compare(actual: &str, expected: &str, ordered: bool) -> Result<(), String
     let mut actual_rows = parse(actual);
     let mut expected_rows = parse(expected);
     if actual_rows.len() != expected_rows.len() {
-        return Err(format!("{} rows, expected {}", actual_rows.len(), expected_rows.len()));
+        return Err(format!(
+            "{} rows, expected {}",
+            actual_rows.len(),
+            expected_rows.len()
+        ));
     }
     if !ordered {
         actual_rows.sort();
@@ -55,5 +64,10 @@ pub fn compare(actual: &str, expected: &str, ordered: bool) -> Result<(), String
 
 /// Whether the query text orders its result.
 pub fn is_ordered(query: &str) -> bool {
-    query.to_ascii_lowercase().split_whitespace().collect::<Vec<_>>().windows(2).any(|w| w == ["order", "by"])
+    query
+        .to_ascii_lowercase()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .any(|w| w == ["order", "by"])
 }

@@ -32,7 +32,12 @@ pub struct DataDir {
 
 impl DataDir {
     pub fn new() -> Self {
-        Self { dir: tempfile::Builder::new().prefix("cirro-test-").tempdir().expect("temp dir") }
+        Self {
+            dir: tempfile::Builder::new()
+                .prefix("cirro-test-")
+                .tempdir()
+                .expect("temp dir"),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -41,7 +46,11 @@ impl DataDir {
 
     pub fn command(&self) -> Command {
         let mut command = Command::new(cirro_bin());
-        command.arg("--data").arg(self.path()).env_remove("CIRRO_DATA").env_remove("CIRRO_CRASH_POINT");
+        command
+            .arg("--data")
+            .arg(self.path())
+            .env_remove("CIRRO_DATA")
+            .env_remove("CIRRO_CRASH_POINT");
         command
     }
 
@@ -84,7 +93,12 @@ impl DataDir {
 
     /// Run `cirro load ARGS…`, which must succeed.
     pub fn load(&self, args: &[&str]) {
-        let out = self.command().arg("load").args(args).output().expect("run cirro load");
+        let out = self
+            .command()
+            .arg("load")
+            .args(args)
+            .output()
+            .expect("run cirro load");
         assert!(
             out.status.success(),
             "cirro load {args:?} failed:\n{}",
