@@ -94,8 +94,30 @@ async fn run_piped(engine: &Engine, writer: &ResultWriter) -> Result<()> {
     run_script(engine, writer, &buffer).await
 }
 
-/// Run one statement and print what it produced.
+/// Run one statement and print what it produced. A panic inside the engine (a
+/// bug, in Cirro or a library) becomes an XX000 error for this statement
+/// instead of ending the process.
 async fn run_statement(engine: &Engine, writer: &ResultWriter, sql: &str) -> Result<()> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(execute_and_print(engine, writer, sql))
+        .catch_unwind()
+        .await
+    {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            Err(CirroError::internal(format!(
+                "internal error (please report): {message}"
+            )))
+        }
+    }
+}
+
+async fn execute_and_print(engine: &Engine, writer: &ResultWriter, sql: &str) -> Result<()> {
     let started = Instant::now();
     let outcome = engine.execute(sql).await?;
     let stdout = std::io::stdout();

@@ -230,3 +230,94 @@ fn recursive_views_are_refused_and_never_crash() {
     // The process ended with an error, not a signal, and the data is still served.
     assert_eq!(common::scalar(&data, "SELECT count(*) FROM base"), "0");
 }
+
+/// Malformed input of many kinds: each gives one SQLSTATE error and a normal
+/// exit code (1), never a crash, and changes nothing.
+#[test]
+fn malformed_input_gives_errors_not_crashes() {
+    let data = DataDir::new();
+    data.sql_ok("CREATE TABLE m (a INT NOT NULL, b VARCHAR)");
+    let deep = format!("SELECT {}1{}", "(".repeat(5000), ")".repeat(5000));
+    let long_name = format!("SELECT * FROM {}", "x".repeat(100_000));
+    let mut inputs: Vec<String> = vec![
+        "SELECT 'unterminated".into(),
+        "SELECT \"unterminated".into(),
+        "/* unterminated comment".into(),
+        "SELECT * FROM m WHERE".into(),
+        "INSERT INTO m VALUES (".into(),
+        "CREATE TABLE".into(),
+        "COPY m FROM".into(),
+        "COPY m FROM 'x' (FORMAT csv, DELIMITER 'ab')".into(),
+        "DROP DATABASE".into(),
+        "SELECT 1/0".into(),
+        "SELECT CAST('2020-13-45' AS DATE)".into(),
+        "SELECT 99999999999999999999999999999999999999999".into(),
+        "\u{0}\u{1}\u{2}garbage\u{7f}".into(),
+        "SELECT read_parquet(1)".into(),
+        "SELECT * FROM read_csv()".into(),
+        "SELECT * FROM read_parquet(NULL)".into(),
+        "CREATE VIEW v AS SELECT * FROM v".into(),
+        "INSERT INTO m SELECT * FROM m, m".into(),
+        deep,
+        long_name,
+    ];
+    // Bytes of pseudo-random printable noise, from a fixed seed.
+    let mut seed: u64 = 0x5eed;
+    for _ in 0..20 {
+        let noise: String = (0..200)
+            .map(|_| {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                char::from(b' ' + ((seed >> 33) % 95) as u8)
+            })
+            .collect();
+        inputs.push(noise);
+    }
+    let mut raw: Vec<Vec<u8>> = inputs.iter().map(|i| i.clone().into_bytes()).collect();
+    raw.push(vec![0xff, 0xfe, b'S', b'E', b'L', 0xc3, b';']); // not UTF-8
+    for (input, bytes) in inputs
+        .iter()
+        .map(String::as_str)
+        .chain(std::iter::once("<invalid utf-8>"))
+        .zip(&raw)
+    {
+        // Through stdin, so that NUL bytes and invalid UTF-8 arrive too.
+        let mut child = data
+            .command()
+            .arg("sql")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(bytes)
+            .expect("write");
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let code = out.status.code();
+        assert!(
+            code == Some(1) || code == Some(0),
+            "crashed ({:?}) on {:?}: {stderr}",
+            out.status,
+            &input[..input.len().min(80)]
+        );
+        if code == Some(1) {
+            assert!(
+                stderr.contains("(SQLSTATE "),
+                "no SQLSTATE for {:?}: {stderr}",
+                &input[..input.len().min(80)]
+            );
+            assert!(
+                !stderr.contains("panicked"),
+                "panic for {:?}: {stderr}",
+                &input[..input.len().min(80)]
+            );
+        }
+    }
+    assert_eq!(common::scalar(&data, "SELECT count(*) FROM m"), "0");
+}
