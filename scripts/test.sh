@@ -5,7 +5,7 @@
 # repository (reference answers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cirro/target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${HOME:-/root}/.cache/cirro/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # The shell test drives `cirro sql` in a real terminal through tmux.
 if ! command -v tmux >/dev/null 2>&1; then

@@ -84,6 +84,21 @@ impl ResultWriter {
         Ok(rows)
     }
 
+    /// RFC 4180 CSV: quotes only where needed, dates as YYYY-MM-DD, NULL as `--null`.
+    fn csv_writer<'a>(
+        &self,
+        out: &'a mut dyn Write,
+        header: bool,
+    ) -> arrow_csv::Writer<&'a mut dyn Write> {
+        arrow_csv::WriterBuilder::new()
+            .with_header(header)
+            .with_delimiter(self.delimiter)
+            .with_null(self.null.clone())
+            .with_date_format("%Y-%m-%d".to_string())
+            .with_timestamp_format("%Y-%m-%d %H:%M:%S%.f".to_string())
+            .build(out)
+    }
+
     /// Write one batch of a CSV/JSON result; the CSV header goes with the first.
     fn write_part(
         &self,
@@ -94,13 +109,7 @@ impl ResultWriter {
     ) -> Result<()> {
         match self.format {
             Format::Csv => {
-                let mut writer = arrow_csv::WriterBuilder::new()
-                    .with_header(first)
-                    .with_delimiter(self.delimiter)
-                    .with_null(self.null.clone())
-                    .with_date_format("%Y-%m-%d".to_string())
-                    .with_timestamp_format("%Y-%m-%d %H:%M:%S%.f".to_string())
-                    .build(out);
+                let mut writer = self.csv_writer(out, first);
                 if first {
                     writer
                         .write(&RecordBatch::new_empty(Arc::clone(schema)))
@@ -132,13 +141,7 @@ impl ResultWriter {
                 writeln!(out, "{text}").map_err(io_error)
             }
             Format::Csv => {
-                let mut writer = arrow_csv::WriterBuilder::new()
-                    .with_header(true)
-                    .with_delimiter(self.delimiter)
-                    .with_null(self.null.clone())
-                    .with_date_format("%Y-%m-%d".to_string())
-                    .with_timestamp_format("%Y-%m-%d %H:%M:%S%.f".to_string())
-                    .build(out);
+                let mut writer = self.csv_writer(out, true);
                 let empty = RecordBatch::new_empty(Arc::clone(schema));
                 writer.write(&empty).map_err(CirroError::from)?;
                 for batch in batches {

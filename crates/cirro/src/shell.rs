@@ -165,6 +165,10 @@ async fn interactive(engine: &Engine, writer: &ResultWriter) -> Result<ExitCode>
     if let Some(path) = &history {
         let _ = editor.load_history(path);
     }
+    // Take over SIGINT for the whole session: while a statement runs, Ctrl-C
+    // cancels it (at the prompt the line editor reads Ctrl-C as a key).
+    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| CirroError::io(format!("cannot handle Ctrl-C: {e}")))?;
     println!(
         "Cirro {} — type SQL ending in ';', \\q to quit.",
         env!("CARGO_PKG_VERSION")
@@ -194,7 +198,7 @@ async fn interactive(engine: &Engine, writer: &ResultWriter) -> Result<ExitCode>
                 for statement in split_statements(&text) {
                     let result = tokio::select! {
                         result = run_statement(engine, writer, &statement) => result,
-                        _ = tokio::signal::ctrl_c() => Err(CirroError::new(
+                        _ = interrupts.recv() => Err(CirroError::new(
                             SqlState::QUERY_CANCELED,
                             "canceling statement due to user request",
                         )),

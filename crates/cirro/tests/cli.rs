@@ -2,9 +2,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::Stdio;
-
 use common::DataDir;
 
 fn setup() -> DataDir {
@@ -113,21 +110,10 @@ fn scripts_from_files_and_stdin_run_every_statement() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let mut child = data
-        .command()
-        .args(["sql", "--format", "csv"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"INSERT INTO s VALUES (3);\nSELECT sum(a) AS total FROM s;\n")
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
+    let out = data.sql_stdin(
+        b"INSERT INTO s VALUES (3);\nSELECT sum(a) AS total FROM s;\n",
+        &["--format", "csv"],
+    );
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "total\n6\n");
 
@@ -283,21 +269,7 @@ fn malformed_input_gives_errors_not_crashes() {
         .zip(&raw)
     {
         // Through stdin, so that NUL bytes and invalid UTF-8 arrive too.
-        let mut child = data
-            .command()
-            .arg("sql")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(bytes)
-            .expect("write");
-        let out = child.wait_with_output().expect("wait");
+        let out = data.sql_stdin(bytes, &[]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let code = out.status.code();
         assert!(

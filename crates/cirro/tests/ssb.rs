@@ -4,7 +4,6 @@
 
 mod common;
 
-use common::compare::{compare, is_ordered};
 use common::{DataDir, scalar, shared_dir};
 
 const QUERIES: [&str; 13] = [
@@ -19,32 +18,17 @@ fn ssb_queries_match_reference_answers() {
     data.load(&["ssb", "--from-tbl", tbl.to_str().expect("utf8")]);
     assert_eq!(scalar(&data, "select count(*) from lineorder"), "60175");
     assert_eq!(scalar(&data, "select count(*) from dwdate"), "2556");
-    let mut failures = Vec::new();
-    for q in QUERIES {
-        let query_path = shared.join(format!("ssb/queries/q{q}.sql"));
-        let query = std::fs::read_to_string(&query_path).expect("query");
-        let expected = std::fs::read_to_string(shared.join(format!("ssb/answers-sf0.01/q{q}.csv")))
-            .expect("answer");
-        let mut command = data.command();
-        command
-            .args(["sql", "--format", "csv", "--delimiter", "|", "-f"])
-            .arg(&query_path);
-        let out = command.output().expect("run query");
-        if !out.status.success() {
-            failures.push(format!(
-                "q{q}: failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-            continue;
-        }
-        if let Err(diff) = compare(
-            &String::from_utf8_lossy(&out.stdout),
-            &expected,
-            is_ordered(&query),
-        ) {
-            failures.push(format!("q{q}: {diff}"));
-        }
-    }
+    let cases: Vec<_> = QUERIES
+        .iter()
+        .map(|q| {
+            (
+                format!("q{q}"),
+                shared.join(format!("ssb/queries/q{q}.sql")),
+                shared.join(format!("ssb/answers-sf0.01/q{q}.csv")),
+            )
+        })
+        .collect();
+    let failures = data.check_answers(&cases);
     assert!(
         failures.is_empty(),
         "SSB mismatches:\n{}",

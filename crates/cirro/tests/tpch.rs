@@ -4,35 +4,21 @@
 
 mod common;
 
-use common::compare::{compare, is_ordered};
+use common::compare::compare;
 use common::{DataDir, shared_dir};
 
 fn run_all_queries(data: &DataDir, answers: &str) {
     let shared = shared_dir();
-    let mut failures = Vec::new();
-    for q in 1..=22 {
-        let query_path = shared.join(format!("tpch/queries/q{q:02}.sql"));
-        let query = std::fs::read_to_string(&query_path).expect("query file");
-        let expected =
-            std::fs::read_to_string(shared.join(format!("tpch/answers/{answers}/q{q:02}.csv")))
-                .expect("answer file");
-        let mut command = data.command();
-        command
-            .args(["sql", "--format", "csv", "--delimiter", "|", "-f"])
-            .arg(&query_path);
-        let out = command.output().expect("run query");
-        if !out.status.success() {
-            failures.push(format!(
-                "q{q:02}: failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-            continue;
-        }
-        let actual = String::from_utf8_lossy(&out.stdout);
-        if let Err(diff) = compare(&actual, &expected, is_ordered(&query)) {
-            failures.push(format!("q{q:02}: {diff}"));
-        }
-    }
+    let cases: Vec<_> = (1..=22)
+        .map(|q| {
+            (
+                format!("q{q:02}"),
+                shared.join(format!("tpch/queries/q{q:02}.sql")),
+                shared.join(format!("tpch/answers/{answers}/q{q:02}.csv")),
+            )
+        })
+        .collect();
+    let failures = data.check_answers(&cases);
     assert!(
         failures.is_empty(),
         "TPC-H {answers} mismatches:\n{}",

@@ -114,3 +114,63 @@ pub fn scalar(data: &DataDir, sql: &str) -> String {
     lines.next().expect("header");
     lines.next().expect("one row").to_string()
 }
+
+impl DataDir {
+    /// Run a query file as given (`cirro sql -f`) and return its `|`-separated
+    /// CSV output, or the error it printed.
+    pub fn run_query_file(&self, path: &Path) -> Result<String, String> {
+        let out = self
+            .command()
+            .args(["sql", "--format", "csv", "--delimiter", "|", "-f"])
+            .arg(path)
+            .output()
+            .expect("run query");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Run each `(name, query file, answer file)` and compare; returns the failures.
+    pub fn check_answers(&self, cases: &[(String, PathBuf, PathBuf)]) -> Vec<String> {
+        let mut failures = Vec::new();
+        for (name, query_path, answer_path) in cases {
+            let query = std::fs::read_to_string(query_path).expect("query file");
+            let expected = std::fs::read_to_string(answer_path).expect("answer file");
+            match self.run_query_file(query_path) {
+                Err(stderr) => failures.push(format!("{name}: failed: {stderr}")),
+                Ok(actual) => {
+                    if let Err(diff) =
+                        compare::compare(&actual, &expected, compare::is_ordered(&query))
+                    {
+                        failures.push(format!("{name}: {diff}"));
+                    }
+                }
+            }
+        }
+        failures
+    }
+
+    /// Run `cirro sql ARGS…` with `input` on stdin.
+    pub fn sql_stdin(&self, input: &[u8], args: &[&str]) -> Output {
+        use std::io::Write;
+        use std::process::Stdio;
+        let mut child = self
+            .command()
+            .arg("sql")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cirro");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input)
+            .expect("write stdin");
+        child.wait_with_output().expect("wait for cirro")
+    }
+}
