@@ -45,6 +45,14 @@ pub(crate) async fn create_table(engine: &Engine, cmd: CreateMemoryTable) -> Res
             "temporary tables are not supported",
         ));
     }
+    if let Some((column, _)) = cmd.column_defaults.first() {
+        // Refused rather than ignored: an ignored DEFAULT would store NULLs.
+        return Err(CirroError::unsupported(format!(
+            "column defaults are not supported yet (DEFAULT on \"{column}\")"
+        )));
+    }
+    let notice = (!cmd.constraints.is_empty())
+        .then(|| "PRIMARY KEY and UNIQUE constraints are accepted but not enforced".to_string());
     let is_query =
         !matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
     let planned = cmd.input.schema().as_arrow().clone();
@@ -79,11 +87,12 @@ pub(crate) async fn create_table(engine: &Engine, cmd: CreateMemoryTable) -> Res
         cmd.or_replace,
     )
     .await?;
-    Ok(if is_query {
-        Outcome::command(format!("SELECT {rows}"))
+    let tag = if is_query {
+        format!("SELECT {rows}")
     } else {
-        Outcome::command("CREATE TABLE")
-    })
+        "CREATE TABLE".to_string()
+    };
+    Ok(Outcome::Command { tag, notice })
 }
 
 /// Create table `db.schema.name` holding the rows of `data` (if any), as one

@@ -28,7 +28,7 @@ use cirro_storage::StorageRoot;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SessionContext;
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::logical_expr::{DdlStatement, LogicalPlan, WriteOp};
+use datafusion::logical_expr::{DdlStatement, LogicalPlan, Statement, WriteOp};
 use datafusion::prelude::SessionConfig;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{ObjectType, Statement as SqlStatement};
@@ -196,10 +196,24 @@ impl Engine {
                 let count = self.run_for_count(plan).await?;
                 Ok(Outcome::command(format!("COPY {count}")))
             }
-            LogicalPlan::Statement(_) => {
-                let frame = self.ctx.execute_logical_plan(plan).await?;
+            LogicalPlan::Statement(
+                statement @ (Statement::SetVariable(_)
+                | Statement::ResetVariable(_)
+                | Statement::Prepare(_)
+                | Statement::Deallocate(_)),
+            ) => {
+                let tag = match statement {
+                    Statement::ResetVariable(_) => "RESET",
+                    Statement::Prepare(_) => "PREPARE",
+                    Statement::Deallocate(_) => "DEALLOCATE",
+                    _ => "SET",
+                };
+                let frame = self
+                    .ctx
+                    .execute_logical_plan(LogicalPlan::Statement(statement))
+                    .await?;
                 frame.collect().await?;
-                Ok(Outcome::command("SET"))
+                Ok(Outcome::command(tag))
             }
             plan => {
                 let frame = self.ctx.execute_logical_plan(plan).await?;

@@ -52,13 +52,16 @@ impl sqllogictest::AsyncDB for CirroProcess {
         if !out.status.success() {
             return Err(SqlError(stderr.trim().to_string()));
         }
-        let first = stderr
+        // The last statement's summary line decides: a row count for a query,
+        // a tag for a command.
+        let last = stderr
             .lines()
-            .find(|l| !l.starts_with("NOTICE:"))
+            .rev()
+            .find(|l| !l.starts_with("NOTICE:") && !l.starts_with("Time:") && !l.trim().is_empty())
             .unwrap_or("")
             .trim();
-        if !is_row_count(first) {
-            let count = first
+        if !is_row_count(last) {
+            let count = last
                 .rsplit(' ')
                 .next()
                 .and_then(|n| n.parse().ok())
