@@ -147,6 +147,32 @@ fn tables_persist_across_processes_and_data_env_is_honoured() {
         .output()
         .expect("run");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "v\nkept\n");
+    // The same location named by a file:// URL.
+    let url = format!("file://{}", data.path().display());
+    let out = std::process::Command::new(common::cirro_bin())
+        .args([
+            "--data",
+            &url,
+            "sql",
+            "--format",
+            "csv",
+            "-c",
+            "SELECT v FROM keep",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "v\nkept\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Schemes that are not supported yet are refused clearly.
+    let out = std::process::Command::new(common::cirro_bin())
+        .args(["--data", "s3://bucket/path", "sql", "-c", "SELECT 1"])
+        .output()
+        .expect("run");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SQLSTATE 0A000"));
 }
 
 #[test]
