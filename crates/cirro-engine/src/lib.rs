@@ -68,6 +68,49 @@ impl Outcome {
     }
 }
 
+/// DataFusion reports a NULL in a NOT NULL column by its internal column name
+/// or position (`Column 'column2' …`, `Invalid batch column at '0' …`); say
+/// which column of the table it is, as PostgreSQL does.
+fn name_not_null_column(err: CirroError, input: &LogicalPlan, table: &str) -> CirroError {
+    if err.state != SqlState::NOT_NULL_VIOLATION {
+        return err;
+    }
+    let quoted = |text: &str, after: &str| -> Option<String> {
+        let start = text.find(after)? + after.len();
+        let end = text[start..].find('\'')? + start;
+        Some(text[start..end].to_string())
+    };
+    let schema = input.schema();
+    let column = if let Some(index) =
+        quoted(&err.message, "column at '").and_then(|i| i.parse::<usize>().ok())
+    {
+        (index < schema.fields().len()).then(|| schema.field(index).name().clone())
+    } else if let Some(source) = quoted(&err.message, "Column '") {
+        // The insert's projection maps the source column onto a table column.
+        match input {
+            LogicalPlan::Projection(projection) => projection
+                .expr
+                .iter()
+                .zip(schema.fields())
+                .find(|(expr, _)| expr.column_refs().iter().any(|c| c.name == source))
+                .map(|(_, field)| field.name().clone())
+                .or(Some(source)),
+            _ => Some(source),
+        }
+    } else {
+        None
+    };
+    match column {
+        Some(column) => CirroError::new(
+            SqlState::NOT_NULL_VIOLATION,
+            format!(
+                "null value in column \"{column}\" of relation \"{table}\" violates not-null constraint"
+            ),
+        ),
+        None => err,
+    }
+}
+
 /// The engine: one catalog, one DataFusion session.
 pub struct Engine {
     catalog: Arc<Catalog>,
@@ -189,7 +232,11 @@ impl Engine {
                     WriteOp::Update => "UPDATE",
                     _ => "DML",
                 };
-                let count = self.run_for_count(LogicalPlan::Dml(dml)).await?;
+                let input = Arc::clone(&dml.input);
+                let count = self
+                    .run_for_count(LogicalPlan::Dml(dml))
+                    .await
+                    .map_err(|e| name_not_null_column(e, &input, &name))?;
                 Ok(Outcome::command(format!("{tag} {count}")))
             }
             LogicalPlan::Copy(_) => {
