@@ -368,51 +368,47 @@ where
     }))
 }
 
-fn customer_batches(count: u64) -> BatchIter {
-    let mut rng = StdRng::seed_from_u64(0x55B_C);
+/// Customers and suppliers: a key, then name, address, city, nation, region
+/// and phone, made the same way; customers add a market segment.
+fn party_batches(count: u64, seed: u64, label: &'static str, segment: bool) -> BatchIter {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let schema = if segment {
+        customer_schema()
+    } else {
+        supplier_schema()
+    };
     batches(count, move |start, n| {
-        let mut cols: Vec<StringBuilder> = (0..7).map(|_| StringBuilder::new()).collect();
+        let text_columns = if segment { 7 } else { 6 };
+        let mut cols: Vec<StringBuilder> =
+            (0..text_columns).map(|_| StringBuilder::new()).collect();
         let mut key = Int32Builder::with_capacity(n);
         for i in 0..n {
             let k = start + i as u64 + 1;
             let nation = rng.random_range(0..25);
             let (nation_name, region) = NATIONS[nation];
             key.append_value(k as i32);
-            cols[0].append_value(format!("Customer#{k:09}"));
+            cols[0].append_value(format!("{label}#{k:09}"));
             cols[1].append_value(random_address(&mut rng));
             cols[2].append_value(city(nation_name, rng.random_range(0..10)));
             cols[3].append_value(nation_name);
             cols[4].append_value(region);
             cols[5].append_value(phone(&mut rng, nation));
-            cols[6].append_value(SEGMENTS[rng.random_range(0..5)]);
+            if segment {
+                cols[6].append_value(SEGMENTS[rng.random_range(0..5)]);
+            }
         }
         let mut arrays: Vec<ArrayRef> = vec![Arc::new(key.finish())];
         arrays.extend(cols.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
-        RecordBatch::try_new(customer_schema(), arrays)
+        RecordBatch::try_new(Arc::clone(&schema), arrays)
     })
 }
 
+fn customer_batches(count: u64) -> BatchIter {
+    party_batches(count, 0x55B_C, "Customer", true)
+}
+
 fn supplier_batches(count: u64) -> BatchIter {
-    let mut rng = StdRng::seed_from_u64(0x55B_5);
-    batches(count, move |start, n| {
-        let mut cols: Vec<StringBuilder> = (0..6).map(|_| StringBuilder::new()).collect();
-        let mut key = Int32Builder::with_capacity(n);
-        for i in 0..n {
-            let k = start + i as u64 + 1;
-            let nation = rng.random_range(0..25);
-            let (nation_name, region) = NATIONS[nation];
-            key.append_value(k as i32);
-            cols[0].append_value(format!("Supplier#{k:09}"));
-            cols[1].append_value(random_address(&mut rng));
-            cols[2].append_value(city(nation_name, rng.random_range(0..10)));
-            cols[3].append_value(nation_name);
-            cols[4].append_value(region);
-            cols[5].append_value(phone(&mut rng, nation));
-        }
-        let mut arrays: Vec<ArrayRef> = vec![Arc::new(key.finish())];
-        arrays.extend(cols.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
-        RecordBatch::try_new(supplier_schema(), arrays)
-    })
+    party_batches(count, 0x55B_5, "Supplier", false)
 }
 
 fn part_batches(count: u64) -> BatchIter {
