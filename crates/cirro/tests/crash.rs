@@ -51,20 +51,32 @@ fn commits(dir: &Path) -> usize {
         .count()
 }
 
+/// A child process that is killed when dropped, so that a failed assertion
+/// never leaves a `cirro` waiting at a crash point.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Run BIG_INSERT until it reaches `point`, check the disk, and SIGKILL it.
 fn kill_at(data: &DataDir, table: &Path, point: &str) {
     let files_before = data_files(table);
     let commits_before = commits(table);
-    let mut child = data
-        .command()
-        .args(["sql", "-c", BIG_INSERT])
-        .env("CIRRO_CRASH_POINT", point)
-        .env("CIRRO_DATA_FILE_BYTES", FILE_BYTES_FOR_TEST)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cirro");
-    let stderr = child.stderr.take().expect("stderr");
+    let mut child = KillOnDrop(
+        data.command()
+            .args(["sql", "-c", BIG_INSERT])
+            .env("CIRRO_CRASH_POINT", point)
+            .env("CIRRO_DATA_FILE_BYTES", FILE_BYTES_FOR_TEST)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cirro"),
+    );
+    let stderr = child.0.stderr.take().expect("stderr");
     let (sender, receiver) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -100,8 +112,8 @@ fn kill_at(data: &DataDir, table: &Path, point: &str) {
         commits_before,
         "{point}: a commit happened before the kill"
     );
-    child.kill().expect("SIGKILL");
-    let status = child.wait().expect("wait");
+    child.0.kill().expect("SIGKILL");
+    let status = child.0.wait().expect("wait");
     assert!(!status.success(), "the process was killed");
 }
 
