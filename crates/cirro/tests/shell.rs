@@ -117,12 +117,13 @@ fn ctrl_c_cancels_the_running_query_and_the_shell_carries_on() {
     let screen = tmux.wait_for("(1 row)");
     assert!(screen.contains("| 42     |"), "{screen}");
     tmux.line("\\q");
-    // History was written on exit.
+    // History was written on exit (poll: the file appears before it is filled).
     let started = Instant::now();
     let history = data.path().join(".cirro_history");
-    while !history.exists() && started.elapsed() < Duration::from_secs(10) {
+    let mut saved = String::new();
+    while !saved.contains("AS answer;") && started.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(100));
+        saved = std::fs::read_to_string(&history).unwrap_or_default();
     }
-    let saved = std::fs::read_to_string(&history).expect("history file");
     assert!(saved.contains("AS answer;"), "{saved}");
 }
