@@ -43,10 +43,6 @@ impl CirroCatalogList {
     pub fn set_view_planner(&self, planner: Arc<dyn ViewPlanner>) {
         let _ = self.planner.set(planner);
     }
-
-    pub fn catalog(&self) -> &Arc<Catalog> {
-        &self.catalog
-    }
 }
 
 impl CatalogProviderList for CirroCatalogList {

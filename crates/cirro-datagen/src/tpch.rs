@@ -12,11 +12,6 @@ use tpchgen_arrow::{
 
 use crate::{BatchIter, GeneratedTable};
 
-/// Names of the TPC-H tables, in load order (small first).
-pub const TABLES: [&str; 8] = [
-    "region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem",
-];
-
 fn scaled(base: f64, sf: f64) -> u64 {
     (base * sf).round().max(1.0) as u64
 }

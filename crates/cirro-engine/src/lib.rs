@@ -21,7 +21,6 @@ mod views;
 
 use std::sync::Arc;
 
-use arrow::datatypes::SchemaRef;
 use cirro_catalog::{Catalog, CirroCatalogList, DEFAULT_DATABASE, DEFAULT_SCHEMA};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::StorageRoot;
@@ -287,24 +286,6 @@ impl Engine {
             }
         }
         Ok(count)
-    }
-
-    /// Run `sql` (one statement) and collect its rows; for tests and tools.
-    pub async fn query(&self, sql: &str) -> Result<(SchemaRef, Vec<arrow::array::RecordBatch>)> {
-        match self.execute(sql).await? {
-            Outcome::Rows(mut stream) => {
-                let schema = stream.schema();
-                let mut batches = Vec::new();
-                while let Some(batch) = stream.next().await {
-                    batches.push(batch?);
-                }
-                Ok((schema, batches))
-            }
-            Outcome::Command { tag, .. } => Err(CirroError::new(
-                SqlState::WRONG_OBJECT_TYPE,
-                format!("statement returned no rows ({tag})"),
-            )),
-        }
     }
 
     /// Load `batches` into a new table `schema_name.name` of the current

@@ -161,11 +161,6 @@ impl CirroTable {
         self.table.version().map(|v| v as i64).unwrap_or(-1)
     }
 
-    /// Total rows according to the Delta log's file statistics.
-    pub fn row_count(&self) -> Option<usize> {
-        self.files.iter().map(|f| f.num_records).sum()
-    }
-
     fn listing_table(&self, state: &dyn Session) -> DfResult<ListingTable> {
         let urls = self
             .files
