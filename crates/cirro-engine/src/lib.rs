@@ -229,6 +229,7 @@ impl Engine {
                     WriteOp::Insert(_) => "INSERT 0",
                     WriteOp::Delete => "DELETE",
                     WriteOp::Update => "UPDATE",
+                    WriteOp::Truncate => "TRUNCATE TABLE",
                     _ => "DML",
                 };
                 let input = Arc::clone(&dml.input);
@@ -236,7 +237,11 @@ impl Engine {
                     .run_for_count(LogicalPlan::Dml(dml))
                     .await
                     .map_err(|e| name_not_null_column(e, &input, &name))?;
-                Ok(Outcome::command(format!("{tag} {count}")))
+                Ok(Outcome::command(if tag == "TRUNCATE TABLE" {
+                    tag.to_string()
+                } else {
+                    format!("{tag} {count}")
+                }))
             }
             LogicalPlan::Copy(_) => {
                 let count = self.run_for_count(plan).await?;

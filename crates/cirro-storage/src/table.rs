@@ -223,6 +223,19 @@ impl TableProvider for CirroTable {
         Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
     }
 
+    /// TRUNCATE: one commit that removes every data file (an OVERWRITE with no
+    /// rows). It runs when the plan executes, so EXPLAIN TRUNCATE changes nothing.
+    async fn truncate(&self, _state: &dyn Session) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let sink = TableSink::new(
+            self.table.clone(),
+            Arc::clone(&self.stored_schema),
+            Arc::clone(&self.schema),
+            SaveMode::Overwrite,
+        );
+        let nothing = Arc::new(EmptyExec::new(Arc::clone(&self.schema)));
+        Ok(Arc::new(DataSinkExec::new(nothing, Arc::new(sink), None)))
+    }
+
     async fn insert_into(
         &self,
         _state: &dyn Session,

@@ -117,6 +117,9 @@ impl TableWriter {
                     .map(|f| Action::Remove(f.remove_action(true))),
             );
         }
+        if actions.is_empty() {
+            return Ok(0); // overwriting an empty table with nothing: no new version
+        }
         let operation = DeltaOperation::Write {
             mode: self.mode,
             partition_by: None,
