@@ -17,7 +17,7 @@ use datafusion::execution::session_state::SessionState;
 use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder, col};
 use datafusion::sql::planner::object_name_to_table_reference;
 use datafusion::sql::sqlparser::ast::CreateView;
-use datafusion::sql::sqlparser::ast::visit_relations;
+use datafusion::sql::sqlparser::ast::{Statement, visit_relations};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
@@ -112,8 +112,23 @@ fn relations_of(sql: &str, db: &str, schema: &str) -> Vec<(String, String, Strin
     };
     let mut names = Vec::new();
     for statement in &statements {
+        // Names the query's own WITH defines are not relations of the catalog.
+        let ctes: Vec<String> = match statement {
+            Statement::Query(query) => query
+                .with
+                .iter()
+                .flat_map(|with| with.cte_tables.iter())
+                .map(|cte| cte.alias.name.value.to_ascii_lowercase())
+                .collect(),
+            _ => Vec::new(),
+        };
         let _ = visit_relations(statement, |name| {
             if let Ok(reference) = object_name_to_table_reference(name.clone(), true) {
+                if matches!(reference, TableReference::Bare { .. })
+                    && ctes.iter().any(|c| c == reference.table())
+                {
+                    return ControlFlow::<()>::Continue(());
+                }
                 let resolved = reference.resolve(db, schema);
                 names.push((
                     resolved.catalog.to_string(),
