@@ -250,14 +250,11 @@ pub(crate) async fn create_schema(
             Ok(())
         })
         .await?;
-    Ok(if existed {
-        Outcome::with_notice(
-            "CREATE SCHEMA",
-            format!("schema \"{schema}\" already exists, skipping"),
-        )
-    } else {
-        Outcome::command("CREATE SCHEMA")
-    })
+    Ok(Outcome::skipped_if(
+        "CREATE SCHEMA",
+        existed,
+        format!("schema \"{schema}\" already exists, skipping"),
+    ))
 }
 
 fn has_relations(schema: &SchemaEntry) -> bool {
@@ -348,14 +345,11 @@ pub(crate) async fn create_database(
             Ok(())
         })
         .await?;
-    Ok(if existed {
-        Outcome::with_notice(
-            "CREATE DATABASE",
-            format!("database \"{name}\" already exists, skipping"),
-        )
-    } else {
-        Outcome::command("CREATE DATABASE")
-    })
+    Ok(Outcome::skipped_if(
+        "CREATE DATABASE",
+        existed,
+        format!("database \"{name}\" already exists, skipping"),
+    ))
 }
 
 /// Unquoted identifiers fold to lower case; quoted ones keep their case.

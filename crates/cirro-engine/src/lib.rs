@@ -60,9 +60,14 @@ impl Outcome {
     }
 
     fn with_notice(tag: impl Into<String>, notice: impl Into<String>) -> Self {
+        Self::skipped_if(tag, true, notice)
+    }
+
+    /// `tag`, with `notice` when the statement did nothing (IF [NOT] EXISTS).
+    fn skipped_if(tag: impl Into<String>, skipped: bool, notice: impl Into<String>) -> Self {
         Outcome::Command {
             tag: tag.into(),
-            notice: Some(notice.into()),
+            notice: skipped.then(|| notice.into()),
         }
     }
 }

@@ -235,14 +235,11 @@ pub(crate) async fn create_view(engine: &Engine, view: &CreateView) -> Result<Ou
             Ok(())
         })
         .await?;
-    Ok(if existed && view.if_not_exists {
-        Outcome::with_notice(
-            "CREATE VIEW",
-            format!("relation \"{name}\" already exists, skipping"),
-        )
-    } else {
-        Outcome::command("CREATE VIEW")
-    })
+    Ok(Outcome::skipped_if(
+        "CREATE VIEW",
+        existed && view.if_not_exists,
+        format!("relation \"{name}\" already exists, skipping"),
+    ))
 }
 
 pub(crate) async fn drop_view(
@@ -279,12 +276,9 @@ pub(crate) async fn drop_view(
             Ok(())
         })
         .await?;
-    Ok(if removed {
-        Outcome::command("DROP VIEW")
-    } else {
-        Outcome::with_notice(
-            "DROP VIEW",
-            format!("view \"{view}\" does not exist, skipping"),
-        )
-    })
+    Ok(Outcome::skipped_if(
+        "DROP VIEW",
+        !removed,
+        format!("view \"{view}\" does not exist, skipping"),
+    ))
 }
