@@ -49,7 +49,9 @@ impl SqlState {
     pub const QUERY_CANCELED: SqlState = SqlState("57014");
     pub const IO_ERROR: SqlState = SqlState("58030");
     pub const UNDEFINED_FILE: SqlState = SqlState("58P01");
+    pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState("54000");
     pub const INTERNAL_ERROR: SqlState = SqlState("XX000");
+    pub const DATA_CORRUPTED: SqlState = SqlState("XX001");
 
     pub fn code(&self) -> &'static str {
         self.0

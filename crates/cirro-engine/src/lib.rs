@@ -15,6 +15,7 @@
 
 mod copy;
 mod ddl;
+mod dml;
 mod functions;
 pub mod split;
 mod views;
@@ -234,9 +235,19 @@ impl Engine {
                     WriteOp::Insert(_) => "INSERT 0",
                     WriteOp::Delete => "DELETE",
                     WriteOp::Update => "UPDATE",
+                    WriteOp::MergeInto(_) => "MERGE",
                     WriteOp::Truncate => "TRUNCATE TABLE",
                     _ => "DML",
                 };
+                if matches!(
+                    dml.op,
+                    WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_)
+                ) {
+                    let input = Arc::clone(&dml.input);
+                    return dml::execute(self, dml, tag)
+                        .await
+                        .map_err(|e| name_not_null_column(e, &input, &name));
+                }
                 let input = Arc::clone(&dml.input);
                 let count = self
                     .run_for_count(LogicalPlan::Dml(dml))

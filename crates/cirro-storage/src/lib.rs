@@ -7,7 +7,9 @@
 //! the commit that makes them visible, so a crash at any point leaves the table at
 //! its previous version; unreferenced files are garbage, never data.
 
+pub mod dv;
 pub mod failpoint;
+pub mod mutate;
 pub mod root;
 pub mod schema;
 pub mod table;

@@ -1,11 +1,17 @@
 //! [`CirroTable`]: a Delta table as a DataFusion `TableProvider`.
 //!
-//! A scan reads exactly the data files of the table's current Delta snapshot. It
-//! hands that file list to DataFusion's own `ListingTable` (one URL per file),
-//! so that Cirro's tables are planned and read exactly as DataFusion plans and
-//! reads plain Parquet files: the same statistics, the same file-group splitting,
-//! the same Parquet options and caches. Files on disk that the log does not
-//! reference (left by a crashed writer) are never read.
+//! A scan reads exactly the data files of the table's current Delta snapshot,
+//! through DataFusion's own Parquet reader (`ParquetSource` in a
+//! `DataSourceExec`), set up as DataFusion's `ListingTable` sets it up: per-file
+//! statistics from the Parquet footers (cached), files split into
+//! `target_partitions` groups, the session's Parquet options. Two things are
+//! Cirro's own: rows deleted by a deletion vector are handed to the reader as a
+//! row selection, so they are never decoded; and DML scans add two hidden
+//! columns, the file index and the row's position in the file
+//! ([`FILE_INDEX_COLUMN`], [`ROW_INDEX_COLUMN`], the latter DataFusion's Parquet
+//! `row_number` virtual column), from which deletion vectors are built. Files on
+//! disk that the log does not reference (left by a crashed writer) are never
+//! read.
 //!
 //! INSERT goes through [`crate::write::TableSink`], which writes new data files
 //! and commits them in one Delta commit.
@@ -19,21 +25,32 @@ use datafusion::catalog::Session;
 use datafusion::catalog::{ScanArgs, ScanResult};
 use datafusion::datasource::TableProvider;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::{
-    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
-};
+use arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::stats::{ColumnStatistics, Precision, Statistics};
+use datafusion::common::ScalarValue;
+use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::listing::{ListingTableUrl, PartitionedFile};
+use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::table_schema::TableSchemaBuilder;
+use deltalake::kernel::{Add, DeletionVectorDescriptor};
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectMeta;
+use parquet::arrow::RowNumber;
+use roaring::RoaringTreemap;
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
-use deltalake::DeltaTable;
+use deltalake::{DeltaTable, TableProperty};
 use deltalake::kernel::StructType;
 use deltalake::kernel::engine::arrow_conversion::{TryIntoArrow, TryIntoKernel};
 use deltalake::protocol::SaveMode;
 use url::Url;
 
+use crate::dv;
 use crate::schema::{scan_schema, storage_schema};
 use crate::write::TableSink;
 
@@ -57,7 +74,9 @@ pub async fn create_delta_table(
     let mut builder = deltalake::operations::create::CreateBuilder::new()
         .with_location(url.as_str())
         .with_columns(struct_type.fields().cloned())
-        .with_save_mode(SaveMode::ErrorIfExists);
+        .with_save_mode(SaveMode::ErrorIfExists)
+        // DELETE and UPDATE mark rows in deletion vectors (merge-on-read).
+        .with_configuration_property(TableProperty::EnableDeletionVectors, Some("true"));
     if let Some(comment) = &options.comment {
         builder = builder.with_comment(comment.clone());
     }
@@ -82,6 +101,12 @@ pub async fn open_delta_table(url: &Url) -> Result<DeltaTable> {
         })
 }
 
+/// Name of the hidden column that identifies a row's data file in a scan
+/// with row ids (an index into [`CirroTable::files`]).
+pub const FILE_INDEX_COLUMN: &str = "__cirro_file";
+/// Name of the hidden column holding a row's position in its data file.
+pub const ROW_INDEX_COLUMN: &str = "__cirro_row";
+
 /// A Cirro table: one Delta snapshot, scanned and appended to through DataFusion.
 #[derive(Debug, Clone)]
 pub struct CirroTable {
@@ -89,17 +114,37 @@ pub struct CirroTable {
     url: Url,
     /// The schema as stored in Delta (Utf8 strings, non-null flags).
     stored_schema: SchemaRef,
-    /// The schema scans produce (Utf8View strings).
+    /// The schema scans produce (Utf8View strings), without row ids.
     schema: SchemaRef,
-    /// URLs of the snapshot's data files, with their sizes.
+    /// The snapshot's data files.
     files: Arc<Vec<DataFile>>,
+    /// Whether scans add the row-id columns ([`FILE_INDEX_COLUMN`],
+    /// [`ROW_INDEX_COLUMN`]), for DELETE, UPDATE and MERGE.
+    row_ids: bool,
 }
 
+/// One data file of a snapshot.
 #[derive(Debug, Clone)]
 pub struct DataFile {
     pub url: String,
     pub size: u64,
+    /// Rows stored in the file, deleted ones included.
     pub num_records: Option<usize>,
+    /// The `add` action that made the file part of the table.
+    pub add: Add,
+}
+
+impl DataFile {
+    pub fn deletion_vector(&self) -> Option<&DeletionVectorDescriptor> {
+        self.add.deletion_vector.as_ref()
+    }
+
+    /// Rows deleted by the file's deletion vector.
+    pub fn deleted_rows(&self) -> u64 {
+        self.deletion_vector()
+            .map(|dv| dv.cardinality.max(0) as u64)
+            .unwrap_or(0)
+    }
 }
 
 impl CirroTable {
@@ -122,6 +167,8 @@ impl CirroTable {
             .iter()
             .map(|file| {
                 let relative = file.object_store_path();
+                #[allow(deprecated)] // the one way to get the whole action back
+                let add = file.add_action();
                 Ok(DataFile {
                     url: url
                         .join(relative.as_ref())
@@ -129,6 +176,7 @@ impl CirroTable {
                         .to_string(),
                     size: file.size().max(0) as u64,
                     num_records: file.num_records(),
+                    add,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -138,7 +186,24 @@ impl CirroTable {
             table,
             url,
             files: Arc::new(files),
+            row_ids: false,
         })
+    }
+
+    /// The same snapshot, scanned with the row-id columns appended.
+    pub fn with_row_ids(&self) -> Self {
+        Self {
+            row_ids: true,
+            ..self.clone()
+        }
+    }
+
+    /// The same snapshot, scanned without row ids.
+    pub fn without_row_ids(&self) -> Self {
+        Self {
+            row_ids: false,
+            ..self.clone()
+        }
     }
 
     pub fn delta(&self) -> &DeltaTable {
@@ -153,6 +218,11 @@ impl CirroTable {
         &self.stored_schema
     }
 
+    /// The table's columns as scans produce them (without row ids).
+    pub fn table_schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
     pub fn files(&self) -> &[DataFile] {
         &self.files
     }
@@ -161,26 +231,200 @@ impl CirroTable {
         self.table.version().map(|v| v as i64).unwrap_or(-1)
     }
 
-    fn listing_table(&self, state: &dyn Session) -> DfResult<ListingTable> {
-        let urls = self
-            .files
-            .iter()
-            .map(|f| ListingTableUrl::parse(&f.url))
-            .collect::<DfResult<Vec<_>>>()?;
-        let format = ParquetFormat::default().with_options(state.table_options().parquet.clone());
-        let options = ListingOptions::new(Arc::new(format)).with_file_extension(".parquet");
-        let config = ListingTableConfig::new_with_multi_paths(urls)
-            .with_listing_options(options)
-            .with_schema(Arc::clone(&self.schema));
-        Ok(ListingTable::try_new(config)?
-            .with_cache(state.runtime_env().cache_manager.get_file_statistic_cache()))
+    /// Whether the table's protocol allows deletion vectors.
+    pub fn supports_deletion_vectors(&self) -> bool {
+        self.table.snapshot().is_ok_and(|snapshot| {
+            snapshot
+                .protocol()
+                .writer_features()
+                .is_some_and(|features| features.iter().any(|f| f.as_ref() == "deletionVectors"))
+        })
     }
+
+    /// The deletion vectors of the given files (by index), as logged.
+    pub async fn deletion_vectors(&self, indices: &[usize]) -> Result<Vec<Option<RoaringTreemap>>> {
+        let with_dv: Vec<(usize, &DeletionVectorDescriptor)> = indices
+            .iter()
+            .filter_map(|&i| self.files[i].deletion_vector().map(|d| (i, d)))
+            .collect();
+        let descriptors: Vec<&DeletionVectorDescriptor> = with_dv.iter().map(|(_, d)| *d).collect();
+        let mut read = dv::read_all(&self.table.object_store(), &descriptors)
+            .await?
+            .into_iter();
+        Ok(indices
+            .iter()
+            .map(|&i| {
+                if self.files[i].deletion_vector().is_some() {
+                    read.next()
+                } else {
+                    None
+                }
+            })
+            .collect())
+    }
+
+    /// The schema of a scan: the table's columns, then the row ids if asked.
+    fn output_schema(&self) -> SchemaRef {
+        if !self.row_ids {
+            return Arc::clone(&self.schema);
+        }
+        let mut fields: Vec<FieldRef> = self.schema.fields().iter().cloned().collect();
+        fields.push(file_index_field());
+        fields.push(row_index_field());
+        Arc::new(Schema::new(fields))
+    }
+
+    /// A physical scan of the files `files` (indices into [`Self::files`]),
+    /// each paired with the rows to skip. With `self.row_ids`, every row also
+    /// carries its file index and its position in the file.
+    pub async fn scan_files(
+        &self,
+        state: &dyn Session,
+        files: Vec<(usize, Option<RoaringTreemap>)>,
+        projection: Option<&[usize]>,
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let files: Vec<_> = files
+            .into_iter()
+            .filter(|(i, deleted)| {
+                let rows = self.files[*i].num_records.map(|n| n as u64);
+                !(rows.is_some() && deleted.as_ref().map(|d| d.len()) == rows)
+            })
+            .collect();
+        if files.is_empty() {
+            let schema = self.output_schema();
+            let schema = match projection {
+                Some(indices) => Arc::new(schema.project(indices)?),
+                None => schema,
+            };
+            return Ok(Arc::new(EmptyExec::new(schema)));
+        }
+        let format = ParquetFormat::default().with_options(state.table_options().parquet.clone());
+        let first = ListingTableUrl::parse(&self.files[files[0].0].url)?;
+        let object_store_url = first.object_store();
+        let store = state.runtime_env().object_store(&object_store_url)?;
+        let file_schema = Arc::clone(&self.schema);
+        let collect_statistics = state.config().collect_statistics();
+        let concurrency = state.config_options().execution.meta_fetch_concurrency.get();
+        let row_ids = self.row_ids;
+        let partitioned = futures::stream::iter(files)
+            .map(|(index, deleted)| {
+                let format = &format;
+                let store = &store;
+                let file_schema = &file_schema;
+                async move {
+                    let file = &self.files[index];
+                    let location = ListingTableUrl::parse(&file.url)?.prefix().clone();
+                    let meta = ObjectMeta {
+                        location,
+                        last_modified: chrono::DateTime::from_timestamp_millis(
+                            file.add.modification_time,
+                        )
+                        .unwrap_or_default(),
+                        size: file.size,
+                        e_tag: None,
+                        version: None,
+                    };
+                    let mut statistics = if collect_statistics {
+                        format
+                            .infer_stats_and_ordering(state, store, Arc::clone(file_schema), &meta)
+                            .await?
+                            .statistics
+                    } else {
+                        Statistics::new_unknown(file_schema)
+                    };
+                    let mut part = PartitionedFile::new_from_meta(meta);
+                    if let Some(deleted) = deleted.filter(|d| !d.is_empty()) {
+                        // Rows a deletion vector removes are never decoded:
+                        // the reader gets the surviving rows as a selection.
+                        let rows = match (file.num_records, &statistics.num_rows) {
+                            (Some(n), _) => n as u64,
+                            (None, Precision::Exact(n)) => *n as u64,
+                            _ => {
+                                return Err(CirroError::internal(format!(
+                                    "data file {} has a deletion vector but no row count",
+                                    file.url
+                                ))
+                                .into_datafusion());
+                            }
+                        };
+                        statistics = statistics.to_inexact();
+                        statistics.num_rows = Precision::Inexact(
+                            rows.saturating_sub(deleted.len()) as usize,
+                        );
+                        part = part.with_extension(ParquetRowSelection::new(
+                            dv::surviving_rows(&deleted, rows),
+                        ));
+                    }
+                    if row_ids {
+                        part = part.with_partition_values(vec![ScalarValue::UInt32(Some(
+                            index as u32,
+                        ))]);
+                    }
+                    let mut part = part.with_statistics(Arc::new(statistics));
+                    if row_ids {
+                        if let Some(stats) = part.statistics.as_mut() {
+                            Arc::make_mut(stats)
+                                .column_statistics
+                                .push(ColumnStatistics::new_unknown());
+                        }
+                    }
+                    Ok::<_, datafusion::error::DataFusionError>(part)
+                }
+            })
+            .buffered(concurrency)
+            .try_collect::<Vec<_>>()
+            .await?;
+
+        let mut builder = TableSchemaBuilder::new(Arc::clone(&self.schema));
+        if row_ids {
+            builder = builder
+                .with_table_partition_cols(vec![file_index_field()])
+                .with_virtual_columns(vec![row_index_field()]);
+        }
+        let table_schema = builder.build();
+        let full_schema = Arc::clone(table_schema.table_schema());
+        let statistics = Statistics::try_merge_iter(
+            partitioned.iter().filter_map(|p| p.statistics.as_deref()),
+            &full_schema,
+        )?;
+        let groups: Vec<FileGroup> = FileGroup::new(partitioned)
+            .split_files(state.config().target_partitions().max(1))
+            .into_iter()
+            .map(|group| {
+                let stats = Statistics::try_merge_iter(
+                    group.iter().filter_map(|p| p.statistics.as_deref()),
+                    &full_schema,
+                );
+                match stats {
+                    Ok(stats) => group.with_statistics(Arc::new(stats)),
+                    Err(_) => group,
+                }
+            })
+            .collect();
+        let source = Arc::new(ParquetSource::new(table_schema));
+        let config = FileScanConfigBuilder::new(object_store_url, source)
+            .with_file_groups(groups)
+            .with_statistics(statistics)
+            .with_projection_indices(projection.map(|p| p.to_vec()))?
+            .with_limit(limit)
+            .build();
+        format.create_physical_plan(state, config).await
+    }
+}
+
+fn file_index_field() -> FieldRef {
+    Arc::new(Field::new(FILE_INDEX_COLUMN, DataType::UInt32, false))
+}
+
+fn row_index_field() -> FieldRef {
+    Arc::new(Field::new(ROW_INDEX_COLUMN, DataType::Int64, false).with_extension_type(RowNumber))
 }
 
 #[async_trait]
 impl TableProvider for CirroTable {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
+        self.output_schema()
     }
 
     fn table_type(&self) -> TableType {
@@ -206,14 +450,16 @@ impl TableProvider for CirroTable {
         state: &dyn Session,
         args: ScanArgs<'a>,
     ) -> DfResult<ScanResult> {
-        if self.files.is_empty() {
-            let schema = match args.projection() {
-                Some(indices) => Arc::new(self.schema.project(indices)?),
-                None => Arc::clone(&self.schema),
-            };
-            return Ok(ScanResult::new(Arc::new(EmptyExec::new(schema))));
-        }
-        self.listing_table(state)?.scan_with_args(state, args).await
+        let indices: Vec<usize> = (0..self.files.len()).collect();
+        let deleted = self
+            .deletion_vectors(&indices)
+            .await
+            .map_err(CirroError::into_datafusion)?;
+        let files = indices.into_iter().zip(deleted).collect();
+        let plan = self
+            .scan_files(state, files, args.projection(), args.limit())
+            .await?;
+        Ok(ScanResult::new(plan))
     }
 
     fn supports_filters_pushdown(

@@ -100,6 +100,13 @@ impl TableWriter {
         Ok(())
     }
 
+    /// Finish the data files without committing them: the caller commits the
+    /// returned actions together with others (DELETE/UPDATE/MERGE) and removes
+    /// the files with [`remove_files`] if that commit does not happen.
+    pub async fn finish(mut self) -> Result<Vec<Add>> {
+        Ok(self.writer.flush().await?)
+    }
+
     /// Finish the data files and commit them; returns the rows written.
     pub async fn commit(mut self) -> Result<u64> {
         let adds = self.writer.flush().await?;
@@ -125,19 +132,14 @@ impl TableWriter {
             partition_by: None,
             predicate: None,
         };
-        let snapshot = self.table.snapshot()?;
-        let result = CommitBuilder::default()
-            .with_actions(actions)
-            .build(Some(snapshot), self.table.log_store(), operation)
-            .await;
-        match result {
+        match commit_actions(&self.table, actions, operation).await {
             Ok(_) => {
                 failpoint::reach("write.after_commit", 1);
                 Ok(self.rows)
             }
             Err(err) => {
                 remove_files(&self.table, &adds).await;
-                Err(CirroError::from(err))
+                Err(err)
             }
         }
     }
@@ -150,7 +152,26 @@ impl TableWriter {
     }
 }
 
-async fn remove_files(table: &DeltaTable, adds: &[Add]) {
+/// Commit `actions` to `table` as one new version, read at the table's
+/// snapshot. A concurrent commit that conflicts with this one (it removed a
+/// file this one read or removes) fails it with 40001; one that does not is
+/// committed after it (delta-rs's conflict checker decides, see
+/// `docs/architecture.md`). Returns the new version.
+pub async fn commit_actions(
+    table: &DeltaTable,
+    actions: Vec<Action>,
+    operation: DeltaOperation,
+) -> Result<i64> {
+    let snapshot = table.snapshot()?;
+    let finalized = CommitBuilder::default()
+        .with_actions(actions)
+        .build(Some(snapshot), table.log_store(), operation)
+        .await?;
+    Ok(finalized.version() as i64)
+}
+
+/// Remove data files written for a commit that did not happen.
+pub async fn remove_files(table: &DeltaTable, adds: &[Add]) {
     let store = table.object_store();
     for add in adds {
         let path = deltalake::Path::from(add.path.as_str());

@@ -1,0 +1,289 @@
+//! DELETE, UPDATE and MERGE on a Cirro table: merge-on-read with deletion
+//! vectors, one Delta commit per statement.
+//!
+//! ```text
+//!  plan rows ──► (file index, row position) of each changed row ──► new DVs
+//!            └─► new versions of updated / inserted rows ──► new data files
+//!
+//!  commit:  per touched file  remove(old DV) + add(same file, old ∪ new DV)
+//!                         or  remove (every row deleted)
+//!                         or  remove + survivors rewritten (mostly deleted)
+//!           + add(new data files)
+//! ```
+//!
+//! A file keeps its data and gets a deletion vector unless, after the
+//! statement, more than [`REWRITE_FRACTION`] of its rows are deleted: then its
+//! surviving rows are copied into new files and the file is removed
+//! (copy-on-write), because every later scan would read mostly dead rows. A
+//! file with no surviving row is simply removed. Tables whose protocol lacks the
+//! `deletionVectors` feature (none that Cirro creates) always take the
+//! copy-on-write path.
+//!
+//! Nothing is visible before the commit; if the statement fails or the commit
+//! loses against a conflicting writer, the new data and DV files are removed
+//! and the table stays at the version it was read at.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{Int64Type, UInt32Type};
+use cirro_common::{CirroError, Result, SqlState};
+use datafusion::catalog::Session;
+use datafusion::physical_plan::execute_stream;
+use deltalake::kernel::Action;
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use futures::StreamExt;
+use object_store::ObjectStoreExt;
+use roaring::RoaringTreemap;
+
+use crate::dv;
+use crate::failpoint;
+use crate::table::CirroTable;
+use crate::write::{TableWriter, commit_actions, remove_files};
+
+/// Share of a file's rows that may be deleted before the file is rewritten
+/// instead of carrying a deletion vector.
+pub const REWRITE_FRACTION: f64 = 0.5;
+
+/// What a committed mutation did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MutationSummary {
+    /// The new table version.
+    pub version: i64,
+    /// Files that got a (larger) deletion vector.
+    pub files_with_dv: usize,
+    /// Files removed because no row survived.
+    pub files_removed: usize,
+    /// Files whose surviving rows were rewritten.
+    pub files_rewritten: usize,
+    /// Rows written into new files (new row versions, inserted rows, rewritten survivors).
+    pub rows_written: u64,
+}
+
+/// The changes of one DELETE/UPDATE/MERGE, gathered while its plan runs.
+pub struct Mutation {
+    table: CirroTable,
+    /// Newly deleted rows by file index.
+    deleted: BTreeMap<usize, RoaringTreemap>,
+    writer: TableWriter,
+}
+
+impl Mutation {
+    pub fn new(table: &CirroTable) -> Result<Self> {
+        let writer = TableWriter::new(
+            table.delta(),
+            Arc::clone(table.stored_schema()),
+            SaveMode::Append,
+        )?;
+        Ok(Self {
+            table: table.without_row_ids(),
+            deleted: BTreeMap::new(),
+            writer,
+        })
+    }
+
+    pub fn table(&self) -> &CirroTable {
+        &self.table
+    }
+
+    /// Mark rows as deleted, given a file-index column and a row-position
+    /// column (the scan's row ids). A row marked twice means that several
+    /// source rows matched one target row: 21000.
+    pub fn delete_rows(&mut self, files: &dyn Array, rows: &dyn Array) -> Result<u64> {
+        let files = files
+            .as_primitive_opt::<UInt32Type>()
+            .ok_or_else(|| CirroError::internal("row ids: file index is not UInt32"))?;
+        let rows = rows
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| CirroError::internal("row ids: row position is not Int64"))?;
+        let mut count = 0;
+        for (file, row) in files.iter().zip(rows.iter()) {
+            let (Some(file), Some(row)) = (file, row) else {
+                continue; // no target row (an INSERT of MERGE)
+            };
+            let file = file as usize;
+            if file >= self.table.files().len() || row < 0 {
+                return Err(CirroError::internal("row id out of range"));
+            }
+            if !self.deleted.entry(file).or_default().insert(row as u64) {
+                return Err(CirroError::new(
+                    SqlState::CARDINALITY_VIOLATION,
+                    "a target row was matched by more than one source row; \
+                     make the join condition match at most one source row per target row",
+                ));
+            }
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// Add rows (new versions of updated rows, or inserted rows); their columns
+    /// are, by position, the table's columns.
+    pub async fn insert(&mut self, batch: RecordBatch) -> Result<()> {
+        self.writer.write(batch).await
+    }
+
+    /// Commit the gathered changes as one new version of the table. Returns
+    /// `None` when there was nothing to change (no commit).
+    pub async fn commit(
+        self,
+        state: &dyn Session,
+        operation: DeltaOperation,
+    ) -> Result<Option<MutationSummary>> {
+        let Mutation {
+            table,
+            deleted,
+            mut writer,
+        } = self;
+        let mut summary = MutationSummary::default();
+        let indices: Vec<usize> = deleted.keys().copied().collect();
+        let logged = match table.deletion_vectors(&indices).await {
+            Ok(logged) => logged,
+            Err(e) => {
+                writer.abort().await;
+                return Err(e);
+            }
+        };
+        let use_dvs = table.supports_deletion_vectors();
+        let mut actions: Vec<Action> = Vec::new();
+        let mut keep_dv: Vec<(usize, RoaringTreemap)> = Vec::new();
+        let mut rewrite: Vec<(usize, RoaringTreemap)> = Vec::new();
+        for ((index, new), old) in deleted.into_iter().zip(logged) {
+            let file = &table.files()[index];
+            let mut all = old.unwrap_or_default();
+            all |= new;
+            let total = file.num_records.map(|n| n as u64);
+            actions.push(Action::Remove(remove_of(file)));
+            if total == Some(all.len()) {
+                summary.files_removed += 1;
+            } else if !use_dvs
+                || total.is_none()
+                || all.len() as f64 > REWRITE_FRACTION * total.unwrap_or(0) as f64
+            {
+                rewrite.push((index, all));
+            } else {
+                keep_dv.push((index, all));
+            }
+        }
+        // Copy-on-write: the survivors of mostly deleted files go to new files.
+        if !rewrite.is_empty() {
+            summary.files_rewritten = rewrite.len();
+            if let Err(e) = copy_survivors(&table, state, rewrite, &mut writer).await {
+                writer.abort().await;
+                return Err(e);
+            }
+        }
+        summary.rows_written = writer.rows();
+        let adds = match writer.finish().await {
+            Ok(adds) => adds,
+            Err(e) => return Err(e),
+        };
+        let mut dv_file = None;
+        if !keep_dv.is_empty() {
+            let bitmaps: Vec<&RoaringTreemap> = keep_dv.iter().map(|(_, dv)| dv).collect();
+            match dv::write_file(&table.delta().object_store(), &bitmaps).await {
+                Ok(written) => {
+                    for ((index, _), descriptor) in keep_dv.iter().zip(&written.descriptors) {
+                        let mut add = table.files()[*index].add.clone();
+                        add.deletion_vector = Some(descriptor.clone());
+                        add.data_change = true;
+                        add.modification_time = chrono::Utc::now().timestamp_millis();
+                        add.stats = add.stats.as_deref().map(loose_bounds);
+                        actions.push(Action::Add(add));
+                    }
+                    summary.files_with_dv = keep_dv.len();
+                    dv_file = Some(written);
+                }
+                Err(e) => {
+                    remove_files(table.delta(), &adds).await;
+                    return Err(e);
+                }
+            }
+        }
+        actions.extend(adds.iter().cloned().map(Action::Add));
+        if actions.is_empty() {
+            return Ok(None);
+        }
+        failpoint::reach("mutate.before_commit", 1);
+        match commit_actions(table.delta(), actions, operation).await {
+            Ok(version) => {
+                failpoint::reach("mutate.after_commit", 1);
+                summary.version = version;
+                Ok(Some(summary))
+            }
+            Err(e) => {
+                remove_files(table.delta(), &adds).await;
+                if let Some(written) = dv_file {
+                    let _ = table.delta().object_store().delete(&written.path).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Give up: remove the files written so far. The table is unchanged.
+    pub async fn abort(self) {
+        self.writer.abort().await;
+    }
+}
+
+/// The `remove` action for a data file as the snapshot holds it (with its
+/// current deletion vector, as the protocol requires).
+fn remove_of(file: &crate::table::DataFile) -> deltalake::kernel::Remove {
+    let add = &file.add;
+    deltalake::kernel::Remove {
+        path: add.path.clone(),
+        data_change: true,
+        deletion_timestamp: Some(chrono::Utc::now().timestamp_millis()),
+        extended_file_metadata: Some(true),
+        size: Some(add.size),
+        partition_values: Some(add.partition_values.clone()),
+        deletion_vector: add.deletion_vector.clone(),
+        tags: None,
+        base_row_id: add.base_row_id,
+        default_row_commit_version: add.default_row_commit_version,
+    }
+}
+
+/// File statistics of a file with a deletion vector: the min/max values still
+/// bound the live rows but are no longer tight (Delta `tightBounds`).
+fn loose_bounds(stats: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(stats) {
+        Ok(serde_json::Value::Object(mut map)) => {
+            map.insert("tightBounds".into(), serde_json::Value::Bool(false));
+            serde_json::Value::Object(map).to_string()
+        }
+        _ => stats.to_string(),
+    }
+}
+
+/// Write the rows of `files` that survive their deletion vectors into
+/// `writer` (copy-on-write).
+async fn copy_survivors(
+    table: &CirroTable,
+    state: &dyn Session,
+    files: Vec<(usize, RoaringTreemap)>,
+    writer: &mut TableWriter,
+) -> Result<()> {
+    let files = files.into_iter().map(|(i, dv)| (i, Some(dv))).collect();
+    let plan = table.scan_files(state, files, None, None).await?;
+    let mut stream = execute_stream(plan, state.task_ctx())?;
+    while let Some(batch) = stream.next().await {
+        writer.write(batch?).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loose_bounds_marks_stats() {
+        let out = loose_bounds(r#"{"numRecords":3,"minValues":{"a":1}}"#);
+        let value: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(value["tightBounds"], serde_json::Value::Bool(false));
+        assert_eq!(value["numRecords"], 3);
+    }
+}
