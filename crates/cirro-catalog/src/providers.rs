@@ -6,7 +6,8 @@
 //! the engine changes the catalog with [`Catalog::commit`] instead, so every
 //! change is persisted and atomic.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use cirro_common::CirroError;
@@ -15,7 +16,57 @@ use datafusion::datasource::ViewTable;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::logical_expr::{LogicalPlan, TableType};
 
+use cirro_storage::CirroTable;
+
 use crate::state::{Catalog, ViewEntry};
+
+/// The tables a session has pinned while a transaction is open. In a
+/// transaction every table is read at the version the transaction first saw
+/// (snapshot isolation), with the transaction's own uncommitted changes
+/// applied; outside one, nothing is pinned and every statement reads the
+/// latest version.
+#[derive(Debug, Default)]
+pub struct SessionTables {
+    pinned: Mutex<Option<HashMap<String, CirroTable>>>,
+}
+
+impl SessionTables {
+    /// Start pinning (BEGIN).
+    pub fn begin(&self) {
+        if let Ok(mut pinned) = self.pinned.lock() {
+            *pinned = Some(HashMap::new());
+        }
+    }
+
+    /// Stop pinning and forget the pinned tables (COMMIT, ROLLBACK).
+    pub fn end(&self) {
+        if let Ok(mut pinned) = self.pinned.lock() {
+            *pinned = None;
+        }
+    }
+
+    pub fn active(&self) -> bool {
+        self.pinned.lock().map(|p| p.is_some()).unwrap_or(false)
+    }
+
+    /// The pinned table at `location`, if any.
+    pub fn get(&self, location: &str) -> Option<CirroTable> {
+        self.pinned
+            .lock()
+            .ok()
+            .and_then(|p| p.as_ref().and_then(|m| m.get(location).cloned()))
+    }
+
+    /// Pin `table` at `location` (replacing a pinned one) while a transaction
+    /// is open; does nothing otherwise.
+    pub fn set(&self, location: &str, table: CirroTable) {
+        if let Ok(mut pinned) = self.pinned.lock() {
+            if let Some(map) = pinned.as_mut() {
+                map.insert(location.to_string(), table);
+            }
+        }
+    }
+}
 
 /// Plans the SQL of a stored view. The engine provides it (it owns the session
 /// state that planning needs).
@@ -29,13 +80,15 @@ pub trait ViewPlanner: Send + Sync + std::fmt::Debug {
 pub struct CirroCatalogList {
     catalog: Arc<Catalog>,
     planner: Arc<OnceLock<Arc<dyn ViewPlanner>>>,
+    session: Arc<SessionTables>,
 }
 
 impl CirroCatalogList {
-    pub fn new(catalog: Arc<Catalog>) -> Self {
+    pub fn new(catalog: Arc<Catalog>, session: Arc<SessionTables>) -> Self {
         Self {
             catalog,
             planner: Arc::new(OnceLock::new()),
+            session,
         }
     }
 
@@ -65,6 +118,7 @@ impl CatalogProviderList for CirroCatalogList {
         Some(Arc::new(DatabaseProvider {
             catalog: Arc::clone(&self.catalog),
             planner: Arc::clone(&self.planner),
+            session: Arc::clone(&self.session),
             db: name.to_string(),
         }))
     }
@@ -74,6 +128,7 @@ impl CatalogProviderList for CirroCatalogList {
 struct DatabaseProvider {
     catalog: Arc<Catalog>,
     planner: Arc<OnceLock<Arc<dyn ViewPlanner>>>,
+    session: Arc<SessionTables>,
     db: String,
 }
 
@@ -98,6 +153,7 @@ impl CatalogProvider for DatabaseProvider {
             Arc::new(CirroSchemaProvider {
                 catalog: Arc::clone(&self.catalog),
                 planner: Arc::clone(&self.planner),
+                session: Arc::clone(&self.session),
                 db: self.db.clone(),
                 schema: name.to_string(),
             }) as Arc<dyn SchemaProvider>
@@ -110,6 +166,7 @@ impl CatalogProvider for DatabaseProvider {
 pub struct CirroSchemaProvider {
     catalog: Arc<Catalog>,
     planner: Arc<OnceLock<Arc<dyn ViewPlanner>>>,
+    session: Arc<SessionTables>,
     db: String,
     schema: String,
 }
@@ -127,11 +184,15 @@ impl SchemaProvider for CirroSchemaProvider {
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         let snapshot = self.catalog.snapshot();
         if let Some(entry) = snapshot.table(&self.db, &self.schema, name) {
+            if let Some(pinned) = self.session.get(&entry.location) {
+                return Ok(Some(Arc::new(pinned)));
+            }
             let table = self
                 .catalog
                 .open_table(&entry.location)
                 .await
                 .map_err(CirroError::into_datafusion)?;
+            self.session.set(&entry.location, table.clone());
             return Ok(Some(Arc::new(table)));
         }
         if let Some(view) = snapshot.view(&self.db, &self.schema, name) {

@@ -26,6 +26,8 @@ impl SqlState {
     pub const BAD_COPY_FILE_FORMAT: SqlState = SqlState("22P04");
     pub const INVALID_TEXT_REPRESENTATION: SqlState = SqlState("22P02");
     pub const NOT_NULL_VIOLATION: SqlState = SqlState("23502");
+    pub const ACTIVE_SQL_TRANSACTION: SqlState = SqlState("25001");
+    pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState("25P02");
     pub const INVALID_CATALOG_NAME: SqlState = SqlState("3D000");
     pub const INVALID_SCHEMA_NAME: SqlState = SqlState("3F000");
     pub const SERIALIZATION_FAILURE: SqlState = SqlState("40001");
@@ -158,10 +160,27 @@ fn from_delta(err: deltalake::DeltaTableError) -> CirroError {
     match err {
         E::ObjectStore { source } => CirroError::from(source),
         E::Arrow { source } => from_arrow(&source),
-        E::Transaction { source } => CirroError::new(
-            SqlState::SERIALIZATION_FAILURE,
-            format!("could not commit: {source}"),
-        ),
+        E::Transaction { source } => {
+            // delta-rs adds a multi-line hint about isolation levels; keep
+            // the first line, and say what to do.
+            let text = source.to_string();
+            let first = text.lines().next().unwrap_or_default().trim().to_string();
+            use deltalake::kernel::transaction::TransactionError as T;
+            if matches!(
+                source,
+                T::CommitConflict(_) | T::MaxCommitAttempts(_) | T::VersionAlreadyExists(_)
+            ) {
+                CirroError::new(
+                    SqlState::SERIALIZATION_FAILURE,
+                    format!(
+                        "could not serialize access due to a concurrent update ({first}); \
+                         nothing was changed, retry the statement or transaction"
+                    ),
+                )
+            } else {
+                CirroError::io(format!("could not commit: {first}"))
+            }
+        }
         E::GenericError { source } => match source.downcast::<CirroError>() {
             Ok(inner) => *inner,
             Err(other) => CirroError::io(other.to_string()),

@@ -23,7 +23,11 @@ use arrow::compute::filter_record_batch;
 use arrow::datatypes::Int32Type;
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::CirroTable;
-use cirro_storage::mutate::Mutation;
+use cirro_storage::mutate::{Change, Mutation};
+use cirro_storage::write::TableWriter;
+use datafusion::catalog::Session;
+use datafusion::logical_expr::dml::InsertOp;
+use deltalake::protocol::SaveMode;
 use cirro_storage::table::{FILE_INDEX_COLUMN, ROW_INDEX_COLUMN};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, TableReference};
@@ -37,33 +41,105 @@ use datafusion::logical_expr::{
 use deltalake::protocol::DeltaOperation;
 use futures::StreamExt;
 
-use crate::{Engine, Outcome};
+use crate::Engine;
 
 /// Marker column on the MERGE source side: true on every source row.
 const SOURCE_MARKER: &str = "__cirro_source";
 /// Index of the WHEN clause a MERGE row takes (NULL: none).
 const ACTION_COLUMN: &str = "__cirro_action";
 
-/// Run a DELETE, UPDATE or MERGE statement on a Cirro table.
-pub(crate) async fn execute(engine: &Engine, dml: DmlStatement, tag: &str) -> Result<Outcome> {
+/// A row-changing statement, run but not committed.
+pub(crate) struct Prepared {
+    pub change: Change,
+    /// Rows the statement affected (its tag's count).
+    pub count: u64,
+    pub operation: DeltaOperation,
+}
+
+/// The Cirro table a DML statement targets.
+pub(crate) fn target_table(dml: &DmlStatement, tag: &str) -> Result<CirroTable> {
     let provider = source_as_provider(&dml.target)?;
-    let Some(table) = (provider.as_ref() as &dyn Any).downcast_ref::<CirroTable>() else {
-        return Err(CirroError::unsupported(format!(
+    match (provider.as_ref() as &dyn Any).downcast_ref::<CirroTable>() {
+        Some(table) => Ok(table.without_row_ids()),
+        None => Err(CirroError::unsupported(format!(
             "{tag} is only supported on Cirro tables"
-        )));
-    };
-    let table = table.without_row_ids();
+        ))),
+    }
+}
+
+/// Run an INSERT, DELETE, UPDATE, MERGE or TRUNCATE statement on a Cirro
+/// table: write its new files and return the change, uncommitted.
+pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> Result<Prepared> {
+    let table = target_table(dml, tag)?;
     let with_ids = provider_as_source(Arc::new(table.with_row_ids()));
-    let sql_name = dml.table_name.to_string();
+    let state = engine.context().state();
     match &dml.op {
+        WriteOp::Insert(op) => {
+            let overwrite = match op {
+                InsertOp::Append => false,
+                InsertOp::Overwrite => true,
+                InsertOp::Replace => {
+                    return Err(CirroError::unsupported("REPLACE INTO is not supported"));
+                }
+            };
+            let mut writer = TableWriter::new(
+                table.delta(),
+                Arc::clone(table.stored_schema()),
+                SaveMode::Append,
+            )?;
+            let written = async {
+                let frame = engine
+                    .context()
+                    .execute_logical_plan(dml.input.as_ref().clone())
+                    .await?;
+                let mut stream = frame.execute_stream().await?;
+                while let Some(batch) = stream.next().await {
+                    writer.write(batch?).await?;
+                }
+                Ok::<_, CirroError>(())
+            }
+            .await;
+            if let Err(e) = written {
+                writer.abort().await;
+                return Err(e);
+            }
+            let count = writer.rows();
+            let adds = writer.finish().await?;
+            let mode = if overwrite {
+                SaveMode::Overwrite
+            } else {
+                SaveMode::Append
+            };
+            Ok(Prepared {
+                change: Change::append(&table, adds, overwrite),
+                count,
+                operation: DeltaOperation::Write {
+                    mode,
+                    partition_by: None,
+                    predicate: None,
+                },
+            })
+        }
+        WriteOp::Truncate => Ok(Prepared {
+            change: Change::append(&table, Vec::new(), true),
+            count: 0,
+            operation: DeltaOperation::Write {
+                mode: SaveMode::Overwrite,
+                partition_by: None,
+                predicate: None,
+            },
+        }),
         WriteOp::Delete => {
             let input = replace_target_scan(&dml.input, &dml.table_name, &with_ids)?;
             let plan = LogicalPlanBuilder::from(input)
                 .project(vec![row_id(FILE_INDEX_COLUMN), row_id(ROW_INDEX_COLUMN)])?
                 .build()?;
-            let operation = DeltaOperation::Delete { predicate: None };
-            let count = run(engine, &table, plan, Layout::Delete, operation).await?;
-            Ok(Outcome::command(format!("DELETE {count}")))
+            let (change, count) = run(engine, &state, &table, plan, Layout::Delete).await?;
+            Ok(Prepared {
+                change,
+                count,
+                operation: DeltaOperation::Delete { predicate: None },
+            })
         }
         WriteOp::Update => {
             let LogicalPlan::Projection(projection) = dml.input.as_ref() else {
@@ -75,9 +151,13 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement, tag: &str) -> Re
             exprs.push(row_id(ROW_INDEX_COLUMN));
             let plan = LogicalPlanBuilder::from(input).project(exprs)?.build()?;
             let columns = table.table_schema().fields().len();
-            let operation = DeltaOperation::Update { predicate: None };
-            let count = run(engine, &table, plan, Layout::Update { columns }, operation).await?;
-            Ok(Outcome::command(format!("UPDATE {count}")))
+            let (change, count) =
+                run(engine, &state, &table, plan, Layout::Update { columns }).await?;
+            Ok(Prepared {
+                change,
+                count,
+                operation: DeltaOperation::Update { predicate: None },
+            })
         }
         WriteOp::MergeInto(merge) => {
             let (plan, kinds) = merge_plan(
@@ -89,20 +169,30 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement, tag: &str) -> Re
                 &merge.clauses,
             )?;
             let columns = table.table_schema().fields().len();
-            let operation = DeltaOperation::Merge {
-                predicate: None,
-                merge_predicate: Some(format!("{}", merge.on)),
-                matched_predicates: vec![],
-                not_matched_predicates: vec![],
-                not_matched_by_source_predicates: vec![],
-            };
             let layout = Layout::Merge { columns, kinds };
-            let count = run(engine, &table, plan, layout, operation).await?;
-            Ok(Outcome::command(format!("MERGE {count}")))
+            let (change, count) = run(engine, &state, &table, plan, layout).await?;
+            Ok(Prepared {
+                change,
+                count,
+                operation: DeltaOperation::Merge {
+                    predicate: None,
+                    merge_predicate: Some(format!("{}", merge.on)),
+                    matched_predicates: vec![],
+                    not_matched_predicates: vec![],
+                    not_matched_by_source_predicates: vec![],
+                },
+            })
         }
-        _ => Err(CirroError::internal(format!(
-            "not a row-changing statement on {sql_name}"
-        ))),
+        _ => Err(CirroError::unsupported(format!("{tag} is not supported"))),
+    }
+}
+
+/// The command tag of a DML statement that affected `count` rows.
+pub(crate) fn tag_of(tag: &str, count: u64) -> String {
+    if tag == "TRUNCATE TABLE" {
+        tag.to_string()
+    } else {
+        format!("{tag} {count}")
     }
 }
 
@@ -233,15 +323,15 @@ async fn feed(
     Ok(counts)
 }
 
-/// Run `plan`, feeding its rows into a new mutation of `table`, and commit
-/// it. Returns the number of rows the statement affected.
+/// Run `plan`, feeding its rows into a new mutation of `table`, and write
+/// the change. Returns it with the number of rows the statement affected.
 async fn run(
     engine: &Engine,
+    state: &dyn Session,
     table: &CirroTable,
     plan: LogicalPlan,
     layout: Layout,
-    operation: DeltaOperation,
-) -> Result<u64> {
+) -> Result<(Change, u64)> {
     let mut mutation = Mutation::new(table)?;
     let counts = match feed(engine, plan, &layout, &mut mutation).await {
         Ok(counts) => counts,
@@ -250,9 +340,8 @@ async fn run(
             return Err(e);
         }
     };
-    let state = engine.context().state();
-    mutation.commit(&state, operation).await?;
-    Ok(counts.affected)
+    let change = mutation.prepare(state).await?;
+    Ok((change, counts.affected))
 }
 
 /// Build the MERGE plan: `[action, file, row, new values…]`, one row per

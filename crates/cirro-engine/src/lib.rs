@@ -18,11 +18,12 @@ mod ddl;
 mod dml;
 mod functions;
 pub mod split;
+mod txn;
 mod views;
 
 use std::sync::Arc;
 
-use cirro_catalog::{Catalog, CirroCatalogList, DEFAULT_DATABASE, DEFAULT_SCHEMA};
+use cirro_catalog::{Catalog, CirroCatalogList, DEFAULT_DATABASE, DEFAULT_SCHEMA, SessionTables};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::StorageRoot;
 use datafusion::execution::SendableRecordBatchStream;
@@ -120,6 +121,10 @@ fn name_not_null_column(err: CirroError, input: &LogicalPlan, table: &str) -> Ci
 pub struct Engine {
     catalog: Arc<Catalog>,
     ctx: SessionContext,
+    /// Tables pinned by the open transaction, if any.
+    session: Arc<SessionTables>,
+    /// The open transaction, if any (BEGIN … COMMIT).
+    txn: std::sync::Mutex<Option<txn::Transaction>>,
 }
 
 impl Engine {
@@ -127,7 +132,11 @@ impl Engine {
     pub async fn open(data: &str, config: EngineConfig) -> Result<Self> {
         let root = StorageRoot::open(data)?;
         let catalog = Catalog::open(root).await?;
-        let list = Arc::new(CirroCatalogList::new(Arc::clone(&catalog)));
+        let session = Arc::new(SessionTables::default());
+        let list = Arc::new(CirroCatalogList::new(
+            Arc::clone(&catalog),
+            Arc::clone(&session),
+        ));
         let mut session_config = SessionConfig::new()
             .with_information_schema(true)
             .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
@@ -143,7 +152,12 @@ impl Engine {
         let ctx = SessionContext::new_with_state(state).enable_url_table();
         functions::register(&ctx);
         list.set_view_planner(Arc::new(views::SessionViewPlanner::for_context(&ctx)));
-        Ok(Self { catalog, ctx })
+        Ok(Self {
+            catalog,
+            ctx,
+            session,
+            txn: std::sync::Mutex::new(None),
+        })
     }
 
     pub fn catalog(&self) -> &Arc<Catalog> {
@@ -154,17 +168,123 @@ impl Engine {
         &self.ctx
     }
 
+    /// Whether a transaction is open (BEGIN without COMMIT/ROLLBACK yet).
+    pub fn in_transaction(&self) -> bool {
+        self.txn.lock().map(|t| t.is_some()).unwrap_or(false)
+    }
+
+    fn take_txn(&self) -> Option<txn::Transaction> {
+        self.txn.lock().ok().and_then(|mut t| t.take())
+    }
+
+    fn put_txn(&self, txn: txn::Transaction) {
+        if let Ok(mut t) = self.txn.lock() {
+            *t = Some(txn);
+        }
+    }
+
     /// Run one statement (no terminating semicolon needed).
     pub async fn execute(&self, sql: &str) -> Result<Outcome> {
+        let result = self.execute_statement(sql).await;
+        if result.is_err() {
+            if let Ok(mut guard) = self.txn.lock() {
+                if let Some(txn) = guard.as_mut() {
+                    txn.aborted = true;
+                }
+            }
+        }
+        result
+    }
+
+    async fn begin(&self) -> Result<Outcome> {
+        if self.in_transaction() {
+            return Ok(Outcome::with_notice(
+                "BEGIN",
+                "there is already a transaction in progress",
+            ));
+        }
+        self.session.begin();
+        self.put_txn(txn::Transaction::default());
+        Ok(Outcome::command("BEGIN"))
+    }
+
+    async fn end_transaction(&self, commit: bool) -> Result<Outcome> {
+        let tag = if commit { "COMMIT" } else { "ROLLBACK" };
+        let Some(txn) = self.take_txn() else {
+            return Ok(Outcome::with_notice(tag, "there is no transaction in progress"));
+        };
+        self.session.end();
+        if commit && !txn.aborted {
+            txn.commit().await?;
+            Ok(Outcome::command("COMMIT"))
+        } else {
+            txn.rollback().await;
+            Ok(Outcome::command("ROLLBACK"))
+        }
+    }
+
+    /// Refuse what a transaction cannot hold.
+    fn check_transaction_allows(&self, what: &str) -> Result<()> {
+        if self.in_transaction() {
+            return Err(CirroError::unsupported(format!(
+                "{what} cannot run inside a transaction block; COMMIT or ROLLBACK first"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn execute_statement(&self, sql: &str) -> Result<Outcome> {
+        let aborted = self
+            .txn
+            .lock()
+            .map(|t| t.as_ref().is_some_and(|t| t.aborted))
+            .unwrap_or(false);
+        if aborted {
+            let state = self.ctx.state();
+            let dialect = state.config().options().sql_parser.dialect;
+            let ends = matches!(
+                state.sql_to_statement(sql, &dialect),
+                Ok(DfStatement::Statement(ref inner)) if matches!(
+                    inner.as_ref(),
+                    SqlStatement::Commit { .. } | SqlStatement::Rollback { .. }
+                )
+            );
+            if !ends {
+                return Err(CirroError::new(
+                    SqlState::IN_FAILED_SQL_TRANSACTION,
+                    "current transaction is aborted, commands ignored until end of transaction block",
+                ));
+            }
+        }
         self.catalog.refresh().await?;
         if let Some(copy) = copy::parse_copy_from(sql)? {
+            self.check_transaction_allows("COPY")?;
             return copy::copy_from(self, copy).await;
         }
         let state = self.ctx.state();
         let dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(sql, &dialect)?;
         if let DfStatement::Statement(inner) = &statement {
+            if matches!(
+                inner.as_ref(),
+                SqlStatement::CreateView(_)
+                    | SqlStatement::CreateDatabase { .. }
+                    | SqlStatement::Drop { .. }
+                    | SqlStatement::CreateTable(_)
+                    | SqlStatement::CreateSchema { .. }
+                    | SqlStatement::AlterTable(_)
+            ) {
+                self.check_transaction_allows("DDL")?;
+            }
             match inner.as_ref() {
+                SqlStatement::StartTransaction { .. } => return self.begin().await,
+                SqlStatement::Commit { chain: false, .. } => {
+                    return self.end_transaction(true).await;
+                }
+                SqlStatement::Rollback {
+                    chain: false,
+                    savepoint: None,
+                } => return self.end_transaction(false).await,
                 SqlStatement::Drop {
                     object_type: ObjectType::Database,
                     if_exists,
@@ -182,11 +302,9 @@ impl Engine {
                     return ddl::create_database(self, &db_name.to_string(), *if_not_exists).await;
                 }
                 SqlStatement::CreateView(view) => return views::create_view(self, view).await,
-                SqlStatement::StartTransaction { .. }
-                | SqlStatement::Commit { .. }
-                | SqlStatement::Rollback { .. } => {
+                SqlStatement::Commit { .. } | SqlStatement::Rollback { .. } => {
                     return Err(CirroError::unsupported(
-                        "transactions (BEGIN/COMMIT/ROLLBACK) are not supported yet; each statement commits on its own",
+                        "COMMIT AND CHAIN, ROLLBACK AND CHAIN and savepoints are not supported",
                     ));
                 }
                 _ => {}
@@ -239,12 +357,14 @@ impl Engine {
                     WriteOp::Truncate => "TRUNCATE TABLE",
                     _ => "DML",
                 };
-                if matches!(
+                let in_txn = self.in_transaction();
+                if in_txn || matches!(
                     dml.op,
                     WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_)
                 ) {
                     let input = Arc::clone(&dml.input);
-                    return dml::execute(self, dml, tag)
+                    return self
+                        .execute_dml(&dml, tag, (db, schema, name.clone()), in_txn)
                         .await
                         .map_err(|e| name_not_null_column(e, &input, &name));
                 }
@@ -287,6 +407,54 @@ impl Engine {
                 Ok(Outcome::Rows(frame.execute_stream().await?))
             }
         }
+    }
+
+    /// Run a row-changing statement: commit it at once, or inside an open
+    /// transaction take it into the transaction.
+    async fn execute_dml(
+        &self,
+        dml: &datafusion::logical_expr::DmlStatement,
+        tag: &str,
+        (db, schema, name): (String, String, String),
+        in_txn: bool,
+    ) -> Result<Outcome> {
+        let prepared = dml::prepare(self, dml, tag).await?;
+        let outcome = Outcome::command(dml::tag_of(tag, prepared.count));
+        if !in_txn {
+            if !prepared.change.is_empty() {
+                prepared.change.commit(prepared.operation).await?;
+            }
+            return Ok(outcome);
+        }
+        let location = self
+            .catalog
+            .snapshot()
+            .table(&db, &schema, &name)
+            .map(|entry| entry.location.clone())
+            .ok_or_else(|| {
+                CirroError::new(
+                    SqlState::UNDEFINED_TABLE,
+                    format!("relation \"{name}\" does not exist"),
+                )
+            })?;
+        let changes_rows = !matches!(
+            prepared.operation,
+            deltalake::protocol::DeltaOperation::Write {
+                mode: deltalake::protocol::SaveMode::Append,
+                ..
+            }
+        );
+        let Some(mut txn) = self.take_txn() else {
+            prepared.change.discard().await;
+            return Err(CirroError::internal("the transaction ended during a statement"));
+        };
+        let staged = txn
+            .stage(&location, &name, prepared.change, changes_rows)
+            .await;
+        self.put_txn(txn);
+        let view = staged?;
+        self.session.set(&location, view);
+        Ok(outcome)
     }
 
     /// Run a plan whose result is one `count` row, and return the count.

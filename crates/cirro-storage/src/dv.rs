@@ -40,7 +40,7 @@ fn dv_error(message: impl Into<String>) -> CirroError {
 }
 
 /// Path of a DV file relative to the table directory, from its descriptor.
-fn relative_path(descriptor: &DeletionVectorDescriptor) -> Result<Path> {
+pub fn file_path(descriptor: &DeletionVectorDescriptor) -> Result<Path> {
     match descriptor.storage_type {
         StorageType::UuidRelativePath => {
             let encoded = descriptor.path_or_inline_dv.as_str();
@@ -127,7 +127,7 @@ pub async fn read_all(
     let mut paths: Vec<Path> = Vec::new();
     for descriptor in descriptors {
         if descriptor.storage_type != StorageType::Inline {
-            let path = relative_path(descriptor)?;
+            let path = file_path(descriptor)?;
             if !paths.contains(&path) {
                 paths.push(path);
             }
@@ -153,7 +153,7 @@ pub async fn read_all(
                 decode_bitmap(&bytes)
             }
             _ => {
-                let path = relative_path(descriptor)?;
+                let path = file_path(descriptor)?;
                 let file = fetched
                     .get(&path)
                     .ok_or_else(|| CirroError::internal("deletion vector file not fetched"))?;
@@ -300,7 +300,7 @@ mod tests {
             cardinality: 0,
         };
         assert_eq!(
-            relative_path(&descriptor).unwrap().as_ref(),
+            file_path(&descriptor).unwrap().as_ref(),
             format!("ab/deletion_vector_{uuid}.bin")
         );
     }

@@ -35,12 +35,13 @@ use deltalake::kernel::Action;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
+use object_store::path::Path;
 use roaring::RoaringTreemap;
 
 use crate::dv;
 use crate::failpoint;
 use crate::table::CirroTable;
-use crate::write::{TableWriter, commit_actions, remove_files};
+use crate::write::{TableWriter, commit_actions};
 
 /// Share of a file's rows that may be deleted before the file is rewritten
 /// instead of carrying a deletion vector.
@@ -131,6 +132,18 @@ impl Mutation {
         state: &dyn Session,
         operation: DeltaOperation,
     ) -> Result<Option<MutationSummary>> {
+        let change = self.prepare(state).await?;
+        if change.is_empty() {
+            return Ok(None);
+        }
+        let mut summary = change.summary.clone();
+        summary.version = change.commit(operation).await?;
+        Ok(Some(summary))
+    }
+
+    /// Write everything the change needs (new data files, the DV file) and
+    /// return the actions that would commit it, without committing.
+    pub async fn prepare(self, state: &dyn Session) -> Result<Change> {
         let Mutation {
             table,
             deleted,
@@ -175,11 +188,8 @@ impl Mutation {
             }
         }
         summary.rows_written = writer.rows();
-        let adds = match writer.finish().await {
-            Ok(adds) => adds,
-            Err(e) => return Err(e),
-        };
-        let mut dv_file = None;
+        let adds = writer.finish().await?;
+        let mut new_files: Vec<Path> = adds.iter().map(|a| Path::from(a.path.as_str())).collect();
         if !keep_dv.is_empty() {
             let bitmaps: Vec<&RoaringTreemap> = keep_dv.iter().map(|(_, dv)| dv).collect();
             match dv::write_file(&table.delta().object_store(), &bitmaps).await {
@@ -193,38 +203,141 @@ impl Mutation {
                         actions.push(Action::Add(add));
                     }
                     summary.files_with_dv = keep_dv.len();
-                    dv_file = Some(written);
+                    new_files.push(written.path);
                 }
                 Err(e) => {
-                    remove_files(table.delta(), &adds).await;
+                    remove_paths(&table, &new_files).await;
                     return Err(e);
                 }
             }
         }
-        actions.extend(adds.iter().cloned().map(Action::Add));
-        if actions.is_empty() {
-            return Ok(None);
-        }
-        failpoint::reach("mutate.before_commit", 1);
-        match commit_actions(table.delta(), actions, operation).await {
-            Ok(version) => {
-                failpoint::reach("mutate.after_commit", 1);
-                summary.version = version;
-                Ok(Some(summary))
-            }
-            Err(e) => {
-                remove_files(table.delta(), &adds).await;
-                if let Some(written) = dv_file {
-                    let _ = table.delta().object_store().delete(&written.path).await;
-                }
-                Err(e)
-            }
-        }
+        actions.extend(adds.into_iter().map(Action::Add));
+        Ok(Change {
+            table,
+            actions,
+            new_files,
+            summary,
+        })
     }
 
     /// Give up: remove the files written so far. The table is unchanged.
     pub async fn abort(self) {
         self.writer.abort().await;
+    }
+}
+
+/// A change to one table, written but not committed: the actions that commit
+/// it and the files it wrote (removed again if it is discarded).
+#[derive(Debug, Clone)]
+pub struct Change {
+    table: CirroTable,
+    actions: Vec<Action>,
+    new_files: Vec<Path>,
+    pub summary: MutationSummary,
+}
+
+impl Change {
+    /// A change that adds the data files `adds` (an INSERT), and with
+    /// `replace_all` removes every file the table had (INSERT OVERWRITE,
+    /// TRUNCATE).
+    pub fn append(table: &CirroTable, adds: Vec<deltalake::kernel::Add>, replace_all: bool) -> Self {
+        let new_files = adds.iter().map(|a| Path::from(a.path.as_str())).collect();
+        let mut actions: Vec<Action> = Vec::new();
+        if replace_all {
+            actions.extend(table.files().iter().map(|f| Action::Remove(remove_of(f))));
+        }
+        actions.extend(adds.into_iter().map(Action::Add));
+        Self {
+            table: table.without_row_ids(),
+            actions,
+            new_files,
+            summary: MutationSummary::default(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.actions.is_empty()
+    }
+
+    pub fn table(&self) -> &CirroTable {
+        &self.table
+    }
+
+    /// Files (relative to the table directory) this change wrote.
+    pub fn new_files(&self) -> &[Path] {
+        &self.new_files
+    }
+
+    /// The table as it is after this change (not committed).
+    pub fn apply(&self) -> Result<CirroTable> {
+        self.table.with_changes(&self.actions)
+    }
+
+    /// Commit the change as one new version; returns the version. If the
+    /// commit fails (conflict, I/O), the change's files are removed.
+    pub async fn commit(self, operation: DeltaOperation) -> Result<i64> {
+        failpoint::reach("mutate.before_commit", 1);
+        match commit_actions(self.table.delta(), self.actions, operation).await {
+            Ok(version) => {
+                failpoint::reach("mutate.after_commit", 1);
+                Ok(version)
+            }
+            Err(e) => {
+                remove_paths(&self.table, &self.new_files).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Drop the change: remove the files it wrote.
+    pub async fn discard(self) {
+        remove_paths(&self.table, &self.new_files).await;
+    }
+}
+
+/// Commit, as one new version of `base`'s table, the difference between the
+/// snapshot `base` and the view `current` (the two share the table): removes
+/// for files that are gone or whose deletion vector changed, adds for files
+/// that are new or changed. Returns the new version, or `None` when nothing
+/// differs.
+pub async fn commit_difference(
+    base: &CirroTable,
+    current: &CirroTable,
+    operation: DeltaOperation,
+) -> Result<Option<i64>> {
+    let key = |f: &crate::table::DataFile| {
+        let dv = f.add.deletion_vector.as_ref();
+        (f.add.path.clone(), dv.map(|d| (d.path_or_inline_dv.clone(), d.offset)))
+    };
+    let before: std::collections::HashSet<_> = base.files().iter().map(key).collect();
+    let after: std::collections::HashSet<_> = current.files().iter().map(key).collect();
+    let mut actions: Vec<Action> = base
+        .files()
+        .iter()
+        .filter(|f| !after.contains(&key(f)))
+        .map(|f| Action::Remove(remove_of(f)))
+        .collect();
+    actions.extend(
+        current
+            .files()
+            .iter()
+            .filter(|f| !before.contains(&key(f)))
+            .map(|f| Action::Add(f.add.clone())),
+    );
+    if actions.is_empty() {
+        return Ok(None);
+    }
+    commit_actions(base.delta(), actions, operation).await.map(Some)
+}
+
+/// Remove files of `table` (paths relative to its directory); failures are
+/// logged, the files are garbage either way.
+pub async fn remove_paths(table: &CirroTable, paths: &[Path]) {
+    let store = table.delta().object_store();
+    for path in paths {
+        if let Err(e) = store.delete(path).await {
+            log::warn!("could not remove unreferenced file {path}: {e}");
+        }
     }
 }
 

@@ -33,7 +33,7 @@ use datafusion::datasource::listing::{ListingTableUrl, PartitionedFile};
 use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::table_schema::TableSchemaBuilder;
-use deltalake::kernel::{Add, DeletionVectorDescriptor};
+use deltalake::kernel::{Action, Add, DeletionVectorDescriptor};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
 use parquet::arrow::RowNumber;
@@ -135,6 +135,25 @@ pub struct DataFile {
 }
 
 impl DataFile {
+    /// The data file an `add` action names, in the table at `table_url`.
+    pub fn from_add(table_url: &Url, add: Add) -> Result<Self> {
+        let num_records = add
+            .stats
+            .as_deref()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+            .and_then(|v| v.get("numRecords").and_then(|n| n.as_u64()))
+            .map(|n| n as usize);
+        Ok(Self {
+            url: table_url
+                .join(&add.path)
+                .map_err(|e| CirroError::internal(format!("bad data file path: {e}")))?
+                .to_string(),
+            size: add.size.max(0) as u64,
+            num_records,
+            add,
+        })
+    }
+
     pub fn deletion_vector(&self) -> Option<&DeletionVectorDescriptor> {
         self.add.deletion_vector.as_ref()
     }
@@ -187,6 +206,23 @@ impl CirroTable {
             url,
             files: Arc::new(files),
             row_ids: false,
+        })
+    }
+
+    /// The table as `actions` (adds and removes, in order) would leave it:
+    /// the view a transaction has of a table it changed but has not committed.
+    pub fn with_changes(&self, actions: &[Action]) -> Result<Self> {
+        let mut files: Vec<DataFile> = self.files.as_ref().clone();
+        for action in actions {
+            match action {
+                Action::Remove(remove) => files.retain(|f| f.add.path != remove.path),
+                Action::Add(add) => files.push(DataFile::from_add(&self.url, add.clone())?),
+                _ => {}
+            }
+        }
+        Ok(Self {
+            files: Arc::new(files),
+            ..self.clone()
         })
     }
 

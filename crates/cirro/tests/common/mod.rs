@@ -174,3 +174,103 @@ impl DataDir {
         child.wait_with_output().expect("wait for cirro")
     }
 }
+
+/// One long-lived `cirro sql` process fed statement by statement through
+/// stdin, so a test can interleave the statements of several sessions (and
+/// hold a transaction open while another session commits).
+pub struct Session {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    stderr: std::io::BufReader<std::process::ChildStderr>,
+}
+
+/// What one statement of a [`Session`] produced.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// A command's tag (`UPDATE 3`).
+    Tag(String),
+    /// A query's rows, as CSV lines without the header.
+    Rows(Vec<String>),
+}
+
+impl Session {
+    pub fn open(data: &DataDir) -> Self {
+        use std::process::Stdio;
+        let mut child = data
+            .command()
+            .args(["sql", "--format", "csv", "--null", "NULL"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cirro");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        Self {
+            child,
+            stdin,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Run one statement; `Err` holds the error line (`ERROR: … (SQLSTATE x)`).
+    /// After an error the process has ended, as scripts stop at the first one.
+    pub fn run(&mut self, sql: &str) -> Result<Reply, String> {
+        use std::io::{BufRead, Write};
+        writeln!(self.stdin, "{sql};").map_err(|e| format!("session closed: {e}"))?;
+        self.stdin.flush().map_err(|e| format!("session closed: {e}"))?;
+        loop {
+            let mut line = String::new();
+            if self.stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                return Err("session ended without a reply".into());
+            }
+            let line = line.trim();
+            if line.is_empty() || line.starts_with("NOTICE:") || line.starts_with("Time:") {
+                continue;
+            }
+            if line.starts_with("ERROR:") {
+                return Err(line.to_string());
+            }
+            if let Some(count) = line
+                .strip_prefix('(')
+                .and_then(|l| l.strip_suffix(" rows)").or_else(|| l.strip_suffix(" row)")))
+                .and_then(|n| n.parse::<usize>().ok())
+            {
+                let mut rows = Vec::new();
+                for i in 0..=count {
+                    let mut row = String::new();
+                    self.stdout.read_line(&mut row).expect("query output");
+                    if i > 0 {
+                        rows.push(row.trim_end().to_string());
+                    }
+                }
+                return Ok(Reply::Rows(rows));
+            }
+            return Ok(Reply::Tag(line.to_string()));
+        }
+    }
+
+    /// Run a statement that must succeed.
+    pub fn ok(&mut self, sql: &str) -> Reply {
+        self.run(sql)
+            .unwrap_or_else(|e| panic!("{sql} failed: {e}"))
+    }
+
+    /// Run a query that must succeed and return its rows.
+    pub fn rows(&mut self, sql: &str) -> Vec<String> {
+        match self.ok(sql) {
+            Reply::Rows(rows) => rows,
+            other => panic!("{sql} gave {other:?}, not rows"),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,235 @@
+//! Transactions: `BEGIN … COMMIT | ROLLBACK` within one session.
+//!
+//! Outside a transaction every statement is its own Delta commit. Inside one:
+//!
+//! - every table is read at the version the transaction first saw it
+//!   (snapshot isolation; see `cirro_catalog::SessionTables`), with the
+//!   transaction's own changes applied, so later statements see earlier ones;
+//! - INSERT, DELETE, UPDATE, MERGE and TRUNCATE write their data and deletion
+//!   vector files at once but commit nothing: the transaction's view of the
+//!   table takes their actions instead;
+//! - COMMIT writes one Delta commit: the difference between the snapshot the
+//!   transaction started from and its view (removes for files gone or whose
+//!   deletion vector changed, adds for new or changed files). If another
+//!   writer committed a conflicting change since (it removed or changed a file
+//!   the transaction read), delta-rs's conflict check refuses the commit and
+//!   COMMIT fails with 40001; a non-conflicting one (e.g. an append elsewhere)
+//!   is committed after;
+//! - ROLLBACK (or a failed COMMIT) removes the files the transaction wrote.
+//!
+//! A transaction writes one table. Delta commits are per table, so changes to
+//! two tables could not become visible atomically: the first statement that
+//! writes a second table fails with 0A000. DDL and COPY inside a transaction
+//! fail with 0A000 too. As in PostgreSQL, after an error the transaction is
+//! aborted: statements fail with 25P02 until ROLLBACK (COMMIT then rolls back).
+
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_storage::CirroTable;
+use cirro_storage::mutate::{Change, commit_difference, remove_paths};
+use deltalake::protocol::DeltaOperation;
+use object_store::path::Path;
+
+/// The one table a transaction writes.
+pub(crate) struct WrittenTable {
+    pub location: String,
+    pub name: String,
+    /// The snapshot the transaction read before changing the table.
+    pub base: CirroTable,
+    /// Its view of the table now.
+    pub current: CirroTable,
+    /// Files the transaction wrote (data and deletion vectors).
+    pub new_files: Vec<Path>,
+    /// Whether any statement removed or changed rows (not only appended).
+    pub changes_rows: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Transaction {
+    pub written: Option<WrittenTable>,
+    pub aborted: bool,
+}
+
+impl Transaction {
+    /// Take `change` (computed against the transaction's view of the table at
+    /// `location`) into the transaction. Returns the table's new view.
+    pub async fn stage(
+        &mut self,
+        location: &str,
+        name: &str,
+        change: Change,
+        changes_rows: bool,
+    ) -> Result<CirroTable> {
+        if let Some(written) = &self.written {
+            if written.location != location {
+                let other = written.name.clone();
+                change.discard().await;
+                return Err(CirroError::unsupported(format!(
+                    "a transaction can change only one table: it already changed \"{other}\", \
+                     so it cannot change \"{name}\" (changes to two tables cannot commit atomically)"
+                )));
+            }
+        }
+        let current = match change.apply() {
+            Ok(current) => current,
+            Err(e) => {
+                change.discard().await;
+                return Err(e);
+            }
+        };
+        let written = self.written.get_or_insert_with(|| WrittenTable {
+            location: location.to_string(),
+            name: name.to_string(),
+            base: change.table().clone(),
+            current: current.clone(),
+            new_files: Vec::new(),
+            changes_rows: false,
+        });
+        written.current = current.clone();
+        written.new_files.extend(change.new_files().iter().cloned());
+        written.changes_rows |= changes_rows;
+        Ok(current)
+    }
+
+    /// Commit the transaction's changes (one Delta commit). On failure the
+    /// files it wrote are removed and the table is unchanged.
+    pub async fn commit(self) -> Result<()> {
+        if self.aborted {
+            self.rollback().await;
+            return Err(CirroError::new(
+                SqlState::IN_FAILED_SQL_TRANSACTION,
+                "the transaction was aborted by an earlier error and has been rolled back",
+            ));
+        }
+        let Some(written) = self.written else {
+            return Ok(());
+        };
+        let operation = if written.changes_rows {
+            DeltaOperation::Update { predicate: None }
+        } else {
+            DeltaOperation::Write {
+                mode: deltalake::protocol::SaveMode::Append,
+                partition_by: None,
+                predicate: None,
+            }
+        };
+        match commit_difference(&written.base, &written.current, operation).await {
+            Ok(_) => {
+                // Files written by one statement and dropped by a later one
+                // (e.g. rows inserted, then deleted) were never committed.
+                let kept: std::collections::HashSet<&str> = written
+                    .current
+                    .files()
+                    .iter()
+                    .map(|f| f.add.path.as_str())
+                    .collect();
+                let dv_files: std::collections::HashSet<String> = written
+                    .current
+                    .files()
+                    .iter()
+                    .filter_map(|f| f.deletion_vector().and_then(dv_file_name))
+                    .collect();
+                let garbage: Vec<Path> = written
+                    .new_files
+                    .iter()
+                    .filter(|p| !kept.contains(p.as_ref()) && !dv_files.contains(p.as_ref()))
+                    .cloned()
+                    .collect();
+                remove_paths(&written.base, &garbage).await;
+                Ok(())
+            }
+            Err(e) => {
+                remove_paths(&written.base, &written.new_files).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Drop the transaction's changes: remove the files it wrote.
+    pub async fn rollback(self) {
+        if let Some(written) = self.written {
+            remove_paths(&written.base, &written.new_files).await;
+        }
+    }
+}
+
+/// The file name of a deletion vector stored by UUID in the table directory.
+fn dv_file_name(descriptor: &deltalake::kernel::DeletionVectorDescriptor) -> Option<String> {
+    cirro_storage::dv::file_path(descriptor)
+        .ok()
+        .map(|p| p.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Engine, EngineConfig, Outcome};
+    use cirro_common::SqlState;
+
+    async fn tag(engine: &Engine, sql: &str) -> String {
+        match engine.execute(sql).await {
+            Ok(Outcome::Command { tag, .. }) => tag,
+            Ok(Outcome::Rows(_)) => "ROWS".into(),
+            Err(e) => panic!("{sql}: {e}"),
+        }
+    }
+
+    async fn count(engine: &Engine) -> i64 {
+        let batches = engine
+            .context()
+            .sql("SELECT count(*) AS n FROM t")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        arrow::array::cast::AsArray::as_primitive::<arrow::datatypes::Int64Type>(
+            batches[0].column(0),
+        )
+        .value(0)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_error_aborts_the_transaction_until_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().to_str().unwrap();
+        let engine = Engine::open(data, EngineConfig::default()).await.unwrap();
+        tag(&engine, "CREATE TABLE t (id INT NOT NULL)").await;
+        tag(&engine, "INSERT INTO t VALUES (1), (2)").await;
+        tag(&engine, "BEGIN").await;
+        assert_eq!(tag(&engine, "DELETE FROM t WHERE id = 1").await, "DELETE 1");
+        let err = engine.execute("UPDATE t SET id = NULL").await.err().unwrap();
+        assert_eq!(err.state, SqlState::NOT_NULL_VIOLATION);
+        let err = engine.execute("SELECT 1").await.err().unwrap();
+        assert_eq!(err.state, SqlState::IN_FAILED_SQL_TRANSACTION);
+        // COMMIT of an aborted transaction rolls it back
+        assert_eq!(tag(&engine, "COMMIT").await, "ROLLBACK");
+        assert!(!engine.in_transaction());
+        assert_eq!(count(&engine).await, 2);
+        // and the session is usable again
+        tag(&engine, "BEGIN").await;
+        tag(&engine, "DELETE FROM t WHERE id = 1").await;
+        assert_eq!(tag(&engine, "COMMIT").await, "COMMIT");
+        assert_eq!(count(&engine).await, 1);
+        // the uncommitted files of the rolled back transaction are gone: only
+        // files the log references (and the log) remain
+        let dir_of_t = std::fs::read_dir(dir.path().join("data/cirro/public"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let files: Vec<String> = std::fs::read_dir(&dir_of_t)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "_delta_log")
+            .collect();
+        let log: String = std::fs::read_dir(dir_of_t.join("_delta_log"))
+            .unwrap()
+            .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())
+            .collect();
+        for file in files {
+            let referenced = log.contains(&file)
+                || file.starts_with("deletion_vector_");
+            assert!(referenced, "unreferenced file {file} left behind");
+        }
+    }
+}
