@@ -15,6 +15,24 @@ if ! command -v tmux >/dev/null 2>&1; then
     echo "tmux is needed by the shell test: install it (apt-get install tmux)" >&2; exit 1
   fi
 fi
+# The interoperability test reads Cirro's tables with independent Delta readers
+# (DuckDB's delta extension, the deltalake package) from a Python environment.
+venv="${CIRRO_TEST_VENV:-${HOME:-/root}/.cache/cirro/venv}"
+requirements=tests/interop/requirements.txt
+if ! cmp -s "$requirements" "$venv/requirements.txt" 2>/dev/null; then
+  if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    else
+      echo "python3-venv is needed by the interoperability test" >&2; exit 1
+    fi
+  fi
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"
+  cp "$requirements" "$venv/requirements.txt"
+fi
+export CIRRO_TEST_PYTHON="$venv/bin/python"
 case "${1:-}" in
   --slow) exec cargo test --profile ci --workspace -- --ignored ;;
   "")     exec cargo test --profile ci --workspace ;;
