@@ -16,5 +16,5 @@
 pub mod providers;
 pub mod state;
 
-pub use providers::{CirroCatalogList, SessionTables, ViewPlanner};
+pub use providers::{CirroCatalogList, PAST_VERSION_PREFIX, SessionTables, ViewPlanner};
 pub use state::{Catalog, CatalogState, DEFAULT_DATABASE, DEFAULT_SCHEMA, TableEntry, ViewEntry};

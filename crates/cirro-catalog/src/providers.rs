@@ -28,9 +28,33 @@ use crate::state::{Catalog, ViewEntry};
 #[derive(Debug, Default)]
 pub struct SessionTables {
     pinned: Mutex<Option<HashMap<String, CirroTable>>>,
+    /// Past versions of tables one statement reads (time travel), by the
+    /// temporary name the statement's text was rewritten to use.
+    versions: Mutex<HashMap<String, CirroTable>>,
 }
 
+/// Prefix of the temporary names under which past table versions are read.
+pub const PAST_VERSION_PREFIX: &str = "__cirro_version_";
+
 impl SessionTables {
+    /// Make a past version of a table readable under `name` (which starts
+    /// with [`PAST_VERSION_PREFIX`]) until [`Self::clear_versions`].
+    pub fn add_version(&self, name: &str, table: CirroTable) {
+        if let Ok(mut versions) = self.versions.lock() {
+            versions.insert(name.to_string(), table);
+        }
+    }
+
+    pub fn clear_versions(&self) {
+        if let Ok(mut versions) = self.versions.lock() {
+            versions.clear();
+        }
+    }
+
+    fn version(&self, name: &str) -> Option<CirroTable> {
+        self.versions.lock().ok().and_then(|v| v.get(name).cloned())
+    }
+
     /// Start pinning (BEGIN).
     pub fn begin(&self) {
         if let Ok(mut pinned) = self.pinned.lock() {
@@ -182,6 +206,12 @@ impl SchemaProvider for CirroSchemaProvider {
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        if name.starts_with(PAST_VERSION_PREFIX) {
+            return Ok(self
+                .session
+                .version(name)
+                .map(|t| Arc::new(t) as Arc<dyn TableProvider>));
+        }
         let snapshot = self.catalog.snapshot();
         if let Some(entry) = snapshot.table(&self.db, &self.schema, name) {
             if let Some(pinned) = self.session.get(&entry.location) {
@@ -219,6 +249,9 @@ impl SchemaProvider for CirroSchemaProvider {
     }
 
     fn table_exist(&self, name: &str) -> bool {
+        if name.starts_with(PAST_VERSION_PREFIX) {
+            return self.session.version(name).is_some();
+        }
         let snapshot = self.catalog.snapshot();
         snapshot.table(&self.db, &self.schema, name).is_some()
             || snapshot.view(&self.db, &self.schema, name).is_some()

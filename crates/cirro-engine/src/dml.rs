@@ -58,6 +58,11 @@ pub(crate) struct Prepared {
 
 /// The Cirro table a DML statement targets.
 pub(crate) fn target_table(dml: &DmlStatement, tag: &str) -> Result<CirroTable> {
+    if dml.table_name.table().starts_with(cirro_catalog::PAST_VERSION_PREFIX) {
+        return Err(CirroError::unsupported(format!(
+            "{tag} cannot change a past version of a table"
+        )));
+    }
     let provider = source_as_provider(&dml.target)?;
     match (provider.as_ref() as &dyn Any).downcast_ref::<CirroTable>() {
         Some(table) => Ok(table.without_row_ids()),

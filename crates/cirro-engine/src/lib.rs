@@ -17,6 +17,7 @@ mod copy;
 mod ddl;
 mod dml;
 mod functions;
+mod history;
 pub mod split;
 mod txn;
 mod views;
@@ -257,6 +258,11 @@ impl Engine {
             }
         }
         self.catalog.refresh().await?;
+        if let Some(reference) = history::parse_describe_history(sql) {
+            return history::describe_history(self, &reference).await;
+        }
+        let rewritten = history::rewrite_time_travel(self, sql).await?;
+        let sql = rewritten.as_str();
         if let Some(copy) = copy::parse_copy_from(sql)? {
             self.check_transaction_allows("COPY")?;
             return copy::copy_from(self, copy).await;
