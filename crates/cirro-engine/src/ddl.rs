@@ -25,7 +25,11 @@ fn duplicate_relation(name: &str) -> CirroError {
     )
 }
 
-pub(crate) async fn create_table(engine: &Engine, cmd: CreateMemoryTable) -> Result<Outcome> {
+pub(crate) async fn create_table(
+    engine: &Engine,
+    cmd: CreateMemoryTable,
+    options: &[(String, String)],
+) -> Result<Outcome> {
     let (db, schema, name) = engine.resolve(&cmd.name);
     let snapshot = engine.catalog().snapshot();
     let existing = snapshot.schema(&db, &schema)?;
@@ -63,11 +67,21 @@ pub(crate) async fn create_table(engine: &Engine, cmd: CreateMemoryTable) -> Res
         .map(|f| Field::new(f.name(), f.data_type().clone(), is_query || f.is_nullable()))
         .collect();
     let table_schema = Schema::new(columns);
+    let options = TableOptions::from_sql(options, &table_schema)?;
     let data = if is_query {
-        let frame = engine
-            .context()
-            .execute_logical_plan(cmd.input.as_ref().clone())
-            .await?;
+        let mut input = cmd.input.as_ref().clone();
+        if !options.cluster_by.is_empty() {
+            // CREATE TABLE AS writes its rows in cluster-key order.
+            let keys = options
+                .cluster_by
+                .iter()
+                .map(|c| datafusion::logical_expr::col(format!("\"{c}\"")).sort(true, false))
+                .collect::<Vec<_>>();
+            input = datafusion::logical_expr::LogicalPlanBuilder::from(input)
+                .sort(keys)?
+                .build()?;
+        }
+        let frame = engine.context().execute_logical_plan(input).await?;
         Some(
             frame
                 .execute_stream()
@@ -83,6 +97,7 @@ pub(crate) async fn create_table(engine: &Engine, cmd: CreateMemoryTable) -> Res
         &schema,
         &name,
         &table_schema,
+        &options,
         data,
         cmd.or_replace,
     )
@@ -105,6 +120,7 @@ pub(crate) async fn create_with_data<S>(
     schema: &str,
     name: &str,
     table_schema: &Schema,
+    options: &TableOptions,
     data: Option<S>,
     or_replace: bool,
 ) -> Result<u64>
@@ -117,7 +133,7 @@ where
     let root = catalog.root().clone();
     let url = root.dir_url(&location)?;
     let created = async {
-        let delta = create_delta_table(&url, table_schema, &TableOptions::default()).await?;
+        let delta = create_delta_table(&url, table_schema, options).await?;
         let mut rows = 0;
         if let Some(stream) = data {
             let table = CirroTable::from_delta(delta.clone(), url.clone())?;
@@ -417,4 +433,38 @@ pub(crate) async fn drop_database(
             format!("database \"{name}\" does not exist, skipping"),
         )),
     }
+}
+
+/// The `key = value` pairs of `WITH (…)` in CREATE TABLE.
+pub(crate) fn table_options(
+    options: &datafusion::sql::sqlparser::ast::CreateTableOptions,
+) -> Result<Vec<(String, String)>> {
+    use datafusion::sql::sqlparser::ast::{CreateTableOptions, Expr, SqlOption, Value};
+    let list = match options {
+        CreateTableOptions::With(list) => list,
+        CreateTableOptions::None => return Ok(Vec::new()),
+        other => {
+            return Err(CirroError::unsupported(format!(
+                "table options {other} are not supported: use WITH (compression = …, row_group_rows = …, cluster_by = …)"
+            )));
+        }
+    };
+    list.iter()
+        .map(|option| match option {
+            SqlOption::KeyValue { key, value } => {
+                let text = match value {
+                    Expr::Value(v) => match &v.value {
+                        Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.clone(),
+                        other => other.to_string(),
+                    },
+                    other => other.to_string(),
+                };
+                Ok((key.value.clone(), text))
+            }
+            other => Err(CirroError::new(
+                SqlState::SYNTAX_ERROR,
+                format!("table option {other} must be written key = value"),
+            )),
+        })
+        .collect()
 }

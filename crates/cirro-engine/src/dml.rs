@@ -92,11 +92,19 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
                 Arc::clone(table.stored_schema()),
                 SaveMode::Append,
             )?;
+            let mut input = dml.input.as_ref().clone();
+            if !table.options().cluster_by.is_empty() {
+                // New rows of a clustered table are written in key order.
+                let keys = table
+                    .options()
+                    .cluster_by
+                    .iter()
+                    .map(|c| Expr::Column(Column::from_name(c)).sort(true, false))
+                    .collect::<Vec<_>>();
+                input = LogicalPlanBuilder::from(input).sort(keys)?.build()?;
+            }
             let written = async {
-                let frame = engine
-                    .context()
-                    .execute_logical_plan(dml.input.as_ref().clone())
-                    .await?;
+                let frame = engine.context().execute_logical_plan(input).await?;
                 let mut stream = frame.execute_stream().await?;
                 while let Some(batch) = stream.next().await {
                     writer.write(batch?).await?;

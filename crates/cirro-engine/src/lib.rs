@@ -33,7 +33,7 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan, Statement, WriteOp};
 use datafusion::prelude::SessionConfig;
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{ObjectType, Statement as SqlStatement};
+use datafusion::sql::sqlparser::ast::{CreateTableOptions, ObjectType, Statement as SqlStatement};
 use futures::StreamExt;
 
 pub use split::{is_complete, split_statements};
@@ -308,6 +308,26 @@ impl Engine {
                     return ddl::create_database(self, &db_name.to_string(), *if_not_exists).await;
                 }
                 SqlStatement::CreateView(view) => return views::create_view(self, view).await,
+                SqlStatement::CreateTable(create)
+                    if !matches!(create.table_options, CreateTableOptions::None) =>
+                {
+                    // DataFusion refuses WITH (…); take the options out, plan
+                    // the rest, and create the table with them.
+                    let options = ddl::table_options(&create.table_options)?;
+                    let mut stripped = create.clone();
+                    stripped.table_options = CreateTableOptions::None;
+                    let plan = state
+                        .statement_to_plan(DfStatement::Statement(Box::new(
+                            SqlStatement::CreateTable(stripped),
+                        )))
+                        .await?;
+                    return match plan {
+                        LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
+                            ddl::create_table(self, cmd, &options).await
+                        }
+                        _ => Err(CirroError::internal("CREATE TABLE planned as something else")),
+                    };
+                }
                 SqlStatement::Commit { .. } | SqlStatement::Rollback { .. } => {
                     return Err(CirroError::unsupported(
                         "COMMIT AND CHAIN, ROLLBACK AND CHAIN and savepoints are not supported",
@@ -323,7 +343,7 @@ impl Engine {
     async fn execute_plan(&self, plan: LogicalPlan) -> Result<Outcome> {
         match plan {
             LogicalPlan::Ddl(ddl) => match ddl {
-                DdlStatement::CreateMemoryTable(cmd) => ddl::create_table(self, cmd).await,
+                DdlStatement::CreateMemoryTable(cmd) => ddl::create_table(self, cmd, &[]).await,
                 DdlStatement::DropTable(cmd) => {
                     ddl::drop_table(self, &cmd.name, cmd.if_exists).await
                 }
@@ -505,6 +525,7 @@ impl Engine {
             schema_name,
             name,
             table_schema,
+            &cirro_storage::TableOptions::default(),
             Some(batches),
             replace,
         )

@@ -10,6 +10,7 @@
 pub mod dv;
 pub mod failpoint;
 pub mod mutate;
+pub mod options;
 pub mod root;
 pub mod schema;
 pub mod table;

@@ -33,6 +33,7 @@ use datafusion::datasource::listing::{ListingTableUrl, PartitionedFile};
 use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::table_schema::TableSchemaBuilder;
+use datafusion::physical_expr::{LexRequirement, PhysicalSortRequirement};
 use deltalake::kernel::{Action, Add, DeletionVectorDescriptor};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
@@ -54,11 +55,7 @@ use crate::dv;
 use crate::schema::{scan_schema, storage_schema};
 use crate::write::TableSink;
 
-/// Per-table storage options, kept in the Delta table's configuration.
-#[derive(Clone, Debug, Default)]
-pub struct TableOptions {
-    pub comment: Option<String>,
-}
+pub use crate::options::TableOptions;
 
 /// Create an empty Delta table at `url` with the given schema. Fails with 42P07
 /// if a table already exists there.
@@ -79,6 +76,13 @@ pub async fn create_delta_table(
         .with_configuration_property(TableProperty::EnableDeletionVectors, Some("true"));
     if let Some(comment) = &options.comment {
         builder = builder.with_comment(comment.clone());
+    }
+    let configuration = options.to_configuration();
+    if !configuration.is_empty() {
+        // Cirro's own keys are not Delta properties: let delta-rs keep them.
+        builder = builder
+            .with_raise_if_key_not_exists(false)
+            .with_configuration(configuration.into_iter().map(|(k, v)| (k, Some(v))));
     }
     builder.await.map_err(|e| match e {
         deltalake::DeltaTableError::Generic(msg) if msg.contains("already exists") => {
@@ -118,6 +122,8 @@ pub struct CirroTable {
     schema: SchemaRef,
     /// The snapshot's data files.
     files: Arc<Vec<DataFile>>,
+    /// Storage options from the table's configuration.
+    options: TableOptions,
     /// Whether scans add the row-id columns ([`FILE_INDEX_COLUMN`],
     /// [`ROW_INDEX_COLUMN`]), for DELETE, UPDATE and MERGE.
     row_ids: bool,
@@ -199,12 +205,14 @@ impl CirroTable {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let options = TableOptions::from_configuration(snapshot.metadata().configuration());
         Ok(Self {
             schema: scan_schema(&stored_schema),
             stored_schema,
             table,
             url,
             files: Arc::new(files),
+            options,
             row_ids: false,
         })
     }
@@ -240,6 +248,23 @@ impl CirroTable {
             row_ids: false,
             ..self.clone()
         }
+    }
+
+    pub fn options(&self) -> &TableOptions {
+        &self.options
+    }
+
+    /// The ordering new rows must have: the cluster key, if the table has one.
+    fn cluster_requirement(&self) -> DfResult<Option<LexRequirement>> {
+        let mut requirements = Vec::new();
+        for column in &self.options.cluster_by {
+            let expr = datafusion::physical_expr::expressions::col(column, &self.schema)?;
+            requirements.push(PhysicalSortRequirement::new(
+                expr,
+                Some(arrow::compute::SortOptions::default()),
+            ));
+        }
+        Ok(LexRequirement::new(requirements))
     }
 
     pub fn delta(&self) -> &DeltaTable {
@@ -539,6 +564,8 @@ impl TableProvider for CirroTable {
             Arc::clone(&self.schema),
             mode,
         );
-        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
+        // Rows of a clustered table are written sorted by its cluster key.
+        let order = self.cluster_requirement()?;
+        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), order)))
     }
 }

@@ -19,7 +19,7 @@ use arrow::array::{ArrayRef, RecordBatch};
 use arrow::compute::CastOptions;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
-use cirro_common::limits::{DATA_FILE_BYTES_TARGET, ROW_GROUP_ROWS_DEFAULT};
+use cirro_common::limits::DATA_FILE_BYTES_TARGET;
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::datasource::sink::DataSink;
 use datafusion::error::Result as DfResult;
@@ -33,10 +33,10 @@ use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
-use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::failpoint;
+use crate::options::TableOptions;
 
 /// Environment override of the data file size, for tests that need many files.
 const DATA_FILE_BYTES_ENV: &str = "CIRRO_DATA_FILE_BYTES";
@@ -48,11 +48,12 @@ fn data_file_bytes_target() -> u64 {
         .unwrap_or(DATA_FILE_BYTES_TARGET)
 }
 
-fn writer_properties() -> Result<WriterProperties> {
-    let level = ZstdLevel::try_new(1).map_err(|e| CirroError::internal(e.to_string()))?;
+/// Parquet writer settings of a table: its codec and row-group size (see
+/// [`TableOptions`]; zstd level 1 and 1 Mi rows by default).
+fn writer_properties(options: &TableOptions) -> Result<WriterProperties> {
     Ok(WriterProperties::builder()
-        .set_compression(Compression::ZSTD(level))
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS_DEFAULT))
+        .set_compression(options.codec()?)
+        .set_max_row_group_row_count(Some(options.row_group_rows()))
         .build())
 }
 
@@ -69,8 +70,9 @@ pub struct TableWriter {
 impl TableWriter {
     /// `mode` is `Append` (INSERT) or `Overwrite` (replace all rows).
     pub fn new(table: &DeltaTable, stored_schema: SchemaRef, mode: SaveMode) -> Result<Self> {
+        let options = TableOptions::from_configuration(table.snapshot()?.metadata().configuration());
         let writer = RecordBatchWriter::for_table(table)?
-            .with_writer_properties(writer_properties()?)
+            .with_writer_properties(writer_properties(&options)?)
             .with_target_file_size(data_file_bytes_target());
         Ok(Self {
             table: table.clone(),
