@@ -21,7 +21,7 @@ use datafusion::datasource::MemTable;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer, Word};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
@@ -230,7 +230,28 @@ async fn open_past_version(
             })?;
         }
     }
-    CirroTable::from_delta(delta, latest.url().clone())
+    let past = CirroTable::from_delta(delta, latest.url().clone())?;
+    // VACUUM may have removed the files of old versions: say so instead of
+    // failing (or answering from cached statistics) later.
+    let store = past.delta().object_store();
+    let missing = futures::stream::iter(past.files().iter().map(|f| {
+        let store = Arc::clone(&store);
+        let path = Path::from(f.add.path.as_str());
+        async move { store.head(&path).await.is_err() }
+    }))
+    .buffer_unordered(16)
+    .any(|missing| async move { missing })
+    .await;
+    if missing {
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            format!(
+                "version {} of \"{name}\" can no longer be read: VACUUM removed its files",
+                past.version()
+            ),
+        ));
+    }
+    Ok(past)
 }
 
 /// The commit time (ms since the epoch) of `version` of `table`.
@@ -268,32 +289,141 @@ fn parse_timestamp(text: &str) -> Result<chrono::DateTime<chrono::Utc>> {
     ))
 }
 
-/// `DESCRIBE HISTORY name` (any case, optional semicolon): the table name, if
-/// `sql` is that statement.
-pub(crate) fn parse_describe_history(sql: &str) -> Option<TableReference> {
-    let tokens = Tokenizer::new(&GenericDialect {}, sql).tokenize().ok()?;
+/// Table maintenance statements that the SQL dialect does not know.
+pub(crate) enum Maintenance {
+    /// `DESCRIBE HISTORY name`
+    History(TableReference),
+    /// `OPTIMIZE name`
+    Optimize(TableReference),
+    /// `VACUUM name [RETAIN n HOURS]`
+    Vacuum(TableReference, Option<u64>),
+}
+
+/// Recognize a maintenance statement (any case, optional semicolon). `None`
+/// when `sql` is not one; an error when it starts like one but is malformed.
+pub(crate) fn parse_maintenance(sql: &str) -> Result<Option<Maintenance>> {
+    let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize() else {
+        return Ok(None);
+    };
     let solid: Vec<&Token> = tokens
         .iter()
         .filter(|t| !is_space(t) && !matches!(t, Token::SemiColon))
         .collect();
     let is = |t: &Token, word: &str| matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word));
-    if solid.len() < 3 || !(is(solid[0], "DESCRIBE") || is(solid[0], "DESC")) || !is(solid[1], "HISTORY") {
-        return None;
-    }
+    let (kind, rest) = match solid.as_slice() {
+        [first, second, rest @ ..] if (is(first, "DESCRIBE") || is(first, "DESC")) && is(second, "HISTORY") => {
+            ("history", rest)
+        }
+        [first, rest @ ..] if is(first, "OPTIMIZE") => ("optimize", rest),
+        [first, rest @ ..] if is(first, "VACUUM") => ("vacuum", rest),
+        _ => return Ok(None),
+    };
+    let syntax = |what: &str| {
+        CirroError::new(
+            SqlState::SYNTAX_ERROR,
+            format!("syntax error: expected {what}"),
+        )
+    };
+    // The table name: identifiers joined by periods.
     let mut parts = Vec::new();
-    for (k, token) in solid[2..].iter().enumerate() {
-        match (k % 2, token) {
-            (0, Token::Word(w)) => parts.push(ident(w)),
-            (1, Token::Period) => {}
-            _ => return None,
+    let mut at = 0;
+    while at < rest.len() {
+        match rest[at] {
+            Token::Word(w) if at % 2 == 0 && !(kind == "vacuum" && is(rest[at], "RETAIN")) => {
+                parts.push(ident(w));
+            }
+            Token::Period if at % 2 == 1 => {}
+            _ => break,
+        }
+        at += 1;
+    }
+    let reference = match parts.as_slice() {
+        [t] => TableReference::bare(t.as_str()),
+        [s, t] => TableReference::partial(s.as_str(), t.as_str()),
+        [d, s, t] => TableReference::full(d.as_str(), s.as_str(), t.as_str()),
+        _ => return Err(syntax("a table name")),
+    };
+    let tail = &rest[at..];
+    match kind {
+        "history" if tail.is_empty() => Ok(Some(Maintenance::History(reference))),
+        "optimize" if tail.is_empty() => Ok(Some(Maintenance::Optimize(reference))),
+        "vacuum" => match tail {
+            [] => Ok(Some(Maintenance::Vacuum(reference, None))),
+            [retain, Token::Number(n, _), hours]
+                if is(retain, "RETAIN") && (is(hours, "HOURS") || is(hours, "HOUR")) =>
+            {
+                let hours = n.parse::<u64>().map_err(|_| {
+                    CirroError::new(
+                        SqlState::INVALID_PARAMETER_VALUE,
+                        format!("RETAIN needs a whole number of hours, not {n}"),
+                    )
+                })?;
+                Ok(Some(Maintenance::Vacuum(reference, Some(hours))))
+            }
+            _ => Err(syntax("VACUUM name [RETAIN n HOURS]")),
+        },
+        _ => Err(syntax(&format!("end of statement after the table name in {}", kind.to_uppercase()))),
+    }
+}
+
+/// Run a maintenance statement.
+pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> Result<Outcome> {
+    match statement {
+        Maintenance::History(reference) => describe_history(engine, &reference).await,
+        Maintenance::Optimize(reference) => {
+            engine.check_transaction_allows("OPTIMIZE")?;
+            let (db, schema, name) = engine.resolve(&reference);
+            let location = location_of(engine, &db, &schema, &name)?;
+            let table = engine.catalog.open_table(&location).await?;
+            let state = engine.context().state();
+            let summary = cirro_storage::maintenance::optimize(&table, &state).await?;
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("files_removed", DataType::Int64, false),
+                Field::new("files_added", DataType::Int64, false),
+                Field::new("deletion_vectors_removed", DataType::Int64, false),
+                Field::new("rows_written", DataType::Int64, false),
+            ]));
+            let columns: Vec<ArrayRef> = [
+                summary.files_removed,
+                summary.files_added,
+                summary.deletion_vectors_removed,
+                summary.rows_written,
+            ]
+            .into_iter()
+            .map(|v| Arc::new(Int64Array::from(vec![v as i64])) as ArrayRef)
+            .collect();
+            rows(engine, schema, columns).await
+        }
+        Maintenance::Vacuum(reference, hours) => {
+            engine.check_transaction_allows("VACUUM")?;
+            let (db, schema, name) = engine.resolve(&reference);
+            let location = location_of(engine, &db, &schema, &name)?;
+            let table = engine.catalog.open_table(&location).await?;
+            let deleted = cirro_storage::maintenance::vacuum(
+                &table,
+                hours.unwrap_or(VACUUM_RETAIN_HOURS_DEFAULT),
+            )
+            .await?;
+            let schema = Arc::new(Schema::new(vec![Field::new(
+                "files_deleted",
+                DataType::Int64,
+                false,
+            )]));
+            let columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![deleted as i64]))];
+            rows(engine, schema, columns).await
         }
     }
-    match parts.as_slice() {
-        [t] => Some(TableReference::bare(t.as_str())),
-        [s, t] => Some(TableReference::partial(s.as_str(), t.as_str())),
-        [d, s, t] => Some(TableReference::full(d.as_str(), s.as_str(), t.as_str())),
-        _ => None,
-    }
+}
+
+/// Retention of VACUUM without RETAIN: 7 days, as in Delta Lake.
+const VACUUM_RETAIN_HOURS_DEFAULT: u64 = 7 * 24;
+
+/// A one-batch result.
+async fn rows(engine: &Engine, schema: Arc<Schema>, columns: Vec<ArrayRef>) -> Result<Outcome> {
+    let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
+    let provider = MemTable::try_new(schema, vec![vec![batch]])?;
+    let frame = engine.context().read_table(Arc::new(provider))?;
+    Ok(Outcome::Rows(frame.execute_stream().await?))
 }
 
 /// The commits of a table, newest first: version, time, operation, its
@@ -370,8 +500,5 @@ pub(crate) async fn describe_history(engine: &Engine, reference: &TableReference
         Arc::new(Int64Array::from(added)),
         Arc::new(Int64Array::from(removed)),
     ];
-    let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
-    let provider = MemTable::try_new(schema, vec![vec![batch]])?;
-    let frame = engine.context().read_table(Arc::new(provider))?;
-    Ok(Outcome::Rows(frame.execute_stream().await?))
+    rows(engine, schema, columns).await
 }

@@ -225,7 +225,7 @@ impl Engine {
     }
 
     /// Refuse what a transaction cannot hold.
-    fn check_transaction_allows(&self, what: &str) -> Result<()> {
+    pub(crate) fn check_transaction_allows(&self, what: &str) -> Result<()> {
         if self.in_transaction() {
             return Err(CirroError::unsupported(format!(
                 "{what} cannot run inside a transaction block; COMMIT or ROLLBACK first"
@@ -258,8 +258,8 @@ impl Engine {
             }
         }
         self.catalog.refresh().await?;
-        if let Some(reference) = history::parse_describe_history(sql) {
-            return history::describe_history(self, &reference).await;
+        if let Some(statement) = history::parse_maintenance(sql)? {
+            return history::run_maintenance(self, statement).await;
         }
         let rewritten = history::rewrite_time_travel(self, sql).await?;
         let sql = rewritten.as_str();

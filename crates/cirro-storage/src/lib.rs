@@ -9,6 +9,7 @@
 
 pub mod dv;
 pub mod failpoint;
+pub mod maintenance;
 pub mod mutate;
 pub mod options;
 pub mod root;

@@ -343,7 +343,7 @@ pub async fn remove_paths(table: &CirroTable, paths: &[Path]) {
 
 /// The `remove` action for a data file as the snapshot holds it (with its
 /// current deletion vector, as the protocol requires).
-fn remove_of(file: &crate::table::DataFile) -> deltalake::kernel::Remove {
+pub(crate) fn remove_of(file: &crate::table::DataFile) -> deltalake::kernel::Remove {
     let add = &file.add;
     deltalake::kernel::Remove {
         path: add.path.clone(),

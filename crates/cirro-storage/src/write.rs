@@ -41,7 +41,8 @@ use crate::options::TableOptions;
 /// Environment override of the data file size, for tests that need many files.
 const DATA_FILE_BYTES_ENV: &str = "CIRRO_DATA_FILE_BYTES";
 
-fn data_file_bytes_target() -> u64 {
+/// The size data files are cut at (`CIRRO_DATA_FILE_BYTES` overrides it).
+pub fn data_file_bytes_target() -> u64 {
     std::env::var(DATA_FILE_BYTES_ENV)
         .ok()
         .and_then(|v| v.parse().ok())

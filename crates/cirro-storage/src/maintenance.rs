@@ -1,0 +1,167 @@
+//! Table maintenance: OPTIMIZE (compaction, deletion vectors folded back in,
+//! clustering) and VACUUM (removing files no version needs any more).
+//!
+//! OPTIMIZE rewrites, in one commit:
+//! - a clustered table (`cluster_by`): every file, when there is more than one
+//!   or any has deletion vectors, into files sorted by the cluster key;
+//! - any other table: the files that carry deletion vectors, and the small
+//!   files (under half the target file size) when there are at least two.
+//!
+//! The rewritten rows are the files' live rows (deletion vectors applied), so
+//! the new files carry none. The old files are removed with `dataChange`
+//! set: a concurrent DELETE/UPDATE/MERGE that read them then fails its commit
+//! with 40001 instead of resurrecting them. The old files stay on storage for
+//! time travel until VACUUM removes them.
+
+use std::sync::Arc;
+
+use cirro_common::Result;
+use datafusion::catalog::Session;
+use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execute_stream;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use deltalake::kernel::Action;
+use deltalake::operations::vacuum::VacuumMode;
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use futures::StreamExt;
+
+use crate::failpoint;
+use crate::mutate::{remove_of, remove_paths};
+use crate::table::CirroTable;
+use crate::write::{TableWriter, commit_actions, data_file_bytes_target};
+
+/// What OPTIMIZE did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct OptimizeSummary {
+    pub files_removed: u64,
+    pub files_added: u64,
+    /// Deletion vectors folded into rewritten files.
+    pub deletion_vectors_removed: u64,
+    pub rows_written: u64,
+    /// The new version, if there was anything to do.
+    pub version: Option<i64>,
+}
+
+/// Indices of the files OPTIMIZE rewrites.
+fn files_to_rewrite(table: &CirroTable) -> Vec<usize> {
+    let files = table.files();
+    let with_dv = files.iter().any(|f| f.deletion_vector().is_some());
+    if !table.options().cluster_by.is_empty() {
+        return if files.len() > 1 || with_dv {
+            (0..files.len()).collect()
+        } else {
+            Vec::new()
+        };
+    }
+    let small = data_file_bytes_target() / 2;
+    let small_files: Vec<usize> = (0..files.len())
+        .filter(|&i| files[i].size < small)
+        .collect();
+    let mut chosen: Vec<usize> = (0..files.len())
+        .filter(|&i| files[i].deletion_vector().is_some())
+        .collect();
+    if small_files.len() >= 2 {
+        chosen.extend(small_files);
+        chosen.sort_unstable();
+        chosen.dedup();
+    }
+    chosen
+}
+
+/// OPTIMIZE `table` (at the snapshot it holds).
+pub async fn optimize(table: &CirroTable, state: &dyn Session) -> Result<OptimizeSummary> {
+    let table = table.without_row_ids();
+    let chosen = files_to_rewrite(&table);
+    if chosen.is_empty() {
+        return Ok(OptimizeSummary::default());
+    }
+    let deleted = table.deletion_vectors(&chosen).await?;
+    let deletion_vectors_removed = deleted.iter().filter(|d| d.is_some()).count() as u64;
+    let files: Vec<_> = chosen.iter().copied().zip(deleted).collect();
+    let mut plan = table.scan_files(state, files, None, None).await?;
+    if !table.options().cluster_by.is_empty() {
+        let schema = plan.schema();
+        let mut keys = Vec::new();
+        for column in &table.options().cluster_by {
+            keys.push(PhysicalSortExpr::new_default(
+                datafusion::physical_expr::expressions::col(column, &schema)?,
+            ));
+        }
+        if let Some(ordering) = LexOrdering::new(keys) {
+            let single = Arc::new(CoalescePartitionsExec::new(plan));
+            plan = Arc::new(SortExec::new(ordering, single));
+        }
+    }
+    let mut writer = TableWriter::new(
+        table.delta(),
+        Arc::clone(table.stored_schema()),
+        SaveMode::Append,
+    )?;
+    let copied = async {
+        let mut stream = execute_stream(plan, state.task_ctx())?;
+        while let Some(batch) = stream.next().await {
+            writer.write(batch?).await?;
+        }
+        Ok::<_, cirro_common::CirroError>(())
+    }
+    .await;
+    if let Err(e) = copied {
+        writer.abort().await;
+        return Err(e);
+    }
+    let rows_written = writer.rows();
+    let adds = writer.finish().await?;
+    let new_files: Vec<object_store::path::Path> = adds
+        .iter()
+        .map(|a| object_store::path::Path::from(a.path.as_str()))
+        .collect();
+    let mut actions: Vec<Action> = chosen
+        .iter()
+        .map(|&i| Action::Remove(remove_of(&table.files()[i])))
+        .collect();
+    let files_added = adds.len() as u64;
+    actions.extend(adds.into_iter().map(Action::Add));
+    failpoint::reach("optimize.before_commit", 1);
+    let operation = DeltaOperation::Optimize {
+        predicate: None,
+        target_size: data_file_bytes_target() as i64,
+    };
+    match commit_actions(table.delta(), actions, operation).await {
+        Ok(version) => {
+            failpoint::reach("optimize.after_commit", 1);
+            Ok(OptimizeSummary {
+                files_removed: chosen.len() as u64,
+                files_added,
+                deletion_vectors_removed,
+                rows_written,
+                version: Some(version),
+            })
+        }
+        Err(e) => {
+            remove_paths(&table, &new_files).await;
+            Err(e)
+        }
+    }
+}
+
+/// VACUUM: delete the files of `table` that no version newer than
+/// `retain_hours` ago references — files OPTIMIZE, DELETE, UPDATE, MERGE,
+/// TRUNCATE and INSERT OVERWRITE replaced, old deletion vectors, and files a
+/// crashed or failed writer left behind. Versions older than that can no
+/// longer be read (time travel). Returns the number of files deleted.
+///
+/// Files younger than the retention are always kept, so a writer that is
+/// still writing is safe unless the retention is 0 hours.
+pub async fn vacuum(table: &CirroTable, retain_hours: u64) -> Result<u64> {
+    let retention = chrono::Duration::hours(retain_hours.min(i64::MAX as u64 / 3_600_000) as i64);
+    let (_, metrics) = table
+        .delta()
+        .clone()
+        .vacuum()
+        .with_retention_period(retention)
+        .with_enforce_retention_duration(false)
+        .with_mode(VacuumMode::Full)
+        .await?;
+    Ok(metrics.files_deleted.len() as u64)
+}
