@@ -166,8 +166,32 @@ pub async fn commit_actions(
     operation: DeltaOperation,
 ) -> Result<i64> {
     let snapshot = table.snapshot()?;
-    let finalized = CommitBuilder::default()
-        .with_actions(actions)
+    let mut builder = CommitBuilder::default().with_actions(actions);
+    // An append reads no existing file and changes none, so it can neither
+    // lose an update nor invalidate another writer's reads: mark it a blind
+    // append (others' conflict checks skip its files) and give it a read
+    // predicate that matches no file (its own check ignores what others
+    // removed). Without this, an INSERT and a concurrent DELETE would fail one
+    // another with 40001.
+    let operation = match operation {
+        DeltaOperation::Write {
+            mode: SaveMode::Append,
+            partition_by,
+            predicate: None,
+        } => {
+            builder = builder.with_app_metadata(std::collections::HashMap::from([(
+                "isBlindAppend".to_string(),
+                serde_json::Value::Bool(true),
+            )]));
+            DeltaOperation::Write {
+                mode: SaveMode::Append,
+                partition_by,
+                predicate: Some("false".to_string()),
+            }
+        }
+        other => other,
+    };
+    let finalized = builder
         .build(Some(snapshot), table.log_store(), operation)
         .await?;
     Ok(finalized.version() as i64)

@@ -12,7 +12,7 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{DataDir, Session, scalar};
 use rand::rngs::StdRng;

@@ -77,3 +77,24 @@ fn a_transaction_writes_one_table_only() {
     assert_eq!(scalar(&data, "SELECT count(*) FROM acct"), "3");
     assert_eq!(scalar(&data, "SELECT count(*) FROM other"), "0");
 }
+
+#[test]
+fn appends_do_not_conflict_with_concurrent_changes() {
+    let data = setup();
+    let mut a = Session::open(&data);
+    let mut b = Session::open(&data);
+    // an open transaction that only inserts, while another session deletes
+    a.ok("BEGIN");
+    a.ok("INSERT INTO acct VALUES (10, 1)");
+    b.ok("DELETE FROM acct WHERE id = 1");
+    assert_eq!(a.ok("COMMIT"), Reply::Tag("COMMIT".into()));
+    // an autocommit INSERT racing with an UPDATE: both land
+    a.ok("BEGIN");
+    a.ok("UPDATE acct SET bal = 0 WHERE id = 2");
+    b.ok("INSERT INTO acct VALUES (11, 1)");
+    a.ok("COMMIT");
+    assert_eq!(
+        data.query_csv("SELECT id, bal FROM acct ORDER BY id"),
+        "id|bal\n2|0\n3|100\n10|1\n11|1\n"
+    );
+}
