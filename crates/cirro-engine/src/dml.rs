@@ -24,7 +24,7 @@ use arrow::datatypes::Int32Type;
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::CirroTable;
 use cirro_storage::mutate::{Change, Mutation};
-use cirro_storage::write::TableWriter;
+use cirro_storage::write::write_files;
 use datafusion::catalog::Session;
 use datafusion::logical_expr::dml::InsertOp;
 use deltalake::protocol::SaveMode;
@@ -87,11 +87,6 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
                     return Err(CirroError::unsupported("REPLACE INTO is not supported"));
                 }
             };
-            let mut writer = TableWriter::new(
-                table.delta(),
-                Arc::clone(table.stored_schema()),
-                SaveMode::Append,
-            )?;
             let mut input = dml.input.as_ref().clone();
             if !table.options().cluster_by.is_empty() {
                 // New rows of a clustered table are written in key order.
@@ -103,21 +98,13 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
                     .collect::<Vec<_>>();
                 input = LogicalPlanBuilder::from(input).sort(keys)?.build()?;
             }
-            let written = async {
-                let frame = engine.context().execute_logical_plan(input).await?;
-                let mut stream = frame.execute_stream().await?;
-                while let Some(batch) = stream.next().await {
-                    writer.write(batch?).await?;
-                }
-                Ok::<_, CirroError>(())
-            }
-            .await;
-            if let Err(e) = written {
-                writer.abort().await;
-                return Err(e);
-            }
-            let count = writer.rows();
-            let adds = writer.finish().await?;
+            let frame = engine.context().execute_logical_plan(input).await?;
+            let stream = frame
+                .execute_stream()
+                .await?
+                .map(|b| b.map_err(CirroError::from));
+            let (adds, count) =
+                write_files(table.delta(), Arc::clone(table.stored_schema()), stream).await?;
             let mode = if overwrite {
                 SaveMode::Overwrite
             } else {

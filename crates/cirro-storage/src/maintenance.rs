@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use cirro_common::Result;
+use cirro_common::{CirroError, Result};
 use datafusion::catalog::Session;
 use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -23,13 +23,13 @@ use datafusion::physical_plan::execute_stream;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use deltalake::kernel::Action;
 use deltalake::operations::vacuum::VacuumMode;
-use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::protocol::DeltaOperation;
 use futures::StreamExt;
 
 use crate::failpoint;
 use crate::mutate::{remove_of, remove_paths};
 use crate::table::CirroTable;
-use crate::write::{TableWriter, commit_actions, data_file_bytes_target};
+use crate::write::{commit_actions, data_file_bytes_target, write_files};
 
 /// What OPTIMIZE did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -93,25 +93,9 @@ pub async fn optimize(table: &CirroTable, state: &dyn Session) -> Result<Optimiz
             plan = Arc::new(SortExec::new(ordering, single));
         }
     }
-    let mut writer = TableWriter::new(
-        table.delta(),
-        Arc::clone(table.stored_schema()),
-        SaveMode::Append,
-    )?;
-    let copied = async {
-        let mut stream = execute_stream(plan, state.task_ctx())?;
-        while let Some(batch) = stream.next().await {
-            writer.write(batch?).await?;
-        }
-        Ok::<_, cirro_common::CirroError>(())
-    }
-    .await;
-    if let Err(e) = copied {
-        writer.abort().await;
-        return Err(e);
-    }
-    let rows_written = writer.rows();
-    let adds = writer.finish().await?;
+    let stream = execute_stream(plan, state.task_ctx())?.map(|b| b.map_err(CirroError::from));
+    let (adds, rows_written) =
+        write_files(table.delta(), Arc::clone(table.stored_schema()), stream).await?;
     let new_files: Vec<object_store::path::Path> = adds
         .iter()
         .map(|a| object_store::path::Path::from(a.path.as_str()))

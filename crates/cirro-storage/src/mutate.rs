@@ -221,7 +221,7 @@ impl Mutation {
     }
 
     /// Give up: remove the files written so far. The table is unchanged.
-    pub async fn abort(self) {
+    pub async fn abort(mut self) {
         self.writer.abort().await;
     }
 }

@@ -148,7 +148,7 @@ impl TableWriter {
     }
 
     /// Give up: remove every file written so far. The table is unchanged.
-    pub async fn abort(mut self) {
+    pub async fn abort(&mut self) {
         if let Ok(adds) = self.writer.flush().await {
             remove_files(&self.table, &adds).await;
         }
@@ -331,6 +331,15 @@ where
     S: futures::Stream<Item = Result<RecordBatch>> + Unpin,
 {
     let mut writer = TableWriter::new(table, stored_schema, mode)?;
+    fill(&mut writer, &mut batches).await?;
+    writer.commit().await
+}
+
+/// Write all of `batches` with `writer`; on an error, remove what it wrote.
+async fn fill<S>(writer: &mut TableWriter, batches: &mut S) -> Result<()>
+where
+    S: futures::Stream<Item = Result<RecordBatch>> + Unpin,
+{
     while let Some(batch) = batches.next().await {
         let step = match batch {
             Ok(batch) => writer.write(batch).await,
@@ -341,5 +350,22 @@ where
             return Err(e);
         }
     }
-    writer.commit().await
+    Ok(())
+}
+
+/// Write all of `batches` into new data files of `table` without committing
+/// them (the caller commits them with other actions, or removes them).
+/// Returns the files and the number of rows. On an error nothing is left.
+pub async fn write_files<S>(
+    table: &DeltaTable,
+    stored_schema: SchemaRef,
+    mut batches: S,
+) -> Result<(Vec<Add>, u64)>
+where
+    S: futures::Stream<Item = Result<RecordBatch>> + Unpin,
+{
+    let mut writer = TableWriter::new(table, stored_schema, SaveMode::Append)?;
+    fill(&mut writer, &mut batches).await?;
+    let rows = writer.rows();
+    Ok((writer.finish().await?, rows))
 }

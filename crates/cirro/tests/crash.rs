@@ -9,12 +9,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{DataDir, scalar};
+use common::{DataDir, scalar, table_dir};
 
 /// Small data files, so that files are completed while the INSERT still runs.
 const FILE_BYTES_FOR_TEST: &str = "200000";
@@ -22,18 +22,6 @@ const KILL_WAIT_SECS: u64 = 300;
 const CHECKSUM: &str = "SELECT count(*) || ':' || sum(id) || ':' || sum(id * id % 1000003) || ':' || sum(length(v)) FROM t";
 const BIG_INSERT: &str = "INSERT INTO t SELECT value, repeat('y', CAST(value % 50 AS INT)) FROM generate_series(1, 3000000)";
 
-fn table_dir(data: &DataDir, name: &str) -> PathBuf {
-    let schema_dir = data.path().join("data/cirro/public");
-    std::fs::read_dir(&schema_dir)
-        .expect("schema dir")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&format!("{name}-")))
-        })
-        .expect("table dir")
-}
 
 fn data_files(dir: &Path) -> usize {
     std::fs::read_dir(dir)

@@ -11,7 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::DataDir;
+use common::{DataDir, table_dir};
 
 fn python() -> PathBuf {
     let python = std::env::var_os("CIRRO_TEST_PYTHON")
@@ -48,18 +48,6 @@ fn read_with(reader: &str, table: &Path) -> Vec<String> {
     sorted_rows(&String::from_utf8_lossy(&out.stdout))
 }
 
-fn table_dir(data: &DataDir, name: &str) -> PathBuf {
-    let schema_dir = data.path().join("data/cirro/public");
-    std::fs::read_dir(&schema_dir)
-        .expect("schema dir")
-        .map(|e| e.expect("entry").path())
-        .find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(&format!("{name}-")))
-        })
-        .expect("table directory")
-}
 
 fn log_text(table: &Path) -> String {
     let mut text = String::new();

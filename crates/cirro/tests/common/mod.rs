@@ -274,3 +274,17 @@ impl Drop for Session {
         let _ = self.child.wait();
     }
 }
+
+/// The directory of table `name` in the default database and schema.
+pub fn table_dir(data: &DataDir, name: &str) -> PathBuf {
+    let schema_dir = data.path().join("data/cirro/public");
+    std::fs::read_dir(&schema_dir)
+        .expect("schema dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{name}-")))
+        })
+        .expect("table directory")
+}
