@@ -47,6 +47,7 @@ impl SqlState {
     pub const INVALID_OBJECT_DEFINITION: SqlState = SqlState("42P17");
     pub const DEPENDENT_OBJECTS_STILL_EXIST: SqlState = SqlState("2BP01");
     pub const INSUFFICIENT_RESOURCES: SqlState = SqlState("53000");
+    pub const DISK_FULL: SqlState = SqlState("53100");
     pub const OUT_OF_MEMORY: SqlState = SqlState("53200");
     pub const QUERY_CANCELED: SqlState = SqlState("57014");
     pub const IO_ERROR: SqlState = SqlState("58030");
@@ -87,8 +88,15 @@ impl CirroError {
         Self::new(SqlState::INTERNAL_ERROR, message)
     }
 
+    /// An I/O failure: 53100 when the disk (or quota) is full, else 58030.
     pub fn io(message: impl Into<String>) -> Self {
-        Self::new(SqlState::IO_ERROR, message)
+        let message = message.into();
+        let state = if is_disk_full(&message) {
+            SqlState::DISK_FULL
+        } else {
+            SqlState::IO_ERROR
+        };
+        Self::new(state, message)
     }
 
     pub fn unsupported(message: impl Into<String>) -> Self {
@@ -326,10 +334,18 @@ fn no_matching_function(msg: &str) -> Option<CirroError> {
 
 /// DataFusion reports many distinct conditions as plain plan or execution errors;
 /// the message is all there is to go on.
+/// Whether an error text is the operating system's "disk full" (ENOSPC, EDQUOT).
+fn is_disk_full(msg: &str) -> bool {
+    let lower = msg.to_ascii_lowercase();
+    lower.contains("no space left on device") || lower.contains("disk quota exceeded")
+}
+
 fn classify_message(msg: &str) -> SqlState {
     let lower = msg.to_ascii_lowercase();
     let has = |needle: &str| lower.contains(needle);
-    if has("table '") && has("not found") || has("table not found") || has("no table named") {
+    if is_disk_full(msg) {
+        SqlState::DISK_FULL
+    } else if has("table '") && has("not found") || has("table not found") || has("no table named") {
         SqlState::UNDEFINED_TABLE
     } else if has("no field named") || has("column") && has("not found") {
         SqlState::UNDEFINED_COLUMN
