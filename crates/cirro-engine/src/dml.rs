@@ -76,7 +76,6 @@ pub(crate) fn target_table(dml: &DmlStatement, tag: &str) -> Result<CirroTable> 
 /// table: write its new files and return the change, uncommitted.
 pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> Result<Prepared> {
     let table = target_table(dml, tag)?;
-    let with_ids = provider_as_source(Arc::new(table.with_row_ids()));
     let state = engine.context().state();
     match &dml.op {
         WriteOp::Insert(op) => {
@@ -129,17 +128,42 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
                 predicate: None,
             },
         }),
+        WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_) => {
+            let (plan, layout) = row_plan(dml, &table)?;
+            let (change, count) = run(engine, &state, &table, plan, layout).await?;
+            let operation = match &dml.op {
+                WriteOp::Delete => DeltaOperation::Delete { predicate: None },
+                WriteOp::Update => DeltaOperation::Update { predicate: None },
+                WriteOp::MergeInto(merge) => DeltaOperation::Merge {
+                    predicate: None,
+                    merge_predicate: Some(format!("{}", merge.on)),
+                    matched_predicates: vec![],
+                    not_matched_predicates: vec![],
+                    not_matched_by_source_predicates: vec![],
+                },
+                _ => return Err(CirroError::internal("not a row-changing statement")),
+            };
+            Ok(Prepared {
+                change,
+                count,
+                operation,
+            })
+        }
+        _ => Err(CirroError::unsupported(format!("{tag} is not supported"))),
+    }
+}
+
+/// The query Cirro runs for a DELETE, UPDATE or MERGE on `table`: the
+/// statement's plan over a scan with row ids, and how its rows are laid out.
+fn row_plan(dml: &DmlStatement, table: &CirroTable) -> Result<(LogicalPlan, Layout)> {
+    let with_ids = provider_as_source(Arc::new(table.with_row_ids()));
+    match &dml.op {
         WriteOp::Delete => {
             let input = replace_target_scan(&dml.input, &dml.table_name, &with_ids)?;
             let plan = LogicalPlanBuilder::from(input)
                 .project(vec![row_id(FILE_INDEX_COLUMN), row_id(ROW_INDEX_COLUMN)])?
                 .build()?;
-            let (change, count) = run(engine, &state, &table, plan, Layout::Delete).await?;
-            Ok(Prepared {
-                change,
-                count,
-                operation: DeltaOperation::Delete { predicate: None },
-            })
+            Ok((plan, Layout::Delete))
         }
         WriteOp::Update => {
             let LogicalPlan::Projection(projection) = dml.input.as_ref() else {
@@ -151,17 +175,11 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
             exprs.push(row_id(ROW_INDEX_COLUMN));
             let plan = LogicalPlanBuilder::from(input).project(exprs)?.build()?;
             let columns = table.table_schema().fields().len();
-            let (change, count) =
-                run(engine, &state, &table, plan, Layout::Update { columns }).await?;
-            Ok(Prepared {
-                change,
-                count,
-                operation: DeltaOperation::Update { predicate: None },
-            })
+            Ok((plan, Layout::Update { columns }))
         }
         WriteOp::MergeInto(merge) => {
             let (plan, kinds) = merge_plan(
-                &table,
+                table,
                 &with_ids,
                 &dml.table_name,
                 &dml.input,
@@ -169,22 +187,19 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
                 &merge.clauses,
             )?;
             let columns = table.table_schema().fields().len();
-            let layout = Layout::Merge { columns, kinds };
-            let (change, count) = run(engine, &state, &table, plan, layout).await?;
-            Ok(Prepared {
-                change,
-                count,
-                operation: DeltaOperation::Merge {
-                    predicate: None,
-                    merge_predicate: Some(format!("{}", merge.on)),
-                    matched_predicates: vec![],
-                    not_matched_predicates: vec![],
-                    not_matched_by_source_predicates: vec![],
-                },
-            })
+            Ok((plan, Layout::Merge { columns, kinds }))
         }
-        _ => Err(CirroError::unsupported(format!("{tag} is not supported"))),
+        _ => Err(CirroError::internal("not a row-changing statement")),
     }
+}
+
+/// EXPLAIN of a DELETE, UPDATE or MERGE: the plan of the query that finds
+/// the rows to change and computes their new values (what Cirro runs before
+/// writing).
+pub(crate) fn explain_plan(dml: &DmlStatement, verbose: bool, tag: &str) -> Result<LogicalPlan> {
+    let table = target_table(dml, tag)?;
+    let (plan, _) = row_plan(dml, &table)?;
+    Ok(LogicalPlanBuilder::from(plan).explain(verbose, false)?.build()?)
 }
 
 /// The command tag of a DML statement that affected `count` rows.

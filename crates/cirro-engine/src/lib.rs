@@ -405,6 +405,44 @@ impl Engine {
                     format!("{tag} {count}")
                 }))
             }
+            LogicalPlan::Explain(explain)
+                if matches!(
+                    explain.plan.as_ref(),
+                    LogicalPlan::Dml(dml)
+                        if matches!(dml.op, WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_))
+                ) =>
+            {
+                let LogicalPlan::Dml(dml) = explain.plan.as_ref() else {
+                    return Err(CirroError::internal("EXPLAIN of DML without DML"));
+                };
+                let tag = match dml.op {
+                    WriteOp::Delete => "DELETE",
+                    WriteOp::Update => "UPDATE",
+                    _ => "MERGE",
+                };
+                let plan = dml::explain_plan(dml, explain.verbose, tag)?;
+                let frame = self.ctx.execute_logical_plan(plan).await?;
+                Ok(Outcome::Rows(frame.execute_stream().await?))
+            }
+            LogicalPlan::Analyze(analyze)
+                if matches!(
+                    analyze.input.as_ref(),
+                    LogicalPlan::Dml(dml)
+                        if matches!(dml.op, WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_))
+                ) =>
+            {
+                let LogicalPlan::Dml(dml) = analyze.input.as_ref() else {
+                    return Err(CirroError::internal("EXPLAIN ANALYZE of DML without DML"));
+                };
+                let tag = match dml.op {
+                    WriteOp::Delete => "DELETE",
+                    WriteOp::Update => "UPDATE",
+                    _ => "MERGE",
+                };
+                Err(CirroError::unsupported(format!(
+                    "EXPLAIN ANALYZE {tag} is not supported (it would change the table); use EXPLAIN {tag}"
+                )))
+            }
             LogicalPlan::Copy(_) => {
                 let count = self.run_for_count(plan).await?;
                 Ok(Outcome::command(format!("COPY {count}")))
