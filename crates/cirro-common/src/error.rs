@@ -345,7 +345,8 @@ fn classify_message(msg: &str) -> SqlState {
     let has = |needle: &str| lower.contains(needle);
     if is_disk_full(msg) {
         SqlState::DISK_FULL
-    } else if has("table '") && has("not found") || has("table not found") || has("no table named") {
+    } else if has("table '") && has("not found") || has("table not found") || has("no table named")
+    {
         SqlState::UNDEFINED_TABLE
     } else if has("no field named") || has("column") && has("not found") {
         SqlState::UNDEFINED_COLUMN

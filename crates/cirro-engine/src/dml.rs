@@ -24,21 +24,20 @@ use arrow::datatypes::Int32Type;
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::CirroTable;
 use cirro_storage::mutate::{Change, Mutation};
+use cirro_storage::table::{FILE_INDEX_COLUMN, ROW_INDEX_COLUMN};
 use cirro_storage::write::write_files;
 use datafusion::catalog::Session;
-use datafusion::logical_expr::dml::InsertOp;
-use deltalake::protocol::SaveMode;
-use cirro_storage::table::{FILE_INDEX_COLUMN, ROW_INDEX_COLUMN};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, TableReference};
 use datafusion::datasource::{provider_as_source, source_as_provider};
+use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::dml::{MergeIntoAction, MergeIntoClause, MergeIntoClauseKind};
 use datafusion::logical_expr::expr::Case;
 use datafusion::logical_expr::{
-    DmlStatement, Expr, JoinType, LogicalPlan, LogicalPlanBuilder, TableSource, WriteOp, cast,
-    lit,
+    DmlStatement, Expr, JoinType, LogicalPlan, LogicalPlanBuilder, TableSource, WriteOp, cast, lit,
 };
 use deltalake::protocol::DeltaOperation;
+use deltalake::protocol::SaveMode;
 use futures::StreamExt;
 
 use crate::Engine;
@@ -58,7 +57,11 @@ pub(crate) struct Prepared {
 
 /// The Cirro table a DML statement targets.
 pub(crate) fn target_table(dml: &DmlStatement, tag: &str) -> Result<CirroTable> {
-    if dml.table_name.table().starts_with(cirro_catalog::PAST_VERSION_PREFIX) {
+    if dml
+        .table_name
+        .table()
+        .starts_with(cirro_catalog::PAST_VERSION_PREFIX)
+    {
         return Err(CirroError::unsupported(format!(
             "{tag} cannot change a past version of a table"
         )));
@@ -199,7 +202,9 @@ fn row_plan(dml: &DmlStatement, table: &CirroTable) -> Result<(LogicalPlan, Layo
 pub(crate) fn explain_plan(dml: &DmlStatement, verbose: bool, tag: &str) -> Result<LogicalPlan> {
     let table = target_table(dml, tag)?;
     let (plan, _) = row_plan(dml, &table)?;
-    Ok(LogicalPlanBuilder::from(plan).explain(verbose, false)?.build()?)
+    Ok(LogicalPlanBuilder::from(plan)
+        .explain(verbose, false)?
+        .build()?)
 }
 
 /// The command tag of a DML statement that affected `count` rows.
@@ -301,7 +306,9 @@ async fn feed(
             Layout::Update { columns } => {
                 counts.affected +=
                     mutation.delete_rows(batch.column(*columns), batch.column(columns + 1))?;
-                mutation.insert(batch.project(&(0..*columns).collect::<Vec<_>>())?).await?;
+                mutation
+                    .insert(batch.project(&(0..*columns).collect::<Vec<_>>())?)
+                    .await?;
             }
             Layout::Merge { columns, kinds } => {
                 let actions = batch.column(0).as_primitive::<Int32Type>();
@@ -316,22 +323,19 @@ async fn feed(
                         .map(|i| Some(kind_of(i).is_some_and(|k| wanted.contains(&k))))
                         .collect()
                 };
-                let removes = filter_record_batch(
-                    &batch,
-                    &mask(&[ClauseKind::Update, ClauseKind::Delete]),
-                )?;
+                let removes =
+                    filter_record_batch(&batch, &mask(&[ClauseKind::Update, ClauseKind::Delete]))?;
                 mutation.delete_rows(removes.column(1), removes.column(2))?;
-                let inserts = filter_record_batch(
-                    &batch,
-                    &mask(&[ClauseKind::Update, ClauseKind::Insert]),
-                )?;
+                let inserts =
+                    filter_record_batch(&batch, &mask(&[ClauseKind::Update, ClauseKind::Insert]))?;
                 if inserts.num_rows() > 0 {
                     mutation
                         .insert(inserts.project(&(3..3 + columns).collect::<Vec<_>>())?)
                         .await?;
                 }
-                counts.affected += (0..batch.num_rows()).filter(|&i| kind_of(i).is_some()).count()
-                    as u64;
+                counts.affected += (0..batch.num_rows())
+                    .filter(|&i| kind_of(i).is_some())
+                    .count() as u64;
             }
         }
     }
@@ -372,9 +376,7 @@ fn merge_plan(
     let by_source = clauses
         .iter()
         .any(|c| c.kind.canonical() == MergeIntoClauseKind::NotMatchedBySource);
-    let by_target = clauses
-        .iter()
-        .any(|c| c.kind.is_not_matched_by_target());
+    let by_target = clauses.iter().any(|c| c.kind.is_not_matched_by_target());
     let join_type = match (by_target, by_source) {
         (_, true) => JoinType::Full,
         (true, false) => JoinType::Left,
@@ -390,7 +392,8 @@ fn merge_plan(
     let source = LogicalPlanBuilder::from(source.clone())
         .project(source_exprs)?
         .build()?;
-    let target_scan = LogicalPlanBuilder::scan(target.clone(), Arc::clone(with_ids), None)?.build()?;
+    let target_scan =
+        LogicalPlanBuilder::scan(target.clone(), Arc::clone(with_ids), None)?.build()?;
     let joined = LogicalPlanBuilder::from(source)
         .join_on(target_scan, join_type, vec![on.clone()])?
         .build()?;
@@ -405,7 +408,9 @@ fn merge_plan(
             MergeIntoClauseKind::NotMatchedBySource => {
                 target_present.clone().and(row_id(SOURCE_MARKER).is_null())
             }
-            _ => source_present.clone().and(row_id(ROW_INDEX_COLUMN).is_null()),
+            _ => source_present
+                .clone()
+                .and(row_id(ROW_INDEX_COLUMN).is_null()),
         };
         let applies = match &clause.predicate {
             Some(predicate) => applies.and(predicate.clone()),
@@ -468,7 +473,10 @@ fn merge_plan(
             }
         }
         let value = if branches.is_empty() {
-            cast(lit(datafusion::common::ScalarValue::Null), field.data_type().clone())
+            cast(
+                lit(datafusion::common::ScalarValue::Null),
+                field.data_type().clone(),
+            )
         } else {
             Expr::Case(Case::new(None, branches, None))
         };

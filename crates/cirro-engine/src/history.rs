@@ -203,7 +203,9 @@ async fn open_past_version(
             if *version < 0 || *version > newest {
                 return Err(CirroError::new(
                     SqlState::INVALID_PARAMETER_VALUE,
-                    format!("table \"{name}\" has no version {version}: its versions are 0 to {newest}"),
+                    format!(
+                        "table \"{name}\" has no version {version}: its versions are 0 to {newest}"
+                    ),
                 ));
             }
             delta.load_version(*version as u64).await.map_err(|e| {
@@ -257,7 +259,13 @@ async fn open_past_version(
 /// The commit time (ms since the epoch) of `version` of `table`.
 async fn commit_timestamp(table: &CirroTable, version: i64) -> Result<Option<i64>> {
     let path = Path::from(format!("_delta_log/{version:020}.json"));
-    let bytes = table.delta().object_store().get(&path).await?.bytes().await?;
+    let bytes = table
+        .delta()
+        .object_store()
+        .get(&path)
+        .await?
+        .bytes()
+        .await?;
     Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
         serde_json::from_str::<serde_json::Value>(line)
             .ok()?
@@ -273,7 +281,11 @@ fn parse_timestamp(text: &str) -> Result<chrono::DateTime<chrono::Utc>> {
     if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
         return Ok(t.with_timezone(&Utc));
     }
-    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M"] {
+    for format in [
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M",
+    ] {
         if let Ok(t) = NaiveDateTime::parse_from_str(text, format) {
             return Ok(Utc.from_utc_datetime(&t));
         }
@@ -311,7 +323,9 @@ pub(crate) fn parse_maintenance(sql: &str) -> Result<Option<Maintenance>> {
         .collect();
     let is = |t: &Token, word: &str| matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(word));
     let (kind, rest) = match solid.as_slice() {
-        [first, second, rest @ ..] if (is(first, "DESCRIBE") || is(first, "DESC")) && is(second, "HISTORY") => {
+        [first, second, rest @ ..]
+            if (is(first, "DESCRIBE") || is(first, "DESC")) && is(second, "HISTORY") =>
+        {
             ("history", rest)
         }
         [first, rest @ ..] if is(first, "OPTIMIZE") => ("optimize", rest),
@@ -362,7 +376,10 @@ pub(crate) fn parse_maintenance(sql: &str) -> Result<Option<Maintenance>> {
             }
             _ => Err(syntax("VACUUM name [RETAIN n HOURS]")),
         },
-        _ => Err(syntax(&format!("end of statement after the table name in {}", kind.to_uppercase()))),
+        _ => Err(syntax(&format!(
+            "end of statement after the table name in {}",
+            kind.to_uppercase()
+        ))),
     }
 }
 
@@ -428,7 +445,10 @@ async fn rows(engine: &Engine, schema: Arc<Schema>, columns: Vec<ArrayRef>) -> R
 
 /// The commits of a table, newest first: version, time, operation, its
 /// parameters, and how many data files it added and removed.
-pub(crate) async fn describe_history(engine: &Engine, reference: &TableReference) -> Result<Outcome> {
+pub(crate) async fn describe_history(
+    engine: &Engine,
+    reference: &TableReference,
+) -> Result<Outcome> {
     let (db, schema, name) = engine.resolve(reference);
     let location = location_of(engine, &db, &schema, &name)?;
     let table = engine.catalog.open_table(&location).await?;

@@ -212,7 +212,10 @@ impl Engine {
     async fn end_transaction(&self, commit: bool) -> Result<Outcome> {
         let tag = if commit { "COMMIT" } else { "ROLLBACK" };
         let Some(txn) = self.take_txn() else {
-            return Ok(Outcome::with_notice(tag, "there is no transaction in progress"));
+            return Ok(Outcome::with_notice(
+                tag,
+                "there is no transaction in progress",
+            ));
         };
         self.session.end();
         if commit && !txn.aborted {
@@ -325,7 +328,9 @@ impl Engine {
                         LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
                             ddl::create_table(self, cmd, &options).await
                         }
-                        _ => Err(CirroError::internal("CREATE TABLE planned as something else")),
+                        _ => Err(CirroError::internal(
+                            "CREATE TABLE planned as something else",
+                        )),
                     };
                 }
                 SqlStatement::Commit { .. } | SqlStatement::Rollback { .. } => {
@@ -384,10 +389,12 @@ impl Engine {
                     _ => "DML",
                 };
                 let in_txn = self.in_transaction();
-                if in_txn || matches!(
-                    dml.op,
-                    WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_)
-                ) {
+                if in_txn
+                    || matches!(
+                        dml.op,
+                        WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_)
+                    )
+                {
                     let input = Arc::clone(&dml.input);
                     return self
                         .execute_dml(&dml, tag, (db, schema, name.clone()), in_txn)
@@ -510,7 +517,9 @@ impl Engine {
         );
         let Some(mut txn) = self.take_txn() else {
             prepared.change.discard().await;
-            return Err(CirroError::internal("the transaction ended during a statement"));
+            return Err(CirroError::internal(
+                "the transaction ended during a statement",
+            ));
         };
         let staged = txn
             .stage(&location, &name, prepared.change, changes_rows)

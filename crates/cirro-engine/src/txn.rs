@@ -196,7 +196,11 @@ mod tests {
         tag(&engine, "INSERT INTO t VALUES (1), (2)").await;
         tag(&engine, "BEGIN").await;
         assert_eq!(tag(&engine, "DELETE FROM t WHERE id = 1").await, "DELETE 1");
-        let err = engine.execute("UPDATE t SET id = NULL").await.err().unwrap();
+        let err = engine
+            .execute("UPDATE t SET id = NULL")
+            .await
+            .err()
+            .unwrap();
         assert_eq!(err.state, SqlState::NOT_NULL_VIOLATION);
         let err = engine.execute("SELECT 1").await.err().unwrap();
         assert_eq!(err.state, SqlState::IN_FAILED_SQL_TRANSACTION);
@@ -227,8 +231,7 @@ mod tests {
             .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap_or_default())
             .collect();
         for file in files {
-            let referenced = log.contains(&file)
-                || file.starts_with("deletion_vector_");
+            let referenced = log.contains(&file) || file.starts_with("deletion_vector_");
             assert!(referenced, "unreferenced file {file} left behind");
         }
     }

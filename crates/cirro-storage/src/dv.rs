@@ -173,10 +173,18 @@ fn encode_file(bitmaps: &[&RoaringTreemap]) -> Result<(Vec<u8>, Vec<(i32, i32, i
         bitmap
             .serialize_into(&mut data)
             .map_err(|e| CirroError::internal(format!("cannot encode deletion vector: {e}")))?;
-        let offset = i32::try_from(out.len())
-            .map_err(|_| CirroError::new(SqlState::PROGRAM_LIMIT_EXCEEDED, "deletion vector file exceeds 2 GiB"))?;
-        let size = i32::try_from(data.len())
-            .map_err(|_| CirroError::new(SqlState::PROGRAM_LIMIT_EXCEEDED, "deletion vector exceeds 2 GiB"))?;
+        let offset = i32::try_from(out.len()).map_err(|_| {
+            CirroError::new(
+                SqlState::PROGRAM_LIMIT_EXCEEDED,
+                "deletion vector file exceeds 2 GiB",
+            )
+        })?;
+        let size = i32::try_from(data.len()).map_err(|_| {
+            CirroError::new(
+                SqlState::PROGRAM_LIMIT_EXCEEDED,
+                "deletion vector exceeds 2 GiB",
+            )
+        })?;
         out.extend_from_slice(&(size as u32).to_be_bytes());
         out.extend_from_slice(&data);
         out.extend_from_slice(&crc32fast::hash(&data).to_be_bytes());

@@ -240,7 +240,11 @@ impl Change {
     /// A change that adds the data files `adds` (an INSERT), and with
     /// `replace_all` removes every file the table had (INSERT OVERWRITE,
     /// TRUNCATE).
-    pub fn append(table: &CirroTable, adds: Vec<deltalake::kernel::Add>, replace_all: bool) -> Self {
+    pub fn append(
+        table: &CirroTable,
+        adds: Vec<deltalake::kernel::Add>,
+        replace_all: bool,
+    ) -> Self {
         let new_files = adds.iter().map(|a| Path::from(a.path.as_str())).collect();
         let mut actions: Vec<Action> = Vec::new();
         if replace_all {
@@ -307,7 +311,10 @@ pub async fn commit_difference(
 ) -> Result<Option<i64>> {
     let key = |f: &crate::table::DataFile| {
         let dv = f.add.deletion_vector.as_ref();
-        (f.add.path.clone(), dv.map(|d| (d.path_or_inline_dv.clone(), d.offset)))
+        (
+            f.add.path.clone(),
+            dv.map(|d| (d.path_or_inline_dv.clone(), d.offset)),
+        )
     };
     let before: std::collections::HashSet<_> = base.files().iter().map(key).collect();
     let after: std::collections::HashSet<_> = current.files().iter().map(key).collect();
@@ -327,7 +334,9 @@ pub async fn commit_difference(
     if actions.is_empty() {
         return Ok(None);
     }
-    commit_actions(base.delta(), actions, operation).await.map(Some)
+    commit_actions(base.delta(), actions, operation)
+        .await
+        .map(Some)
 }
 
 /// Remove files of `table` (paths relative to its directory); failures are

@@ -61,7 +61,9 @@ impl TableOptions {
                 }
                 "row_group_rows" => {
                     let rows: usize = value.trim().parse().map_err(|_| {
-                        invalid(format!("row_group_rows must be a positive integer, not '{value}'"))
+                        invalid(format!(
+                            "row_group_rows must be a positive integer, not '{value}'"
+                        ))
                     })?;
                     if rows == 0 || rows > ROW_GROUP_ROWS_MAX {
                         return Err(invalid(format!(
@@ -157,29 +159,54 @@ mod tests {
     }
 
     fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
-        list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn options_round_trip_through_the_configuration() {
         let options = TableOptions::from_sql(
-            &pairs(&[("compression", "SNAPPY"), ("row_group_rows", "1000"), ("cluster_by", "b, a")]),
+            &pairs(&[
+                ("compression", "SNAPPY"),
+                ("row_group_rows", "1000"),
+                ("cluster_by", "b, a"),
+            ]),
             &schema(),
         )
         .unwrap();
         assert_eq!(options.compression.as_deref(), Some("snappy"));
         assert_eq!(options.row_group_rows(), 1000);
         assert_eq!(options.cluster_by, vec!["b", "a"]);
-        assert_eq!(TableOptions::from_configuration(&options.to_configuration()), options);
+        assert_eq!(
+            TableOptions::from_configuration(&options.to_configuration()),
+            options
+        );
     }
 
     #[test]
     fn bad_options_are_refused() {
-        let err = |list: &[(&str, &str)]| TableOptions::from_sql(&pairs(list), &schema()).unwrap_err().state;
-        assert_eq!(err(&[("compression", "brotli")]), SqlState::INVALID_PARAMETER_VALUE);
-        assert_eq!(err(&[("row_group_rows", "0")]), SqlState::INVALID_PARAMETER_VALUE);
-        assert_eq!(err(&[("row_group_rows", "many")]), SqlState::INVALID_PARAMETER_VALUE);
+        let err = |list: &[(&str, &str)]| {
+            TableOptions::from_sql(&pairs(list), &schema())
+                .unwrap_err()
+                .state
+        };
+        assert_eq!(
+            err(&[("compression", "brotli")]),
+            SqlState::INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            err(&[("row_group_rows", "0")]),
+            SqlState::INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            err(&[("row_group_rows", "many")]),
+            SqlState::INVALID_PARAMETER_VALUE
+        );
         assert_eq!(err(&[("cluster_by", "c")]), SqlState::UNDEFINED_COLUMN);
-        assert_eq!(err(&[("colour", "blue")]), SqlState::INVALID_PARAMETER_VALUE);
+        assert_eq!(
+            err(&[("colour", "blue")]),
+            SqlState::INVALID_PARAMETER_VALUE
+        );
     }
 }

@@ -18,37 +18,37 @@
 
 use std::sync::Arc;
 
+use arrow::datatypes::{DataType, Field, FieldRef};
 use arrow::datatypes::{Schema, SchemaRef};
 use async_trait::async_trait;
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::catalog::Session;
 use datafusion::catalog::{ScanArgs, ScanResult};
-use datafusion::datasource::TableProvider;
-use datafusion::datasource::file_format::parquet::ParquetFormat;
-use arrow::datatypes::{DataType, Field, FieldRef};
-use datafusion::common::stats::{ColumnStatistics, Precision, Statistics};
 use datafusion::common::ScalarValue;
+use datafusion::common::stats::{ColumnStatistics, Precision, Statistics};
+use datafusion::datasource::TableProvider;
 use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingTableUrl, PartitionedFile};
 use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::table_schema::TableSchemaBuilder;
+use datafusion::error::Result as DfResult;
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
 use datafusion::physical_expr::{LexRequirement, PhysicalSortRequirement};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::empty::EmptyExec;
+use deltalake::kernel::StructType;
+use deltalake::kernel::engine::arrow_conversion::{TryIntoArrow, TryIntoKernel};
 use deltalake::kernel::{Action, Add, DeletionVectorDescriptor};
+use deltalake::protocol::SaveMode;
+use deltalake::{DeltaTable, TableProperty};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
 use parquet::arrow::RowNumber;
 use roaring::RoaringTreemap;
-use datafusion::datasource::sink::DataSinkExec;
-use datafusion::error::Result as DfResult;
-use datafusion::logical_expr::dml::InsertOp;
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::empty::EmptyExec;
-use deltalake::{DeltaTable, TableProperty};
-use deltalake::kernel::StructType;
-use deltalake::kernel::engine::arrow_conversion::{TryIntoArrow, TryIntoKernel};
-use deltalake::protocol::SaveMode;
 use url::Url;
 
 use crate::dv;
@@ -366,7 +366,11 @@ impl CirroTable {
         let store = state.runtime_env().object_store(&object_store_url)?;
         let file_schema = Arc::clone(&self.schema);
         let collect_statistics = state.config().collect_statistics();
-        let concurrency = state.config_options().execution.meta_fetch_concurrency.get();
+        let concurrency = state
+            .config_options()
+            .execution
+            .meta_fetch_concurrency
+            .get();
         let row_ids = self.row_ids;
         let partitioned = futures::stream::iter(files)
             .map(|(index, deleted)| {
@@ -410,17 +414,15 @@ impl CirroTable {
                             }
                         };
                         statistics = statistics.to_inexact();
-                        statistics.num_rows = Precision::Inexact(
-                            rows.saturating_sub(deleted.len()) as usize,
-                        );
-                        part = part.with_extension(ParquetRowSelection::new(
-                            dv::surviving_rows(&deleted, rows),
-                        ));
+                        statistics.num_rows =
+                            Precision::Inexact(rows.saturating_sub(deleted.len()) as usize);
+                        part = part.with_extension(ParquetRowSelection::new(dv::surviving_rows(
+                            &deleted, rows,
+                        )));
                     }
                     if row_ids {
-                        part = part.with_partition_values(vec![ScalarValue::UInt32(Some(
-                            index as u32,
-                        ))]);
+                        part = part
+                            .with_partition_values(vec![ScalarValue::UInt32(Some(index as u32))]);
                     }
                     let mut part = part.with_statistics(Arc::new(statistics));
                     if row_ids {

@@ -71,7 +71,8 @@ pub struct TableWriter {
 impl TableWriter {
     /// `mode` is `Append` (INSERT) or `Overwrite` (replace all rows).
     pub fn new(table: &DeltaTable, stored_schema: SchemaRef, mode: SaveMode) -> Result<Self> {
-        let options = TableOptions::from_configuration(table.snapshot()?.metadata().configuration());
+        let options =
+            TableOptions::from_configuration(table.snapshot()?.metadata().configuration());
         let writer = RecordBatchWriter::for_table(table)?
             .with_writer_properties(writer_properties(&options)?)
             .with_target_file_size(data_file_bytes_target());

@@ -39,8 +39,12 @@ fn transfer(session: &mut Session, rng: &mut StdRng) -> Result<(i64, i64, i64), 
     let amount = rng.random_range(1..50);
     if rng.random_bool(0.5) {
         session.run("BEGIN")?;
-        session.run(&format!("UPDATE acct SET bal = bal - {amount} WHERE id = {from}"))?;
-        session.run(&format!("UPDATE acct SET bal = bal + {amount} WHERE id = {to}"))?;
+        session.run(&format!(
+            "UPDATE acct SET bal = bal - {amount} WHERE id = {from}"
+        ))?;
+        session.run(&format!(
+            "UPDATE acct SET bal = bal + {amount} WHERE id = {to}"
+        ))?;
         session.run("COMMIT")?;
     } else {
         session.run(&format!(
@@ -107,7 +111,10 @@ fn run_for(duration: Duration) {
         tally.conflicts,
         tally.reads
     );
-    assert!(tally.conflicts > 0, "no conflict was raised: the test did not exercise 40001");
+    assert!(
+        tally.conflicts > 0,
+        "no conflict was raised: the test did not exercise 40001"
+    );
     assert!(!tally.committed.is_empty(), "no transfer committed");
     assert!(tally.reads > 0);
     let mut expected = vec![INITIAL; ACCOUNTS as usize];
@@ -121,8 +128,14 @@ fn run_for(duration: Duration) {
         .skip(1)
         .map(|l| l.trim().parse().expect("balance"))
         .collect();
-    assert_eq!(actual, expected, "balances do not match the committed transfers");
-    assert_eq!(scalar(&data, "SELECT sum(bal) FROM acct"), (ACCOUNTS * INITIAL).to_string());
+    assert_eq!(
+        actual, expected,
+        "balances do not match the committed transfers"
+    );
+    assert_eq!(
+        scalar(&data, "SELECT sum(bal) FROM acct"),
+        (ACCOUNTS * INITIAL).to_string()
+    );
 }
 
 #[test]

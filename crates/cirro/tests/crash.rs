@@ -22,7 +22,6 @@ const KILL_WAIT_SECS: u64 = 300;
 const CHECKSUM: &str = "SELECT count(*) || ':' || sum(id) || ':' || sum(id * id % 1000003) || ':' || sum(length(v)) FROM t";
 const BIG_INSERT: &str = "INSERT INTO t SELECT value, repeat('y', CAST(value % 50 AS INT)) FROM generate_series(1, 3000000)";
 
-
 fn data_files(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .expect("table dir")

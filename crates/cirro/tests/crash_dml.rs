@@ -34,7 +34,10 @@ fn statement(rng: &mut StdRng, round: usize) -> String {
     let kind = if round < 2 { 0 } else { rng.random_range(0..4) };
     match kind {
         0 => format!("UPDATE t SET grp = grp + {round}, v = v || 'u' WHERE id % {k} = {r}"),
-        1 => format!("DELETE FROM t WHERE id % {k} = {r} AND grp % 3 = {}", round % 3),
+        1 => format!(
+            "DELETE FROM t WHERE id % {k} = {r} AND grp % 3 = {}",
+            round % 3
+        ),
         2 => {
             let lo = rng.random_range(0..150_000);
             format!(
@@ -160,7 +163,11 @@ fn crash_rounds(rounds: usize, seed: u64) {
         .env("CIRRO_DATA_FILE_BYTES", FILE_BYTES_FOR_TEST)
         .output()
         .expect("load");
-    assert!(load.status.success(), "{}", String::from_utf8_lossy(&load.stderr));
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut kills, mut saw_before, mut saw_after) = (0, 0, 0);
     for round in 0..rounds {
@@ -176,7 +183,11 @@ fn crash_rounds(rounds: usize, seed: u64) {
             .env("CIRRO_DATA_FILE_BYTES", FILE_BYTES_FOR_TEST)
             .output()
             .expect("run on copy");
-        assert!(done.status.success(), "{sql}: {}", String::from_utf8_lossy(&done.stderr));
+        assert!(
+            done.status.success(),
+            "{sql}: {}",
+            String::from_utf8_lossy(&done.stderr)
+        );
         let typical = started.elapsed();
         let after = scalar(&copy, CHECKSUM);
 
@@ -201,9 +212,18 @@ fn crash_rounds(rounds: usize, seed: u64) {
     eprintln!(
         "{rounds} statements, {kills} killed mid-statement: {saw_before} left the version before, {saw_after} the version after"
     );
-    assert!(kills >= rounds / 4, "only {kills} of {rounds} runs were killed mid-statement");
-    assert!(saw_before > 0, "no kill left the table at the version before ({kills} kills)");
-    assert!(saw_after > 0, "no kill left the table at the version after ({kills} kills)");
+    assert!(
+        kills >= rounds / 4,
+        "only {kills} of {rounds} runs were killed mid-statement"
+    );
+    assert!(
+        saw_before > 0,
+        "no kill left the table at the version before ({kills} kills)"
+    );
+    assert!(
+        saw_after > 0,
+        "no kill left the table at the version after ({kills} kills)"
+    );
     // The table still takes writes.
     data.sql_ok("UPDATE t SET grp = 0 WHERE id = 1");
 }

@@ -24,9 +24,9 @@ struct DuckDb {
 
 impl DuckDb {
     fn start() -> Self {
-        let python = std::env::var_os("CIRRO_TEST_PYTHON").map(PathBuf::from).expect(
-            "CIRRO_TEST_PYTHON is not set: run the tests with scripts/test.sh",
-        );
+        let python = std::env::var_os("CIRRO_TEST_PYTHON")
+            .map(PathBuf::from)
+            .expect("CIRRO_TEST_PYTHON is not set: run the tests with scripts/test.sh");
         let script =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/duckdb_session.py");
         let mut child = Command::new(python)
@@ -50,7 +50,11 @@ impl DuckDb {
         let mut line = String::new();
         self.stdout.read_line(&mut line).expect("duckdb reply");
         let reply: serde_json::Value = serde_json::from_str(&line).expect("json reply");
-        assert!(reply["ok"].as_bool().unwrap_or(false), "DuckDB failed on {sql}: {}", reply["error"]);
+        assert!(
+            reply["ok"].as_bool().unwrap_or(false),
+            "DuckDB failed on {sql}: {}",
+            reply["error"]
+        );
         reply["rows"]
             .as_array()
             .expect("rows")
@@ -86,7 +90,11 @@ fn value_list(rng: &mut StdRng, ids: &[i64]) -> String {
                 0 => "NULL".to_string(),
                 n => format!("'s{}'", n * 10 + rng.random_range(0..5)),
             };
-            let c = format!("{}.{:02}", rng.random_range(0..1000), rng.random_range(0..100));
+            let c = format!(
+                "{}.{:02}",
+                rng.random_range(0..1000),
+                rng.random_range(0..100)
+            );
             format!("({id}, {a}, {b}, {c})")
         })
         .collect::<Vec<_>>()
@@ -95,11 +103,22 @@ fn value_list(rng: &mut StdRng, ids: &[i64]) -> String {
 
 fn condition(rng: &mut StdRng) -> String {
     match rng.random_range(0..7) {
-        0 => format!("id % {} = {}", rng.random_range(2..9), rng.random_range(0..2)),
+        0 => format!(
+            "id % {} = {}",
+            rng.random_range(2..9),
+            rng.random_range(0..2)
+        ),
         1 => format!("a > {}", rng.random_range(0..450)),
         2 => "b IS NULL".to_string(),
-        3 => format!("b = 's{}'", rng.random_range(1..4) * 10 + rng.random_range(0..5)),
-        4 => format!("id BETWEEN {} AND {}", rng.random_range(0..100), rng.random_range(100..200)),
+        3 => format!(
+            "b = 's{}'",
+            rng.random_range(1..4) * 10 + rng.random_range(0..5)
+        ),
+        4 => format!(
+            "id BETWEEN {} AND {}",
+            rng.random_range(0..100),
+            rng.random_range(100..200)
+        ),
         5 => format!(
             "id IN (SELECT id FROM t WHERE c < {})",
             rng.random_range(0..1000)
@@ -159,7 +178,9 @@ fn random_dml_matches_duckdb_after_every_statement() {
         let mut rng = StdRng::seed_from_u64(seed);
         for step in 0..STATEMENTS {
             let sql = statement(&mut rng);
-            let tag = cirro.run(&sql).unwrap_or_else(|e| panic!("seed {seed} step {step}: {sql}: {e}"));
+            let tag = cirro
+                .run(&sql)
+                .unwrap_or_else(|e| panic!("seed {seed} step {step}: {sql}: {e}"));
             assert!(matches!(tag, Reply::Tag(_)), "{sql} gave {tag:?}");
             duck.run(&sql);
             if step % 50 == 49 {

@@ -15,13 +15,19 @@ struct Mount(tempfile::TempDir);
 
 impl Mount {
     fn tmpfs() -> Self {
-        let dir = tempfile::Builder::new().prefix("cirro-tmpfs-").tempdir().expect("dir");
+        let dir = tempfile::Builder::new()
+            .prefix("cirro-tmpfs-")
+            .tempdir()
+            .expect("dir");
         let status = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_BYTES}"), "tmpfs"])
             .arg(dir.path())
             .status()
             .expect("run mount");
-        assert!(status.success(), "cannot mount a tmpfs (the test needs root)");
+        assert!(
+            status.success(),
+            "cannot mount a tmpfs (the test needs root)"
+        );
         Self(dir)
     }
 
@@ -92,7 +98,10 @@ const CHECKSUM: &str = "SELECT count(*), sum(id), sum(length(v)) FROM t";
 fn full_disk_fails_statements_cleanly_and_loses_nothing() {
     let mount = Mount::tmpfs();
     let data = mount.path().join("data");
-    ok(&data, "CREATE TABLE t (id BIGINT NOT NULL, v VARCHAR) WITH (compression = 'none')");
+    ok(
+        &data,
+        "CREATE TABLE t (id BIGINT NOT NULL, v VARCHAR) WITH (compression = 'none')",
+    );
     ok(
         &data,
         "INSERT INTO t SELECT value, 'row-' || value FROM generate_series(1, 100000) AS g(value)",
@@ -114,10 +123,17 @@ fn full_disk_fails_statements_cleanly_and_loses_nothing() {
     ] {
         let out = sql(&data, statement);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{statement} succeeded on a full disk");
+        assert!(
+            !out.status.success(),
+            "{statement} succeeded on a full disk"
+        );
         assert!(stderr.contains("SQLSTATE 53100"), "{statement}: {stderr}");
         assert_eq!(ok(&data, CHECKSUM), before, "{statement} changed the table");
-        assert_eq!(table_files(&data), files_before, "{statement} left files behind");
+        assert_eq!(
+            table_files(&data),
+            files_before,
+            "{statement} left files behind"
+        );
     }
 
     // With space again, the same statement works.

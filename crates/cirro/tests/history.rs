@@ -15,7 +15,11 @@ fn history_lists_every_commit_newest_first() {
     data.sql_ok("MERGE INTO h USING (SELECT 9 AS id) s ON h.id = s.id WHEN NOT MATCHED THEN INSERT (id) VALUES (s.id)");
     data.sql_ok("TRUNCATE h");
     let out = data.sql_output("DESCRIBE HISTORY h", &["--format", "json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -44,6 +48,9 @@ fn history_lists_every_commit_newest_first() {
         ]
     );
     // commit times never go backwards
-    let times: Vec<&str> = rows.iter().map(|r| r["timestamp"].as_str().unwrap_or("")).collect();
+    let times: Vec<&str> = rows
+        .iter()
+        .map(|r| r["timestamp"].as_str().unwrap_or(""))
+        .collect();
     assert!(times.windows(2).all(|w| w[0] >= w[1]), "{times:?}");
 }

@@ -48,7 +48,6 @@ fn read_with(reader: &str, table: &Path) -> Vec<String> {
     sorted_rows(&String::from_utf8_lossy(&out.stdout))
 }
 
-
 fn log_text(table: &Path) -> String {
     let mut text = String::new();
     for entry in std::fs::read_dir(table.join("_delta_log")).expect("log") {
@@ -62,7 +61,11 @@ fn log_text(table: &Path) -> String {
 
 fn cirro_rows(data: &DataDir, sql: &str) -> Vec<String> {
     let out = data.sql_output(sql, &["--format", "csv", "--null", "NULL"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     sorted_rows(&String::from_utf8_lossy(&out.stdout))
 }
 
@@ -86,7 +89,11 @@ fn duckdb_and_deltalake_read_what_cirro_wrote_including_deletion_vectors() {
         let expected = cirro_rows(&data, "SELECT * FROM t");
         for reader in ["duckdb", "deltalake"] {
             let got = read_with(reader, &table);
-            assert_eq!(got.len(), expected.len(), "{reader} after {stage}: row count");
+            assert_eq!(
+                got.len(),
+                expected.len(),
+                "{reader} after {stage}: row count"
+            );
             assert!(got == expected, "{reader} after {stage}: contents differ");
         }
         expected.len()

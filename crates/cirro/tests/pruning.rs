@@ -70,7 +70,10 @@ fn files_outside_the_range_are_not_read() {
     let (files, matched) = metric(&plan, "files_ranges_pruned_statistics");
     assert!(files >= 4 && matched == 1, "{plan}");
     assert_eq!(
-        common::scalar(&data, "SELECT count(*) FROM f WHERE id BETWEEN 1500 AND 1600"),
+        common::scalar(
+            &data,
+            "SELECT count(*) FROM f WHERE id BETWEEN 1500 AND 1600"
+        ),
         "101"
     );
 }

@@ -21,7 +21,10 @@ fn a_transaction_reads_one_snapshot_and_its_own_writes() {
     a.ok("BEGIN");
     assert_eq!(a.rows("SELECT sum(bal) FROM acct"), vec!["300"]);
     // another session commits; the open transaction does not see it
-    assert_eq!(b.ok("UPDATE acct SET bal = bal + 1 WHERE id = 3"), Reply::Tag("UPDATE 1".into()));
+    assert_eq!(
+        b.ok("UPDATE acct SET bal = bal + 1 WHERE id = 3"),
+        Reply::Tag("UPDATE 1".into())
+    );
     assert_eq!(a.rows("SELECT sum(bal) FROM acct"), vec!["300"]);
     // its own uncommitted change it does see; the other session does not
     a.ok("UPDATE acct SET bal = bal - 10 WHERE id = 1");
@@ -70,7 +73,9 @@ fn a_transaction_writes_one_table_only() {
     let mut a = Session::open(&data);
     a.ok("BEGIN");
     a.ok("INSERT INTO acct VALUES (4, 1)");
-    let err = a.run("INSERT INTO other VALUES (1)").expect_err("second table");
+    let err = a
+        .run("INSERT INTO other VALUES (1)")
+        .expect_err("second table");
     assert!(err.contains("SQLSTATE 0A000"), "{err}");
     // the script stopped at the error, so the transaction never committed
     drop(a);

@@ -221,7 +221,9 @@ impl Session {
     pub fn run(&mut self, sql: &str) -> Result<Reply, String> {
         use std::io::{BufRead, Write};
         writeln!(self.stdin, "{sql};").map_err(|e| format!("session closed: {e}"))?;
-        self.stdin.flush().map_err(|e| format!("session closed: {e}"))?;
+        self.stdin
+            .flush()
+            .map_err(|e| format!("session closed: {e}"))?;
         loop {
             let mut line = String::new();
             if self.stderr.read_line(&mut line).unwrap_or(0) == 0 {
