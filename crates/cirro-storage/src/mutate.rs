@@ -47,21 +47,6 @@ use crate::write::{TableWriter, commit_actions};
 /// instead of carrying a deletion vector.
 pub const REWRITE_FRACTION: f64 = 0.5;
 
-/// What a committed mutation did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct MutationSummary {
-    /// The new table version.
-    pub version: i64,
-    /// Files that got a (larger) deletion vector.
-    pub files_with_dv: usize,
-    /// Files removed because no row survived.
-    pub files_removed: usize,
-    /// Files whose surviving rows were rewritten.
-    pub files_rewritten: usize,
-    /// Rows written into new files (new row versions, inserted rows, rewritten survivors).
-    pub rows_written: u64,
-}
-
 /// The changes of one DELETE/UPDATE/MERGE, gathered while its plan runs.
 pub struct Mutation {
     table: CirroTable,
@@ -125,22 +110,6 @@ impl Mutation {
         self.writer.write(batch).await
     }
 
-    /// Commit the gathered changes as one new version of the table. Returns
-    /// `None` when there was nothing to change (no commit).
-    pub async fn commit(
-        self,
-        state: &dyn Session,
-        operation: DeltaOperation,
-    ) -> Result<Option<MutationSummary>> {
-        let change = self.prepare(state).await?;
-        if change.is_empty() {
-            return Ok(None);
-        }
-        let mut summary = change.summary.clone();
-        summary.version = change.commit(operation).await?;
-        Ok(Some(summary))
-    }
-
     /// Write everything the change needs (new data files, the DV file) and
     /// return the actions that would commit it, without committing.
     pub async fn prepare(self, state: &dyn Session) -> Result<Change> {
@@ -149,7 +118,6 @@ impl Mutation {
             deleted,
             mut writer,
         } = self;
-        let mut summary = MutationSummary::default();
         let indices: Vec<usize> = deleted.keys().copied().collect();
         let logged = match table.deletion_vectors(&indices).await {
             Ok(logged) => logged,
@@ -169,8 +137,9 @@ impl Mutation {
             let total = file.num_records.map(|n| n as u64);
             actions.push(Action::Remove(remove_of(file)));
             if total == Some(all.len()) {
-                summary.files_removed += 1;
-            } else if !use_dvs
+                continue; // no row survives: the remove alone
+            }
+            if !use_dvs
                 || total.is_none()
                 || all.len() as f64 > REWRITE_FRACTION * total.unwrap_or(0) as f64
             {
@@ -180,14 +149,12 @@ impl Mutation {
             }
         }
         // Copy-on-write: the survivors of mostly deleted files go to new files.
-        if !rewrite.is_empty() {
-            summary.files_rewritten = rewrite.len();
-            if let Err(e) = copy_survivors(&table, state, rewrite, &mut writer).await {
-                writer.abort().await;
-                return Err(e);
-            }
+        if !rewrite.is_empty()
+            && let Err(e) = copy_survivors(&table, state, rewrite, &mut writer).await
+        {
+            writer.abort().await;
+            return Err(e);
         }
-        summary.rows_written = writer.rows();
         let adds = writer.finish().await?;
         let mut new_files: Vec<Path> = adds.iter().map(|a| Path::from(a.path.as_str())).collect();
         if !keep_dv.is_empty() {
@@ -202,7 +169,6 @@ impl Mutation {
                         add.stats = add.stats.as_deref().map(loose_bounds);
                         actions.push(Action::Add(add));
                     }
-                    summary.files_with_dv = keep_dv.len();
                     new_files.push(written.path);
                 }
                 Err(e) => {
@@ -216,7 +182,6 @@ impl Mutation {
             table,
             actions,
             new_files,
-            summary,
         })
     }
 
@@ -233,7 +198,6 @@ pub struct Change {
     table: CirroTable,
     actions: Vec<Action>,
     new_files: Vec<Path>,
-    pub summary: MutationSummary,
 }
 
 impl Change {
@@ -255,7 +219,6 @@ impl Change {
             table: table.without_row_ids(),
             actions,
             new_files,
-            summary: MutationSummary::default(),
         }
     }
 
