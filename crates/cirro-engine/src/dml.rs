@@ -207,6 +207,17 @@ pub(crate) fn explain_plan(dml: &DmlStatement, verbose: bool, tag: &str) -> Resu
         .build()?)
 }
 
+/// The tag of a statement that changes rows in place (DELETE, UPDATE, MERGE);
+/// `None` for other writes.
+pub(crate) fn row_change_tag(op: &WriteOp) -> Option<&'static str> {
+    match op {
+        WriteOp::Delete => Some("DELETE"),
+        WriteOp::Update => Some("UPDATE"),
+        WriteOp::MergeInto(_) => Some("MERGE"),
+        _ => None,
+    }
+}
+
 /// The command tag of a DML statement that affected `count` rows.
 pub(crate) fn tag_of(tag: &str, count: u64) -> String {
     if tag == "TRUNCATE TABLE" {

@@ -346,6 +346,25 @@ impl Engine {
     }
 
     async fn execute_plan(&self, plan: LogicalPlan) -> Result<Outcome> {
+        // EXPLAIN of DELETE/UPDATE/MERGE shows the query Cirro runs for it;
+        // EXPLAIN ANALYZE would change the table.
+        let explained = match &plan {
+            LogicalPlan::Explain(explain) => Some((explain.plan.as_ref(), explain.verbose, false)),
+            LogicalPlan::Analyze(analyze) => Some((analyze.input.as_ref(), analyze.verbose, true)),
+            _ => None,
+        };
+        if let Some((LogicalPlan::Dml(dml), verbose, analyze)) = explained
+            && let Some(tag) = dml::row_change_tag(&dml.op)
+        {
+            if analyze {
+                return Err(CirroError::unsupported(format!(
+                    "EXPLAIN ANALYZE {tag} is not supported (it would change the table); use EXPLAIN {tag}"
+                )));
+            }
+            let plan = dml::explain_plan(dml, verbose, tag)?;
+            let frame = self.ctx.execute_logical_plan(plan).await?;
+            return Ok(Outcome::Rows(frame.execute_stream().await?));
+        }
         match plan {
             LogicalPlan::Ddl(ddl) => match ddl {
                 DdlStatement::CreateMemoryTable(cmd) => ddl::create_table(self, cmd, &[]).await,
@@ -411,44 +430,6 @@ impl Engine {
                 } else {
                     format!("{tag} {count}")
                 }))
-            }
-            LogicalPlan::Explain(explain)
-                if matches!(
-                    explain.plan.as_ref(),
-                    LogicalPlan::Dml(dml)
-                        if matches!(dml.op, WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_))
-                ) =>
-            {
-                let LogicalPlan::Dml(dml) = explain.plan.as_ref() else {
-                    return Err(CirroError::internal("EXPLAIN of DML without DML"));
-                };
-                let tag = match dml.op {
-                    WriteOp::Delete => "DELETE",
-                    WriteOp::Update => "UPDATE",
-                    _ => "MERGE",
-                };
-                let plan = dml::explain_plan(dml, explain.verbose, tag)?;
-                let frame = self.ctx.execute_logical_plan(plan).await?;
-                Ok(Outcome::Rows(frame.execute_stream().await?))
-            }
-            LogicalPlan::Analyze(analyze)
-                if matches!(
-                    analyze.input.as_ref(),
-                    LogicalPlan::Dml(dml)
-                        if matches!(dml.op, WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_))
-                ) =>
-            {
-                let LogicalPlan::Dml(dml) = analyze.input.as_ref() else {
-                    return Err(CirroError::internal("EXPLAIN ANALYZE of DML without DML"));
-                };
-                let tag = match dml.op {
-                    WriteOp::Delete => "DELETE",
-                    WriteOp::Update => "UPDATE",
-                    _ => "MERGE",
-                };
-                Err(CirroError::unsupported(format!(
-                    "EXPLAIN ANALYZE {tag} is not supported (it would change the table); use EXPLAIN {tag}"
-                )))
             }
             LogicalPlan::Copy(_) => {
                 let count = self.run_for_count(plan).await?;

@@ -261,21 +261,27 @@ pub fn surviving_rows(deleted: &RoaringTreemap, num_rows: u64) -> RowSelection {
 mod tests {
     use super::*;
 
+    fn descriptor((offset, size, cardinality): (i32, i32, i64)) -> DeletionVectorDescriptor {
+        DeletionVectorDescriptor {
+            storage_type: StorageType::UuidRelativePath,
+            path_or_inline_dv: z85::encode(uuid::Uuid::new_v4().as_bytes()),
+            offset: Some(offset),
+            size_in_bytes: size,
+            cardinality,
+        }
+    }
+
     #[test]
     fn file_round_trips_several_bitmaps() {
         let a: RoaringTreemap = [0u64, 5, 6, 7, 1_000_000].into_iter().collect();
         let b: RoaringTreemap = (10u64..20_000).collect();
         let (bytes, placements) = encode_file(&[&a, &b]).unwrap();
         let bytes = Bytes::from(bytes);
-        for ((offset, size, cardinality), expected) in placements.into_iter().zip([&a, &b]) {
-            let descriptor = DeletionVectorDescriptor {
-                storage_type: StorageType::UuidRelativePath,
-                path_or_inline_dv: z85::encode(uuid::Uuid::new_v4().as_bytes()),
-                offset: Some(offset),
-                size_in_bytes: size,
-                cardinality,
-            };
-            assert_eq!(&decode_from_file(&bytes, &descriptor).unwrap(), expected);
+        for (placement, expected) in placements.into_iter().zip([&a, &b]) {
+            assert_eq!(
+                &decode_from_file(&bytes, &descriptor(placement)).unwrap(),
+                expected
+            );
         }
     }
 
@@ -283,17 +289,9 @@ mod tests {
     fn corruption_is_detected() {
         let a: RoaringTreemap = [1u64, 2, 3].into_iter().collect();
         let (mut bytes, placements) = encode_file(&[&a]).unwrap();
-        let (offset, size, cardinality) = placements[0];
         let last = bytes.len() - 6;
         bytes[last] ^= 0xff;
-        let descriptor = DeletionVectorDescriptor {
-            storage_type: StorageType::UuidRelativePath,
-            path_or_inline_dv: z85::encode(uuid::Uuid::new_v4().as_bytes()),
-            offset: Some(offset),
-            size_in_bytes: size,
-            cardinality,
-        };
-        let err = decode_from_file(&Bytes::from(bytes), &descriptor).unwrap_err();
+        let err = decode_from_file(&Bytes::from(bytes), &descriptor(placements[0])).unwrap_err();
         assert_eq!(err.state, SqlState::DATA_CORRUPTED);
     }
 
