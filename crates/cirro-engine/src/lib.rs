@@ -408,12 +408,7 @@ impl Engine {
                     _ => "DML",
                 };
                 let in_txn = self.in_transaction();
-                if in_txn
-                    || matches!(
-                        dml.op,
-                        WriteOp::Delete | WriteOp::Update | WriteOp::MergeInto(_)
-                    )
-                {
+                if in_txn || dml::row_change_tag(&dml.op).is_some() {
                     let input = Arc::clone(&dml.input);
                     return self
                         .execute_dml(&dml, tag, (db, schema, name.clone()), in_txn)
