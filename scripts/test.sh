@@ -15,6 +15,14 @@ if ! command -v tmux >/dev/null 2>&1; then
     echo "tmux is needed by the shell test: install it (apt-get install tmux)" >&2; exit 1
   fi
 fi
+# The server tests drive `cirro serve` with psql.
+if ! command -v psql >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >/dev/null
+  else
+    echo "psql is needed by the server tests: install it (apt-get install postgresql-client)" >&2; exit 1
+  fi
+fi
 # The interoperability test reads Cirro's tables with independent Delta readers
 # (DuckDB's delta extension, the deltalake package) from a Python environment.
 venv="${CIRRO_TEST_VENV:-${HOME:-/root}/.cache/cirro/venv}"

@@ -15,6 +15,8 @@
 
 pub mod providers;
 pub mod state;
+pub mod users;
 
 pub use providers::{CirroCatalogList, PAST_VERSION_PREFIX, SessionTables, ViewPlanner};
 pub use state::{Catalog, CatalogState, DEFAULT_DATABASE, DEFAULT_SCHEMA, TableEntry, ViewEntry};
+pub use users::{Privilege, ScramVerifier, UserEntry};

@@ -4,10 +4,12 @@
 //!
 //! DDL does not go through these traits (their `register_*` methods refuse);
 //! the engine changes the catalog with [`Catalog::commit`] instead, so every
-//! change is persisted and atomic.
+//! change is persisted and atomic. The one exception is a *system schema*
+//! (`pg_catalog` for PostgreSQL clients): registered on any database, it is
+//! kept in memory by the session and seen in every database.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use async_trait::async_trait;
 use cirro_common::CirroError;
@@ -105,7 +107,11 @@ pub struct CirroCatalogList {
     catalog: Arc<Catalog>,
     planner: Arc<OnceLock<Arc<dyn ViewPlanner>>>,
     session: Arc<SessionTables>,
+    system: SystemSchemas,
 }
+
+/// Schemas registered in memory (see the module docs), by name.
+type SystemSchemas = Arc<RwLock<BTreeMap<String, Arc<dyn SchemaProvider>>>>;
 
 impl CirroCatalogList {
     pub fn new(catalog: Arc<Catalog>, session: Arc<SessionTables>) -> Self {
@@ -113,6 +119,7 @@ impl CirroCatalogList {
             catalog,
             planner: Arc::new(OnceLock::new()),
             session,
+            system: Arc::default(),
         }
     }
 
@@ -143,6 +150,7 @@ impl CatalogProviderList for CirroCatalogList {
             catalog: Arc::clone(&self.catalog),
             planner: Arc::clone(&self.planner),
             session: Arc::clone(&self.session),
+            system: Arc::clone(&self.system),
             db: name.to_string(),
         }))
     }
@@ -153,20 +161,41 @@ struct DatabaseProvider {
     catalog: Arc<Catalog>,
     planner: Arc<OnceLock<Arc<dyn ViewPlanner>>>,
     session: Arc<SessionTables>,
+    system: SystemSchemas,
     db: String,
 }
 
 impl CatalogProvider for DatabaseProvider {
     fn schema_names(&self) -> Vec<String> {
-        self.catalog
+        let mut names: Vec<String> = self
+            .catalog
             .snapshot()
             .databases
             .get(&self.db)
             .map(|d| d.schemas.keys().cloned().collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if let Ok(system) = self.system.read() {
+            names.extend(system.keys().cloned());
+        }
+        names
+    }
+
+    fn register_schema(
+        &self,
+        name: &str,
+        schema: Arc<dyn SchemaProvider>,
+    ) -> DfResult<Option<Arc<dyn SchemaProvider>>> {
+        let mut system = self
+            .system
+            .write()
+            .map_err(|_| DataFusionError::Internal("system schemas poisoned".into()))?;
+        Ok(system.insert(name.to_string(), schema))
     }
 
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
+        if let Some(schema) = self.system.read().ok().and_then(|s| s.get(name).cloned()) {
+            return Some(schema);
+        }
         let exists = self
             .catalog
             .snapshot()

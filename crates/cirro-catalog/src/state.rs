@@ -10,6 +10,8 @@ use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
+use crate::users::{Grants, UserEntry};
+
 pub const DEFAULT_DATABASE: &str = "cirro";
 pub const DEFAULT_SCHEMA: &str = "public";
 const CATALOG_DIR: &str = "_catalog";
@@ -21,6 +23,9 @@ pub struct CatalogState {
     pub format: u32,
     pub version: u64,
     pub databases: BTreeMap<String, DatabaseEntry>,
+    /// Users of the server (`cirro serve`), by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub users: BTreeMap<String, UserEntry>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -39,6 +44,13 @@ pub struct TableEntry {
     /// Directory of the Delta table, relative to the data location.
     pub location: String,
     pub created_ms: i64,
+    /// The user who created the table (None: created without a user, by
+    /// the local shell). The owner holds every privilege on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Privileges granted to other users.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub grants: Grants,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -49,6 +61,9 @@ pub struct ViewEntry {
     #[serde(default)]
     pub columns: Vec<String>,
     pub created_ms: i64,
+    /// The user who created the view (None: the local shell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl CatalogState {
@@ -59,6 +74,7 @@ impl CatalogState {
             format: FORMAT_VERSION,
             version: 0,
             databases,
+            users: BTreeMap::new(),
         }
     }
 

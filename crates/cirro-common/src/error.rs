@@ -37,6 +37,10 @@ impl SqlState {
     pub const UNDEFINED_FUNCTION: SqlState = SqlState("42883");
     pub const UNDEFINED_TABLE: SqlState = SqlState("42P01");
     pub const UNDEFINED_OBJECT: SqlState = SqlState("42704");
+    pub const DUPLICATE_OBJECT: SqlState = SqlState("42710");
+    pub const INVALID_AUTHORIZATION: SqlState = SqlState("28000");
+    pub const INVALID_PASSWORD: SqlState = SqlState("28P01");
+    pub const PROTOCOL_VIOLATION: SqlState = SqlState("08P01");
     pub const DUPLICATE_TABLE: SqlState = SqlState("42P07");
     pub const DUPLICATE_SCHEMA: SqlState = SqlState("42P06");
     pub const DUPLICATE_DATABASE: SqlState = SqlState("42P04");

@@ -129,6 +129,9 @@ where
 {
     let catalog = engine.catalog();
     catalog.snapshot().schema(db, schema)?;
+    if or_replace {
+        engine.check_owner(db, schema, name, "replace it")?;
+    }
     let location = Catalog::new_table_location(db, schema, name);
     let root = catalog.root().clone();
     let url = root.dir_url(&location)?;
@@ -159,6 +162,8 @@ where
                     TableEntry {
                         location: location.clone(),
                         created_ms: now_ms(),
+                        owner: engine.user().map(str::to_string),
+                        grants: Default::default(),
                     },
                 );
                 Ok(())

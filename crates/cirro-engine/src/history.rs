@@ -150,6 +150,7 @@ pub(crate) async fn rewrite_time_travel(engine: &Engine, sql: &str) -> Result<St
             }
         };
         let (db, schema, name) = engine.resolve(&reference);
+        engine.check_table(&db, &schema, &name, cirro_catalog::Privilege::Select)?;
         let table = open_past_version(engine, &db, &schema, &name, &as_of).await?;
         let temp = format!("{PAST_VERSION_PREFIX}{count}");
         count += 1;
@@ -236,9 +237,15 @@ async fn open_past_version(
     // VACUUM may have removed the files of old versions: say so instead of
     // failing (or answering from cached statistics) later.
     let store = past.delta().object_store();
-    let missing = futures::stream::iter(past.files().iter().map(|f| {
+    // Owned paths: a future borrowing the file list would not be `Send` for
+    // every lifetime, which the server's boxed futures need.
+    let paths: Vec<Path> = past
+        .files()
+        .iter()
+        .map(|f| Path::from(f.add.path.as_str()))
+        .collect();
+    let missing = futures::stream::iter(paths.into_iter().map(|path| {
         let store = Arc::clone(&store);
-        let path = Path::from(f.add.path.as_str());
         async move { store.head(&path).await.is_err() }
     }))
     .buffer_unordered(16)
@@ -385,21 +392,21 @@ pub(crate) fn parse_maintenance(sql: &str) -> Result<Option<Maintenance>> {
 
 /// Run a maintenance statement.
 pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> Result<Outcome> {
-    match statement {
-        Maintenance::History(reference) => describe_history(engine, &reference).await,
+    match &statement {
+        Maintenance::History(reference) => {
+            let (db, schema, name) = engine.resolve(&reference);
+            engine.check_table(&db, &schema, &name, cirro_catalog::Privilege::Select)?;
+            describe_history(engine, reference).await
+        }
         Maintenance::Optimize(reference) => {
             engine.check_transaction_allows("OPTIMIZE")?;
-            let (db, schema, name) = engine.resolve(&reference);
+            let (db, schema, name) = engine.resolve(reference);
+            engine.check_owner(&db, &schema, &name, "OPTIMIZE it")?;
             let location = location_of(engine, &db, &schema, &name)?;
             let table = engine.catalog.open_table(&location).await?;
             let state = engine.context().state();
             let summary = cirro_storage::maintenance::optimize(&table, &state).await?;
-            let schema = Arc::new(Schema::new(vec![
-                Field::new("files_removed", DataType::Int64, false),
-                Field::new("files_added", DataType::Int64, false),
-                Field::new("deletion_vectors_removed", DataType::Int64, false),
-                Field::new("rows_written", DataType::Int64, false),
-            ]));
+            let schema = result_schema(&statement);
             let columns: Vec<ArrayRef> = [
                 summary.files_removed,
                 summary.files_added,
@@ -413,7 +420,8 @@ pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> 
         }
         Maintenance::Vacuum(reference, hours) => {
             engine.check_transaction_allows("VACUUM")?;
-            let (db, schema, name) = engine.resolve(&reference);
+            let (db, schema, name) = engine.resolve(reference);
+            engine.check_owner(&db, &schema, &name, "VACUUM it")?;
             let location = location_of(engine, &db, &schema, &name)?;
             let table = engine.catalog.open_table(&location).await?;
             let deleted = cirro_storage::maintenance::vacuum(
@@ -421,15 +429,37 @@ pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> 
                 hours.unwrap_or(VACUUM_RETAIN_HOURS_DEFAULT),
             )
             .await?;
-            let schema = Arc::new(Schema::new(vec![Field::new(
-                "files_deleted",
-                DataType::Int64,
-                false,
-            )]));
+            let schema = result_schema(&statement);
             let columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![deleted as i64]))];
             rows(engine, schema, columns).await
         }
     }
+}
+
+/// The columns a maintenance statement returns.
+pub(crate) fn result_schema(statement: &Maintenance) -> Arc<Schema> {
+    let int = |name: &str| Field::new(name, DataType::Int64, false);
+    Arc::new(Schema::new(match statement {
+        Maintenance::History(_) => vec![
+            int("version"),
+            Field::new(
+                "timestamp",
+                DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+                true,
+            ),
+            Field::new("operation", DataType::Utf8, true),
+            Field::new("operation_parameters", DataType::Utf8, true),
+            int("files_added"),
+            int("files_removed"),
+        ],
+        Maintenance::Optimize(_) => vec![
+            int("files_removed"),
+            int("files_added"),
+            int("deletion_vectors_removed"),
+            int("rows_written"),
+        ],
+        Maintenance::Vacuum(..) => vec![int("files_deleted")],
+    }))
 }
 
 /// Retention of VACUUM without RETAIN: 7 days, as in Delta Lake.
@@ -500,18 +530,7 @@ pub(crate) async fn describe_history(
         added.push(adds);
         removed.push(removes);
     }
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("version", DataType::Int64, false),
-        Field::new(
-            "timestamp",
-            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
-            true,
-        ),
-        Field::new("operation", DataType::Utf8, true),
-        Field::new("operation_parameters", DataType::Utf8, true),
-        Field::new("files_added", DataType::Int64, false),
-        Field::new("files_removed", DataType::Int64, false),
-    ]));
+    let schema = result_schema(&Maintenance::History(reference.clone()));
     let columns: Vec<ArrayRef> = vec![
         Arc::new(Int64Array::from(versions)),
         Arc::new(TimestampMillisecondArray::from(times).with_timezone("UTC")),

@@ -13,6 +13,7 @@
 //! Every statement refreshes the catalog first, so a process sees what other
 //! processes committed; every change is one atomic commit (see `cirro-catalog`).
 
+mod access;
 mod copy;
 mod ddl;
 mod dml;
@@ -36,6 +37,7 @@ use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{CreateTableOptions, ObjectType, Statement as SqlStatement};
 use futures::StreamExt;
 
+pub use access::bootstrap_superuser;
 pub use split::{is_complete, split_statements};
 
 /// How a process's engine is set up.
@@ -44,6 +46,8 @@ pub struct EngineConfig {
     /// Parallelism of query execution (DataFusion `target_partitions`); all
     /// cores when unset.
     pub target_partitions: Option<usize>,
+    /// The database names resolve in (default `cirro`).
+    pub database: Option<String>,
 }
 
 /// What a statement produced.
@@ -73,6 +77,35 @@ impl Outcome {
             notice: skipped.then(|| notice.into()),
         }
     }
+}
+
+/// What a statement takes and returns, found without running it (for the
+/// extended query protocol's Describe).
+#[derive(Debug, Clone)]
+pub struct Description {
+    /// The type of each parameter `$1 … $n`, where it can be inferred.
+    pub params: Vec<Option<arrow::datatypes::DataType>>,
+    /// The columns of the rows it returns; None for a command.
+    pub schema: Option<arrow::datatypes::SchemaRef>,
+}
+
+/// The highest `$n` placeholder in `sql` (0 when there is none).
+pub fn placeholder_count(sql: &str) -> usize {
+    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    Tokenizer::new(&PostgreSqlDialect {}, sql)
+        .tokenize()
+        .map(|tokens| {
+            tokens
+                .iter()
+                .filter_map(|t| match t {
+                    Token::Placeholder(p) => p.strip_prefix('$')?.parse::<usize>().ok(),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
 }
 
 /// DataFusion reports a NULL in a NOT NULL column by its internal column name
@@ -118,6 +151,22 @@ fn name_not_null_column(err: CirroError, input: &LogicalPlan, table: &str) -> Ci
     }
 }
 
+/// A transaction taken out of its engine for an await; returned to it on
+/// drop, marked failed, if the holder did not return it.
+struct HeldTransaction<'a> {
+    engine: &'a Engine,
+    txn: Option<txn::Transaction>,
+}
+
+impl Drop for HeldTransaction<'_> {
+    fn drop(&mut self) {
+        if let Some(mut txn) = self.txn.take() {
+            txn.aborted = true;
+            self.engine.put_txn(txn);
+        }
+    }
+}
+
 /// The engine: one catalog, one DataFusion session.
 pub struct Engine {
     catalog: Arc<Catalog>,
@@ -126,6 +175,8 @@ pub struct Engine {
     session: Arc<SessionTables>,
     /// The open transaction, if any (BEGIN … COMMIT).
     txn: std::sync::Mutex<Option<txn::Transaction>>,
+    /// The user the session runs as; None for the local shell (see `access`).
+    user: Option<String>,
 }
 
 impl Engine {
@@ -133,6 +184,12 @@ impl Engine {
     pub async fn open(data: &str, config: EngineConfig) -> Result<Self> {
         let root = StorageRoot::open(data)?;
         let catalog = Catalog::open(root).await?;
+        Ok(Self::with_catalog(catalog, config, None))
+    }
+
+    /// A session over an open catalog (shared by the sessions of a server),
+    /// running as `user` (None: unrestricted, see `access`).
+    pub fn with_catalog(catalog: Arc<Catalog>, config: EngineConfig, user: Option<String>) -> Self {
         let session = Arc::new(SessionTables::default());
         let list = Arc::new(CirroCatalogList::new(
             Arc::clone(&catalog),
@@ -140,7 +197,10 @@ impl Engine {
         ));
         let mut session_config = SessionConfig::new()
             .with_information_schema(true)
-            .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
+            .with_default_catalog_and_schema(
+                config.database.as_deref().unwrap_or(DEFAULT_DATABASE),
+                DEFAULT_SCHEMA,
+            )
             .with_create_default_catalog_and_schema(false);
         if let Some(partitions) = config.target_partitions {
             session_config = session_config.with_target_partitions(partitions.max(1));
@@ -153,12 +213,13 @@ impl Engine {
         let ctx = SessionContext::new_with_state(state).enable_url_table();
         functions::register(&ctx);
         list.set_view_planner(Arc::new(views::SessionViewPlanner::for_context(&ctx)));
-        Ok(Self {
+        Self {
             catalog,
             ctx,
             session,
             txn: std::sync::Mutex::new(None),
-        })
+            user,
+        }
     }
 
     pub fn catalog(&self) -> &Arc<Catalog> {
@@ -174,6 +235,14 @@ impl Engine {
         self.txn.lock().map(|t| t.is_some()).unwrap_or(false)
     }
 
+    /// Whether the open transaction has failed (only ROLLBACK is accepted).
+    pub fn transaction_aborted(&self) -> bool {
+        self.txn
+            .lock()
+            .map(|t| t.as_ref().is_some_and(|t| t.aborted))
+            .unwrap_or(false)
+    }
+
     fn take_txn(&self) -> Option<txn::Transaction> {
         self.txn.lock().ok().and_then(|mut t| t.take())
     }
@@ -185,7 +254,14 @@ impl Engine {
     }
 
     /// Run one statement (no terminating semicolon needed).
-    pub async fn execute(&self, sql: &str) -> Result<Outcome> {
+    ///
+    /// The future is boxed (and `Send`), so servers can hold it across
+    /// their own generic async code.
+    pub fn execute<'a>(&'a self, sql: &'a str) -> futures::future::BoxFuture<'a, Result<Outcome>> {
+        Box::pin(self.execute_inner(sql))
+    }
+
+    async fn execute_inner(&self, sql: &str) -> Result<Outcome> {
         let result = self.execute_statement(sql).await;
         if result.is_err() {
             if let Ok(mut guard) = self.txn.lock() {
@@ -195,6 +271,77 @@ impl Engine {
             }
         }
         result
+    }
+
+    /// Describe one statement without running it: its parameter types and,
+    /// for a statement that returns rows, their columns. Errors in the
+    /// statement (syntax, missing tables) are reported here, as PostgreSQL
+    /// reports them at Parse.
+    pub fn describe<'a>(
+        &'a self,
+        sql: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<Description>> {
+        Box::pin(self.describe_inner(sql))
+    }
+
+    async fn describe_inner(&self, sql: &str) -> Result<Description> {
+        let count = placeholder_count(sql);
+        let unknown = |schema| Description {
+            params: vec![None; count],
+            schema,
+        };
+        if access::parse(sql)?.is_some() {
+            return Ok(unknown(None));
+        }
+        if let Some(statement) = history::parse_maintenance(sql)? {
+            return Ok(unknown(Some(history::result_schema(&statement))));
+        }
+        self.catalog.refresh().await?;
+        let rewritten = history::rewrite_time_travel(self, sql).await?;
+        if copy::parse_copy_from(&rewritten)?.is_some() {
+            return Ok(unknown(None));
+        }
+        let state = self.ctx.state();
+        let dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(&rewritten, &dialect)?;
+        let (returns_rows, plannable) = match &statement {
+            DfStatement::Statement(inner) => match inner.as_ref() {
+                SqlStatement::Query(_)
+                | SqlStatement::Explain { .. }
+                | SqlStatement::ExplainTable { .. }
+                | SqlStatement::ShowVariable { .. }
+                | SqlStatement::ShowTables { .. }
+                | SqlStatement::ShowColumns { .. }
+                | SqlStatement::ShowFunctions { .. } => (true, true),
+                SqlStatement::Insert(_)
+                | SqlStatement::Update(_)
+                | SqlStatement::Delete(_)
+                | SqlStatement::Merge(_) => (false, true),
+                _ => (false, false),
+            },
+            DfStatement::Explain(_) => (true, true),
+            _ => (false, false),
+        };
+        if !plannable {
+            return Ok(unknown(None));
+        }
+        let plan = state.statement_to_plan(statement).await?;
+        let types = plan.get_parameter_types()?;
+        let params = (1..=count.max(types.len()))
+            .map(|i| types.get(&format!("${i}")).cloned().flatten())
+            .collect();
+        let schema = returns_rows.then(|| Arc::new(plan.schema().as_arrow().clone()));
+        Ok(Description { params, schema })
+    }
+
+    /// Mark the open transaction failed: a statement was cancelled part-way
+    /// (the client sees an error, so the transaction must not commit).
+    pub fn fail_transaction(&self) {
+        if let Ok(mut guard) = self.txn.lock()
+            && let Some(txn) = guard.as_mut()
+        {
+            txn.aborted = true;
+        }
     }
 
     async fn begin(&self) -> Result<Outcome> {
@@ -261,6 +408,10 @@ impl Engine {
             }
         }
         self.catalog.refresh().await?;
+        if let Some(statement) = access::parse(sql)? {
+            self.check_transaction_allows("CREATE/ALTER/DROP USER, GRANT and REVOKE")?;
+            return self.execute_access(statement).await;
+        }
         if let Some(statement) = history::parse_maintenance(sql)? {
             return history::run_maintenance(self, statement).await;
         }
@@ -268,6 +419,7 @@ impl Engine {
         let sql = rewritten.as_str();
         if let Some(copy) = copy::parse_copy_from(sql)? {
             self.check_transaction_allows("COPY")?;
+            self.require_superuser("COPY … FROM a file on the server")?;
             return copy::copy_from(self, copy).await;
         }
         let state = self.ctx.state();
@@ -301,6 +453,7 @@ impl Engine {
                     cascade,
                     ..
                 } => {
+                    self.require_superuser("DROP DATABASE")?;
                     return ddl::drop_database(self, names, *if_exists, *cascade).await;
                 }
                 SqlStatement::CreateDatabase {
@@ -308,6 +461,7 @@ impl Engine {
                     if_not_exists,
                     ..
                 } => {
+                    self.require_superuser("CREATE DATABASE")?;
                     return ddl::create_database(self, &db_name.to_string(), *if_not_exists).await;
                 }
                 SqlStatement::CreateView(view) => return views::create_view(self, view).await,
@@ -324,6 +478,7 @@ impl Engine {
                             SqlStatement::CreateTable(stripped),
                         )))
                         .await?;
+                    self.check_plan(&plan)?;
                     return match plan {
                         LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
                             ddl::create_table(self, cmd, &options).await
@@ -342,6 +497,7 @@ impl Engine {
             }
         }
         let plan = state.statement_to_plan(statement).await?;
+        self.check_plan(&plan)?;
         self.execute_plan(plan).await
     }
 
@@ -369,18 +525,23 @@ impl Engine {
             LogicalPlan::Ddl(ddl) => match ddl {
                 DdlStatement::CreateMemoryTable(cmd) => ddl::create_table(self, cmd, &[]).await,
                 DdlStatement::DropTable(cmd) => {
+                    let (db, schema, name) = self.resolve(&cmd.name);
+                    self.check_owner(&db, &schema, &name, "DROP it")?;
                     ddl::drop_table(self, &cmd.name, cmd.if_exists).await
                 }
                 DdlStatement::DropView(cmd) => {
                     views::drop_view(self, &cmd.name, cmd.if_exists).await
                 }
                 DdlStatement::CreateCatalogSchema(cmd) => {
+                    self.require_superuser("CREATE SCHEMA")?;
                     ddl::create_schema(self, &cmd.schema_name, cmd.if_not_exists).await
                 }
                 DdlStatement::DropCatalogSchema(cmd) => {
+                    self.require_superuser("DROP SCHEMA")?;
                     ddl::drop_schema(self, &cmd.name, cmd.if_exists, cmd.cascade).await
                 }
                 DdlStatement::CreateCatalog(cmd) => {
+                    self.require_superuser("CREATE DATABASE")?;
                     ddl::create_database(self, &cmd.catalog_name, cmd.if_not_exists).await
                 }
                 DdlStatement::CreateExternalTable(_) => Err(CirroError::unsupported(
@@ -491,16 +652,30 @@ impl Engine {
                 ..
             }
         );
-        let Some(mut txn) = self.take_txn() else {
+        let Some(txn) = self.take_txn() else {
             prepared.change.discard().await;
             return Err(CirroError::internal(
                 "the transaction ended during a statement",
             ));
         };
-        let staged = txn
-            .stage(&location, &name, prepared.change, changes_rows)
-            .await;
-        self.put_txn(txn);
+        // Put the transaction back even if this future is dropped part-way
+        // (a cancelled statement): then it is marked failed, not lost.
+        let mut held = HeldTransaction {
+            engine: self,
+            txn: Some(txn),
+        };
+        let staged = match held.txn.as_mut() {
+            Some(txn) => {
+                txn.stage(&location, &name, prepared.change, changes_rows)
+                    .await
+            }
+            None => Err(CirroError::internal(
+                "the transaction ended during a statement",
+            )),
+        };
+        if let Some(txn) = held.txn.take() {
+            self.put_txn(txn);
+        }
         let view = staged?;
         self.session.set(&location, view);
         Ok(outcome)

@@ -182,6 +182,7 @@ pub(crate) async fn create_view(engine: &Engine, view: &CreateView) -> Result<Ou
         sql,
         columns,
         created_ms: now_ms(),
+        owner: engine.user().map(str::to_string),
     };
 
     // Plan it now: a view that does not plan is refused at creation.
@@ -248,6 +249,7 @@ pub(crate) async fn drop_view(
     if_exists: bool,
 ) -> Result<Outcome> {
     let (db, schema, view) = engine.resolve(name);
+    engine.check_view_owner(&db, &schema, &view)?;
     let mut removed = false;
     engine
         .catalog()

@@ -1,7 +1,8 @@
 //! `cirro`: the one binary of Cirro.
 //!
 //! - `cirro sql` — the SQL shell, or a script runner with `-c` / `-f`;
-//! - `cirro load tpch|ssb` — generate and load the benchmark data sets.
+//! - `cirro load tpch|ssb` — generate and load the benchmark data sets;
+//! - `cirro serve` — the PostgreSQL-protocol server.
 //!
 //! Every command works on one data location (`--data`, `CIRRO_DATA`, default
 //! `./cirro-data`), which holds the catalog and the tables.
@@ -47,6 +48,27 @@ enum Command {
         #[command(subcommand)]
         dataset: load::Dataset,
     },
+    /// Serve the data location over the PostgreSQL protocol.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "CIRRO_LISTEN", default_value = "127.0.0.1")]
+    listen: String,
+    /// Port of the PostgreSQL protocol (0 picks a free one, printed at start).
+    #[arg(long, env = "CIRRO_PG_PORT", default_value_t = 5433)]
+    pg_port: u16,
+    /// TLS certificate chain (PEM); with --tls-key enables TLS.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<String>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<String>,
+    /// Refuse connections that do not use TLS.
+    #[arg(long)]
+    require_tls: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -100,12 +122,26 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
     let config = EngineConfig {
         target_partitions: cli.threads,
+        ..Default::default()
     };
+    if let Command::Serve(args) = cli.command {
+        cirro_server::serve(cirro_server::ServerConfig {
+            data: cli.data,
+            listen: args.listen,
+            pg_port: args.pg_port,
+            tls: args.tls_cert.zip(args.tls_key),
+            require_tls: args.require_tls,
+            engine: config,
+        })
+        .await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let engine = Engine::open(&cli.data, config).await?;
     match cli.command {
         Command::Sql(args) => shell::run(&engine, args).await,
         Command::Load { dataset } => load::run(&engine, dataset)
             .await
             .map(|()| ExitCode::SUCCESS),
+        Command::Serve(_) => Ok(ExitCode::SUCCESS),
     }
 }

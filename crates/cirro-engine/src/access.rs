@@ -1,0 +1,695 @@
+//! Users and privileges: `CREATE/ALTER/DROP USER`, `GRANT/REVOKE`, and the
+//! check every statement of a session with a user passes before it runs.
+//!
+//! A session opened without a user (the local `cirro sql` shell, which has the
+//! data directory anyway) may do everything. A session of the server runs as
+//! the user who logged in:
+//! - a superuser may do everything;
+//! - reading a table needs SELECT, INSERT/COPY FROM STDIN needs INSERT,
+//!   UPDATE needs UPDATE, DELETE/TRUNCATE needs DELETE, and MERGE needs the
+//!   privileges of its actions (UPDATE, DELETE, INSERT); a row-changing
+//!   statement also needs SELECT on every other table it reads. The owner of
+//!   a table (its creator) holds all of them;
+//! - reading a view needs SELECT on the tables it reads;
+//! - DROP/OPTIMIZE/VACUUM of a table and GRANT/REVOKE on it need ownership;
+//! - managing users, databases and schemas, and reading or writing files on
+//!   the server (`read_parquet`, `COPY … FROM 'file'`, URL tables), needs a
+//!   superuser. A user may change their own password.
+
+use std::collections::BTreeSet;
+
+use cirro_catalog::users::{Privilege, ScramVerifier, UserEntry, undefined_user};
+use cirro_catalog::{PAST_VERSION_PREFIX, TableEntry};
+use cirro_common::{CirroError, Result, SqlState};
+use datafusion::catalog::default_table_source::source_as_provider;
+use datafusion::common::TableReference;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::datasource::listing::ListingTable;
+use datafusion::logical_expr::{LogicalPlan, WriteOp};
+use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+
+use crate::{Engine, Outcome};
+
+/// A statement about users or privileges, parsed.
+#[derive(Debug, PartialEq)]
+pub(crate) enum AccessStatement {
+    CreateUser {
+        name: String,
+        options: UserOptions,
+    },
+    AlterUser {
+        name: String,
+        options: UserOptions,
+    },
+    DropUser {
+        names: Vec<String>,
+        if_exists: bool,
+    },
+    Grant {
+        privileges: BTreeSet<Privilege>,
+        tables: Vec<TableReference>,
+        users: Vec<String>,
+        revoke: bool,
+    },
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct UserOptions {
+    password: Option<String>,
+    superuser: Option<bool>,
+}
+
+fn syntax(message: impl Into<String>) -> CirroError {
+    CirroError::new(SqlState::SYNTAX_ERROR, message)
+}
+
+/// The words and literals of a statement, whitespace and comments dropped.
+struct Words {
+    tokens: Vec<Token>,
+    at: usize,
+}
+
+impl Words {
+    fn new(sql: &str) -> Option<Self> {
+        let tokens = Tokenizer::new(&PostgreSqlDialect {}, sql).tokenize().ok()?;
+        let tokens = tokens
+            .into_iter()
+            .filter(|t| !matches!(t, Token::Whitespace(_)))
+            .collect::<Vec<_>>();
+        Some(Self { tokens, at: 0 })
+    }
+
+    fn peek(&self) -> Option<&Token> {
+        self.tokens.get(self.at)
+    }
+
+    fn keyword(&mut self, keyword: Keyword) -> bool {
+        match self.peek() {
+            Some(Token::Word(w)) if w.keyword == keyword && w.quote_style.is_none() => {
+                self.at += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn token(&mut self, token: &Token) -> bool {
+        if self.peek() == Some(token) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// An identifier: quoted keeps its case, unquoted folds to lower case.
+    fn ident(&mut self, what: &str) -> Result<String> {
+        match self.peek() {
+            Some(Token::Word(w)) => {
+                let name = if w.quote_style.is_some() {
+                    w.value.clone()
+                } else {
+                    w.value.to_lowercase()
+                };
+                self.at += 1;
+                Ok(name)
+            }
+            Some(other) => Err(syntax(format!("expected {what}, found {other}"))),
+            None => Err(syntax(format!(
+                "expected {what} at the end of the statement"
+            ))),
+        }
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        match self.peek() {
+            Some(Token::SingleQuotedString(s)) | Some(Token::EscapedStringLiteral(s)) => {
+                let s = s.clone();
+                self.at += 1;
+                Ok(s)
+            }
+            _ => Err(syntax(format!("expected {what} as a quoted string"))),
+        }
+    }
+
+    fn table(&mut self) -> Result<TableReference> {
+        let mut parts = vec![self.ident("a table name")?];
+        while self.token(&Token::Period) {
+            parts.push(self.ident("a table name")?);
+        }
+        Ok(match parts.as_slice() {
+            [t] => TableReference::bare(t.as_str()),
+            [s, t] => TableReference::partial(s.as_str(), t.as_str()),
+            [d, s, t] => TableReference::full(d.as_str(), s.as_str(), t.as_str()),
+            _ => return Err(syntax(format!("bad table name {}", parts.join(".")))),
+        })
+    }
+
+    fn end(&mut self) -> Result<()> {
+        self.token(&Token::SemiColon);
+        match self.peek() {
+            None | Some(Token::EOF) => Ok(()),
+            Some(other) => Err(syntax(format!("unexpected {other}"))),
+        }
+    }
+
+    fn list<T>(&mut self, mut item: impl FnMut(&mut Self) -> Result<T>) -> Result<Vec<T>> {
+        let mut items = vec![item(self)?];
+        while self.token(&Token::Comma) {
+            items.push(item(self)?);
+        }
+        Ok(items)
+    }
+}
+
+/// Parse `sql` if it is a user or privilege statement.
+pub(crate) fn parse(sql: &str) -> Result<Option<AccessStatement>> {
+    let Some(mut words) = Words::new(sql) else {
+        return Ok(None);
+    };
+    let role = |w: &mut Words| w.keyword(Keyword::USER) || w.keyword(Keyword::ROLE);
+    let statement = if words.keyword(Keyword::CREATE) {
+        if !role(&mut words) {
+            return Ok(None);
+        }
+        let name = words.ident("a user name")?;
+        AccessStatement::CreateUser {
+            name,
+            options: user_options(&mut words)?,
+        }
+    } else if words.keyword(Keyword::ALTER) {
+        if !role(&mut words) {
+            return Ok(None);
+        }
+        let name = words.ident("a user name")?;
+        AccessStatement::AlterUser {
+            name,
+            options: user_options(&mut words)?,
+        }
+    } else if words.keyword(Keyword::DROP) {
+        if !role(&mut words) {
+            return Ok(None);
+        }
+        let if_exists = words.keyword(Keyword::IF) && words.keyword(Keyword::EXISTS);
+        AccessStatement::DropUser {
+            names: words.list(|w| w.ident("a user name"))?,
+            if_exists,
+        }
+    } else if words.keyword(Keyword::GRANT) || words.keyword(Keyword::REVOKE) {
+        let revoke =
+            matches!(words.tokens.first(), Some(Token::Word(w)) if w.keyword == Keyword::REVOKE);
+        let privileges = if words.keyword(Keyword::ALL) {
+            words.keyword(Keyword::PRIVILEGES);
+            Privilege::ALL.into_iter().collect()
+        } else {
+            words
+                .list(|w| {
+                    let word = w.ident("a privilege")?;
+                    Privilege::parse(&word).ok_or_else(|| {
+                        CirroError::unsupported(format!(
+                            "privilege {} is not supported (SELECT, INSERT, UPDATE, DELETE, ALL)",
+                            word.to_uppercase()
+                        ))
+                    })
+                })?
+                .into_iter()
+                .collect()
+        };
+        if !words.keyword(Keyword::ON) {
+            return Err(syntax("expected ON <table> after the privileges"));
+        }
+        words.keyword(Keyword::TABLE);
+        let tables = words.list(Words::table)?;
+        if !words.keyword(if revoke { Keyword::FROM } else { Keyword::TO }) {
+            return Err(syntax(if revoke {
+                "expected FROM <user>"
+            } else {
+                "expected TO <user>"
+            }));
+        }
+        AccessStatement::Grant {
+            privileges,
+            tables,
+            users: words.list(|w| w.ident("a user name"))?,
+            revoke,
+        }
+    } else {
+        return Ok(None);
+    };
+    words.end()?;
+    Ok(Some(statement))
+}
+
+fn user_options(words: &mut Words) -> Result<UserOptions> {
+    words.keyword(Keyword::WITH);
+    let mut options = UserOptions::default();
+    loop {
+        if words.keyword(Keyword::PASSWORD) {
+            if words.keyword(Keyword::NULL) {
+                return Err(CirroError::unsupported(
+                    "a user without a password cannot log in; give a password",
+                ));
+            }
+            options.password = Some(words.string("the password")?);
+            continue;
+        }
+        match words.peek() {
+            Some(Token::Word(w)) if w.quote_style.is_none() => {
+                match w.value.to_ascii_uppercase().as_str() {
+                    "SUPERUSER" => options.superuser = Some(true),
+                    "NOSUPERUSER" => options.superuser = Some(false),
+                    // Every user may log in.
+                    "LOGIN" => {}
+                    other => {
+                        return Err(CirroError::unsupported(format!(
+                            "user option {other} is not supported (PASSWORD, SUPERUSER, NOSUPERUSER, LOGIN)"
+                        )));
+                    }
+                }
+                words.at += 1;
+            }
+            _ => break,
+        }
+    }
+    Ok(options)
+}
+
+fn valid_password(password: &str) -> Result<&str> {
+    if password.is_empty() {
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            "the password must not be empty",
+        ));
+    }
+    Ok(password)
+}
+
+impl Engine {
+    /// The user this session runs as (None: the local shell, unrestricted).
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    fn is_superuser(&self) -> bool {
+        match &self.user {
+            None => true,
+            Some(user) => self
+                .catalog
+                .snapshot()
+                .users
+                .get(user)
+                .is_some_and(|u| u.superuser),
+        }
+    }
+
+    pub(crate) fn require_superuser(&self, what: &str) -> Result<()> {
+        if self.is_superuser() {
+            return Ok(());
+        }
+        Err(CirroError::new(
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            format!("permission denied: {what} needs a superuser"),
+        ))
+    }
+
+    fn holds(&self, entry: &TableEntry, privilege: Privilege) -> bool {
+        let Some(user) = &self.user else {
+            return true;
+        };
+        entry.owner.as_deref() == Some(user.as_str())
+            || entry
+                .grants
+                .get(user)
+                .is_some_and(|granted| granted.contains(&privilege))
+            || self.is_superuser()
+    }
+
+    /// Fail with 42501 unless the session may use `privilege` on table
+    /// `db.schema.name` (a missing table is left to the statement to report).
+    pub(crate) fn check_table(
+        &self,
+        db: &str,
+        schema: &str,
+        name: &str,
+        privilege: Privilege,
+    ) -> Result<()> {
+        let snapshot = self.catalog.snapshot();
+        match snapshot.table(db, schema, name) {
+            Some(entry) if !self.holds(entry, privilege) => Err(CirroError::new(
+                SqlState::INSUFFICIENT_PRIVILEGE,
+                format!("permission denied for table {name} ({privilege} is not granted)"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fail with 42501 unless the session owns table `db.schema.name`.
+    pub(crate) fn check_owner(&self, db: &str, schema: &str, name: &str, what: &str) -> Result<()> {
+        let Some(user) = &self.user else {
+            return Ok(());
+        };
+        let snapshot = self.catalog.snapshot();
+        match snapshot.table(db, schema, name) {
+            Some(entry)
+                if entry.owner.as_deref() != Some(user.as_str()) && !self.is_superuser() =>
+            {
+                Err(CirroError::new(
+                    SqlState::INSUFFICIENT_PRIVILEGE,
+                    format!("must be owner of table {name} to {what}"),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Fail with 42501 unless the session may drop view `db.schema.name`.
+    pub(crate) fn check_view_owner(&self, db: &str, schema: &str, name: &str) -> Result<()> {
+        let Some(user) = &self.user else {
+            return Ok(());
+        };
+        let snapshot = self.catalog.snapshot();
+        match snapshot.view(db, schema, name) {
+            Some(view) if view.owner.as_deref() != Some(user.as_str()) && !self.is_superuser() => {
+                Err(CirroError::new(
+                    SqlState::INSUFFICIENT_PRIVILEGE,
+                    format!("must be owner of view {name} to DROP it"),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Check everything `plan` reads and writes against the session's
+    /// privileges.
+    pub(crate) fn check_plan(&self, plan: &LogicalPlan) -> Result<()> {
+        if self.user.is_none() || self.is_superuser() {
+            return Ok(());
+        }
+        let mut target = None;
+        match plan {
+            LogicalPlan::Dml(dml) => {
+                let (db, schema, name) = self.resolve(&dml.table_name);
+                let needed: &[Privilege] = match &dml.op {
+                    WriteOp::Insert(_) => &[Privilege::Insert],
+                    WriteOp::Update => &[Privilege::Update],
+                    WriteOp::Delete | WriteOp::Truncate => &[Privilege::Delete],
+                    WriteOp::MergeInto(_) => {
+                        &[Privilege::Insert, Privilege::Update, Privilege::Delete]
+                    }
+                    _ => &[Privilege::Insert, Privilege::Update, Privilege::Delete],
+                };
+                for privilege in needed {
+                    self.check_table(&db, &schema, &name, *privilege)?;
+                }
+                target = Some((db, schema, name));
+            }
+            LogicalPlan::Copy(_) => {
+                self.require_superuser("COPY … TO a file on the server")?;
+            }
+            _ => {}
+        }
+        self.check_reads(plan, target.as_ref())
+    }
+
+    /// SELECT on every table `plan` scans (the DML target excepted: its own
+    /// privilege covers reading the rows it changes), through views.
+    fn check_reads(
+        &self,
+        plan: &LogicalPlan,
+        target: Option<&(String, String, String)>,
+    ) -> Result<()> {
+        let mut result = Ok(());
+        plan.apply_with_subqueries(|node| {
+            if let LogicalPlan::TableScan(scan) = node {
+                let checked = self.check_scan(&scan.table_name, &scan.source, target);
+                if checked.is_err() {
+                    result = checked;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        result
+    }
+
+    fn check_scan(
+        &self,
+        reference: &TableReference,
+        source: &std::sync::Arc<dyn datafusion::logical_expr::TableSource>,
+        target: Option<&(String, String, String)>,
+    ) -> Result<()> {
+        let (db, schema, name) = self.resolve(reference);
+        let snapshot = self.catalog.snapshot();
+        if snapshot.table(&db, &schema, &name).is_some() {
+            if target.is_some_and(|t| *t == (db.clone(), schema.clone(), name.clone())) {
+                return Ok(());
+            }
+            return self.check_table(&db, &schema, &name, Privilege::Select);
+        }
+        if let Some(view_plan) = source.get_logical_plan() {
+            return self.check_reads(&view_plan, None);
+        }
+        if let Ok(provider) = source_as_provider(source)
+            && provider.downcast_ref::<ListingTable>().is_some()
+        {
+            return self.require_superuser("reading files on the server");
+        }
+        // System tables (information_schema, pg_catalog), table functions
+        // that generate rows, and past versions (checked when opened).
+        let _ = PAST_VERSION_PREFIX;
+        Ok(())
+    }
+
+    pub(crate) async fn execute_access(&self, statement: AccessStatement) -> Result<Outcome> {
+        match statement {
+            AccessStatement::CreateUser { name, options } => {
+                self.require_superuser("CREATE USER")?;
+                let password = options.password.ok_or_else(|| {
+                    CirroError::new(
+                        SqlState::INVALID_PARAMETER_VALUE,
+                        format!("CREATE USER {name} needs PASSWORD '…' (users log in with it)"),
+                    )
+                })?;
+                let verifier = ScramVerifier::new(valid_password(&password)?).to_string();
+                let superuser = options.superuser.unwrap_or(false);
+                self.catalog
+                    .commit(|state| {
+                        if state.users.contains_key(&name) {
+                            return Err(CirroError::new(
+                                SqlState::DUPLICATE_OBJECT,
+                                format!("role \"{name}\" already exists"),
+                            ));
+                        }
+                        state.users.insert(
+                            name.clone(),
+                            UserEntry {
+                                verifier: verifier.clone(),
+                                superuser,
+                                created_ms: cirro_catalog::state::now_ms(),
+                            },
+                        );
+                        Ok(())
+                    })
+                    .await?;
+                Ok(Outcome::command("CREATE ROLE"))
+            }
+            AccessStatement::AlterUser { name, options } => {
+                let own_password =
+                    self.user.as_deref() == Some(name.as_str()) && options.superuser.is_none();
+                if !own_password {
+                    self.require_superuser("ALTER USER (except a user's own password)")?;
+                }
+                let verifier = match &options.password {
+                    Some(p) => Some(ScramVerifier::new(valid_password(p)?).to_string()),
+                    None => None,
+                };
+                self.catalog
+                    .commit(|state| {
+                        let user = state
+                            .users
+                            .get_mut(&name)
+                            .ok_or_else(|| undefined_user(&name))?;
+                        if let Some(v) = &verifier {
+                            user.verifier = v.clone();
+                        }
+                        if let Some(s) = options.superuser {
+                            user.superuser = s;
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                Ok(Outcome::command("ALTER ROLE"))
+            }
+            AccessStatement::DropUser { names, if_exists } => {
+                self.require_superuser("DROP USER")?;
+                if let Some(me) = &self.user
+                    && names.contains(me)
+                {
+                    return Err(CirroError::new(
+                        SqlState::INSUFFICIENT_PRIVILEGE,
+                        "current user cannot be dropped",
+                    ));
+                }
+                let mut missing = Vec::new();
+                self.catalog
+                    .commit(|state| {
+                        missing.clear();
+                        for name in &names {
+                            if state.users.remove(name).is_none() {
+                                if !if_exists {
+                                    return Err(undefined_user(name));
+                                }
+                                missing.push(name.clone());
+                            }
+                            // Grants go with the user; tables it owns stay
+                            // (superusers can still reach them).
+                            for db in state.databases.values_mut() {
+                                for schema in db.schemas.values_mut() {
+                                    for table in schema.tables.values_mut() {
+                                        table.grants.remove(name);
+                                    }
+                                }
+                            }
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                Ok(match missing.first() {
+                    Some(name) => Outcome::with_notice(
+                        "DROP ROLE",
+                        format!("role \"{name}\" does not exist, skipping"),
+                    ),
+                    None => Outcome::command("DROP ROLE"),
+                })
+            }
+            AccessStatement::Grant {
+                privileges,
+                tables,
+                users,
+                revoke,
+            } => {
+                let targets: Vec<_> = tables.iter().map(|t| self.resolve(t)).collect();
+                let what = if revoke { "REVOKE" } else { "GRANT" };
+                for (db, schema, name) in &targets {
+                    self.check_owner(db, schema, name, &format!("{what} on it"))?;
+                }
+                self.catalog
+                    .commit(|state| {
+                        for user in &users {
+                            if !state.users.contains_key(user) {
+                                return Err(undefined_user(user));
+                            }
+                        }
+                        for (db, schema, name) in &targets {
+                            let entry = state
+                                .schema_mut(db, schema)?
+                                .tables
+                                .get_mut(name)
+                                .ok_or_else(|| {
+                                    CirroError::new(
+                                        SqlState::UNDEFINED_TABLE,
+                                        format!("relation \"{name}\" does not exist"),
+                                    )
+                                })?;
+                            for user in &users {
+                                let granted = entry.grants.entry(user.clone()).or_default();
+                                if revoke {
+                                    granted.retain(|p| !privileges.contains(p));
+                                } else {
+                                    granted.extend(privileges.iter().copied());
+                                }
+                                if granted.is_empty() {
+                                    entry.grants.remove(user);
+                                }
+                            }
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                Ok(Outcome::command(what))
+            }
+        }
+    }
+}
+
+/// Create the first superuser of a data location that has no users yet;
+/// return whether it was created (an existing user is never changed).
+pub async fn bootstrap_superuser(
+    catalog: &cirro_catalog::Catalog,
+    name: &str,
+    password: &str,
+) -> Result<bool> {
+    let verifier = ScramVerifier::new(valid_password(password)?).to_string();
+    let mut created = false;
+    catalog
+        .commit(|state| {
+            created = state.users.is_empty();
+            if created {
+                state.users.insert(
+                    name.to_string(),
+                    UserEntry {
+                        verifier: verifier.clone(),
+                        superuser: true,
+                        created_ms: cirro_catalog::state::now_ms(),
+                    },
+                );
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(created)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_user_and_grant_statements() {
+        let create = parse("CREATE USER alice WITH PASSWORD 'a''b' SUPERUSER").expect("parse");
+        assert_eq!(
+            create,
+            Some(AccessStatement::CreateUser {
+                name: "alice".into(),
+                options: UserOptions {
+                    password: Some("a'b".into()),
+                    superuser: Some(true)
+                }
+            })
+        );
+        let grant = parse("grant select, insert on table s.t, u to bob, \"Carol\";")
+            .expect("parse")
+            .expect("a statement");
+        match grant {
+            AccessStatement::Grant {
+                privileges,
+                tables,
+                users,
+                revoke,
+            } => {
+                assert!(!revoke);
+                assert_eq!(
+                    privileges.into_iter().collect::<Vec<_>>(),
+                    vec![Privilege::Select, Privilege::Insert]
+                );
+                assert_eq!(
+                    tables,
+                    vec![TableReference::partial("s", "t"), TableReference::bare("u")]
+                );
+                assert_eq!(users, vec!["bob".to_string(), "Carol".to_string()]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(
+            parse("REVOKE ALL PRIVILEGES ON t FROM bob").expect("parse"),
+            Some(AccessStatement::Grant { revoke: true, .. })
+        ));
+        assert_eq!(parse("CREATE TABLE t (a INT)").expect("parse"), None);
+        assert_eq!(parse("SELECT 1").expect("parse"), None);
+        assert!(parse("GRANT TRUNCATE ON t TO bob").is_err());
+        assert!(parse("CREATE USER x PASSWORD 'p' extra").is_err());
+        assert!(parse("GRANT SELECT ON t bob").is_err());
+    }
+}

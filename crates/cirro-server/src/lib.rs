@@ -1,0 +1,334 @@
+//! `cirro serve`: Cirro behind the PostgreSQL wire protocol.
+//!
+//! ```text
+//!  TCP (TLS optional) ─► pgwire codec ─► per connection:
+//!     ScramStartup   SCRAM-SHA-256 against the catalog's verifiers → Session
+//!     QueryHandler   simple/extended queries → Session's Engine
+//!  CancelRequest ─► the registry of running sessions (pid + secret)
+//! ```
+//!
+//! Sessions share one [`Catalog`]; each has its own engine (settings,
+//! transaction, pinned tables), so connections never block each other.
+
+mod auth;
+mod pg;
+mod session;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cirro_catalog::Catalog;
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_engine::EngineConfig;
+use cirro_storage::StorageRoot;
+use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+use pgwire::api::auth::DefaultServerParameterProvider;
+use pgwire::api::cancel::CancelHandler;
+use pgwire::api::{ClientInfo, ErrorHandler, PgWireServerHandlers, RandomPidSecretKeyGenerator};
+use pgwire::error::PgWireError;
+use pgwire::messages::cancel::CancelRequest;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig as TlsConfig;
+
+use crate::session::Canceller;
+
+/// How `cirro serve` runs.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The data location (as for every command).
+    pub data: String,
+    /// Address to listen on.
+    pub listen: String,
+    /// PostgreSQL protocol port.
+    pub pg_port: u16,
+    /// TLS certificate chain and private key (PEM).
+    pub tls: Option<(String, String)>,
+    /// Refuse connections without TLS.
+    pub require_tls: bool,
+    pub engine: EngineConfig,
+}
+
+/// State shared by all connections.
+pub(crate) struct Shared {
+    catalog: Arc<Catalog>,
+    engine: EngineConfig,
+    require_tls: bool,
+    parameters: Arc<DefaultServerParameterProvider>,
+    pids: RandomPidSecretKeyGenerator,
+    /// Running sessions by backend pid, for CancelRequest.
+    sessions: Mutex<HashMap<i32, (Vec<u8>, Weak<Canceller>)>>,
+    compat: PostgresCompatibilityParser,
+}
+
+/// Unregisters a session from the cancel registry when its connection ends.
+pub(crate) struct Registration {
+    shared: Arc<Shared>,
+    pid: i32,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut sessions) = self.shared.sessions.lock() {
+            sessions.remove(&self.pid);
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        pid: i32,
+        secret: Vec<u8>,
+        canceller: &Arc<Canceller>,
+    ) -> Registration {
+        if let Ok(mut sessions) = self.sessions.lock() {
+            sessions.insert(pid, (secret, Arc::downgrade(canceller)));
+        }
+        Registration {
+            shared: Arc::clone(self),
+            pid,
+        }
+    }
+}
+
+/// The handlers of one connection.
+struct Connection {
+    shared: Arc<Shared>,
+    canceller: Arc<Canceller>,
+    query: Arc<pg::QueryHandler>,
+}
+
+impl PgWireServerHandlers for Connection {
+    fn simple_query_handler(&self) -> Arc<impl pgwire::api::query::SimpleQueryHandler> {
+        Arc::clone(&self.query)
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl pgwire::api::query::ExtendedQueryHandler> {
+        Arc::clone(&self.query)
+    }
+
+    fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
+        Arc::new(auth::ScramStartup::new(
+            Arc::clone(&self.shared),
+            Arc::clone(&self.canceller),
+        ))
+    }
+
+    fn cancel_handler(&self) -> Arc<impl CancelHandler> {
+        Arc::new(CancelBySecret(Arc::clone(&self.shared)))
+    }
+
+    fn error_handler(&self) -> Arc<impl ErrorHandler> {
+        Arc::new(LogErrors)
+    }
+}
+
+struct CancelBySecret(Arc<Shared>);
+
+#[async_trait]
+impl CancelHandler for CancelBySecret {
+    async fn on_cancel_request(&self, request: CancelRequest) {
+        let canceller = self.0.sessions.lock().ok().and_then(|sessions| {
+            sessions
+                .get(&request.pid)
+                .filter(|(secret, _)| *secret == request.secret_key.to_bytes().to_vec())
+                .and_then(|(_, canceller)| canceller.upgrade())
+        });
+        if let Some(canceller) = canceller {
+            canceller.cancel();
+        }
+    }
+}
+
+struct LogErrors;
+
+impl ErrorHandler for LogErrors {
+    fn on_error<C: ClientInfo>(&self, client: &C, error: &mut PgWireError) {
+        log::debug!("{}: {error}", client.socket_addr());
+    }
+}
+
+fn tls_acceptor(cert: &str, key: &str) -> Result<TlsAcceptor> {
+    let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+    let bad = |what: &str, e: &dyn std::fmt::Display| {
+        CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            format!("TLS {what}: {e}"),
+        )
+    };
+    let certs = rustls_pemfile::certs(&mut BufReader::new(
+        File::open(cert).map_err(|e| bad(&format!("certificate {cert}"), &e))?,
+    ))
+    .collect::<std::result::Result<Vec<_>, _>>()
+    .map_err(|e| bad("certificate", &e))?;
+    if certs.is_empty() {
+        return Err(bad("certificate", &format!("no certificate in {cert}")));
+    }
+    let key = rustls_pemfile::private_key(&mut BufReader::new(
+        File::open(key).map_err(|e| bad(&format!("key {key}"), &e))?,
+    ))
+    .map_err(|e| bad("key", &e))?
+    .ok_or_else(|| bad("key", &format!("no private key in {key}")))?;
+    let config = TlsConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| bad("configuration", &e))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Create the first superuser if the data location has none: `CIRRO_USER`
+/// (default `cirro`) with `CIRRO_PASSWORD`, or a generated password printed
+/// once. An existing user is never changed.
+async fn bootstrap(catalog: &Catalog) -> Result<()> {
+    if !catalog.refresh().await?.users.is_empty() {
+        return Ok(());
+    }
+    let user = std::env::var("CIRRO_USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "cirro".to_string());
+    let (password, generated) = match std::env::var("CIRRO_PASSWORD") {
+        Ok(p) if !p.is_empty() => (p, false),
+        _ => {
+            use base64::Engine as _;
+            let bytes: [u8; 15] = rand::random();
+            (
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes),
+                true,
+            )
+        }
+    };
+    if cirro_engine::bootstrap_superuser(catalog, &user, &password).await? {
+        if generated {
+            eprintln!(
+                "cirro: created superuser \"{user}\" with password {password}\n\
+                 cirro: (shown once; set CIRRO_PASSWORD before the first start to choose it)"
+            );
+        } else {
+            eprintln!("cirro: created superuser \"{user}\" (password from CIRRO_PASSWORD)");
+        }
+    }
+    Ok(())
+}
+
+/// Run the server until interrupted (Ctrl-C or SIGTERM).
+pub async fn serve(config: ServerConfig) -> Result<()> {
+    let root = StorageRoot::open(&config.data)?;
+    let catalog = Catalog::open(root).await?;
+    bootstrap(&catalog).await?;
+    let tls = match &config.tls {
+        Some((cert, key)) => Some(tls_acceptor(cert, key)?),
+        None => None,
+    };
+    if config.require_tls && tls.is_none() {
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            "--require-tls needs --tls-cert and --tls-key",
+        ));
+    }
+    let mut parameters = DefaultServerParameterProvider::default();
+    parameters.server_version = session::SERVER_VERSION.to_string();
+    parameters.time_zone = "UTC".to_string();
+    parameters.date_style = "ISO, MDY".to_string();
+    let shared = Arc::new(Shared {
+        catalog,
+        engine: config.engine.clone(),
+        require_tls: config.require_tls,
+        parameters: Arc::new(parameters),
+        pids: RandomPidSecretKeyGenerator::default(),
+        sessions: Mutex::new(HashMap::new()),
+        compat: PostgresCompatibilityParser::new(),
+    });
+    let address = format!("{}:{}", config.listen, config.pg_port);
+    let listener = TcpListener::bind(&address).await.map_err(|e| {
+        CirroError::new(
+            SqlState::IO_ERROR,
+            format!("cannot listen on {address}: {e}"),
+        )
+    })?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| CirroError::io(e.to_string()))?;
+    println!(
+        "cirro: PostgreSQL protocol on {local}{}",
+        if tls.is_some() { " (TLS)" } else { "" }
+    );
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let query = Arc::new(pg::QueryHandler::new(Arc::clone(&shared)));
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| CirroError::io(e.to_string()))?;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        };
+        let (socket, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                log::warn!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = socket.set_nodelay(true);
+        let canceller = Arc::new(Canceller::default());
+        let handlers = Connection {
+            shared: Arc::clone(&shared),
+            canceller: Arc::clone(&canceller),
+            query: Arc::clone(&query),
+        };
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let (socket, watcher) = match watch_disconnect(socket, Arc::clone(&canceller)) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    log::warn!("{peer}: {e}");
+                    return;
+                }
+            };
+            if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
+                log::debug!("{peer}: {e}");
+            }
+            watcher.abort();
+            // The connection is gone: stop whatever it was running.
+            canceller.cancel();
+        });
+    }
+    eprintln!("cirro: shutting down");
+    Ok(())
+}
+
+/// Watch a connection for the client going away while a statement runs (the
+/// protocol reads nothing then), and cancel the statement if it does.
+fn watch_disconnect(
+    socket: TcpStream,
+    canceller: Arc<Canceller>,
+) -> std::io::Result<(TcpStream, tokio::task::JoinHandle<()>)> {
+    let std_socket = socket.into_std()?;
+    let watch = TcpStream::from_std(std_socket.try_clone()?)?;
+    let socket = TcpStream::from_std(std_socket)?;
+    let watcher = tokio::spawn(async move {
+        let mut probe = [0u8; 1];
+        loop {
+            if watch.readable().await.is_err() {
+                break;
+            }
+            match watch.peek(&mut probe).await {
+                Ok(0) | Err(_) => {
+                    canceller.cancel();
+                    break;
+                }
+                // Data waiting for the protocol to read: look again later.
+                Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    Ok((socket, watcher))
+}

@@ -1,0 +1,487 @@
+//! `cirro serve` with real PostgreSQL clients: psql (Debian's
+//! postgresql-client) and psycopg 3 (from the Python environment
+//! `scripts/test.sh` sets up). Each test starts its own server on a free port.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use common::compare::{compare, is_ordered};
+use common::{DataDir, cirro_bin, shared_dir};
+
+const PASSWORD: &str = "s3cret-Pw";
+
+/// A running `cirro serve`, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+    data: DataDir,
+}
+
+impl Server {
+    fn start() -> Self {
+        Self::start_on(DataDir::new())
+    }
+
+    fn start_on(data: DataDir) -> Self {
+        let mut child = Command::new(cirro_bin())
+            .args(["--data", data.path().to_str().expect("utf8 path")])
+            .args(["--threads", "2", "serve", "--pg-port", "0"])
+            .env("CIRRO_PASSWORD", PASSWORD)
+            .env_remove("CIRRO_USER")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start cirro serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let port = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Server { child, port, data }
+    }
+
+    fn conninfo(&self, user: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={user} dbname=cirro sslmode=disable",
+            self.port
+        )
+    }
+
+    /// psql with `args`, as `user` with `password`.
+    fn psql(&self, user: &str, password: &str, args: &[&str]) -> Output {
+        Command::new("psql")
+            .arg(self.conninfo(user))
+            .args(["-X", "-v", "ON_ERROR_STOP=1"])
+            .args(args)
+            .env("PGPASSWORD", password)
+            .env("PGCONNECT_TIMEOUT", "10")
+            .output()
+            .expect("run psql (apt-get install postgresql-client)")
+    }
+
+    /// Run SQL through psql as the superuser; stdout on success.
+    fn sql(&self, sql: &str) -> String {
+        let out = self.psql("cirro", PASSWORD, &["-At", "-c", sql]);
+        assert!(
+            out.status.success(),
+            "psql -c {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn python(&self, script: &str, args: &[&str]) -> Output {
+        Command::new(python())
+            .arg(interop_dir().join(script))
+            .arg(format!("{} password={PASSWORD}", self.conninfo("cirro")))
+            .args(args)
+            .output()
+            .expect("run python")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("CIRRO_TEST_PYTHON")
+        .map(PathBuf::from)
+        .expect("CIRRO_TEST_PYTHON is not set: run the tests with scripts/test.sh")
+}
+
+fn interop_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn psql_queries_describe_and_errors() {
+    let server = Server::start();
+    server.sql("CREATE TABLE items (id BIGINT NOT NULL, name VARCHAR, price DOUBLE)");
+    let tag = server.psql(
+        "cirro",
+        PASSWORD,
+        &[
+            "-c",
+            "INSERT INTO items VALUES (1, 'apple', 1.5), (2, 'pear', 2.25), (3, NULL, NULL)",
+        ],
+    );
+    assert!(tag.status.success(), "{}", stderr(&tag));
+    assert_eq!(String::from_utf8_lossy(&tag.stdout).trim(), "INSERT 0 3");
+
+    assert_eq!(
+        server.sql("SELECT id, name, price FROM items ORDER BY id"),
+        "1|apple|1.5\n2|pear|2.25\n3||\n"
+    );
+    // Several statements in one simple query, with the right tags.
+    let out = server.psql(
+        "cirro",
+        PASSWORD,
+        &[
+            "-c",
+            "UPDATE items SET price = 3 WHERE id = 2; DELETE FROM items WHERE id = 3",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    // psql 15 prints the tag of every statement of the query.
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "UPDATE 1\nDELETE 1"
+    );
+    assert_eq!(server.sql("SELECT sum(price) FROM items"), "4.5\n");
+
+    // psql's catalog commands.
+    let tables = server.sql("\\dt");
+    assert!(tables.contains("items"), "\\dt: {tables}");
+    let described = server.sql("\\d items");
+    for column in ["id", "name", "price"] {
+        assert!(described.contains(column), "\\d items: {described}");
+    }
+    let all = server.sql("\\d");
+    assert!(all.contains("items"), "\\d: {all}");
+
+    // Errors carry SQLSTATE and leave the server up.
+    let out = server.psql(
+        "cirro",
+        PASSWORD,
+        &[
+            "-v",
+            "VERBOSITY=verbose",
+            "-c",
+            "SELECT * FROM missing_table",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("42P01"), "{}", stderr(&out));
+    let out = server.psql(
+        "cirro",
+        PASSWORD,
+        &[
+            "-v",
+            "VERBOSITY=verbose",
+            "-c",
+            "INSERT INTO items VALUES (NULL, 'x', 1)",
+        ],
+    );
+    assert!(stderr(&out).contains("23502"), "{}", stderr(&out));
+    assert_eq!(server.sql("SELECT count(*) FROM items"), "2\n");
+
+    // A transaction through psql: the failed statement aborts it.
+    let out = server.psql(
+        "cirro",
+        PASSWORD,
+        &[
+            "-v",
+            "ON_ERROR_STOP=0",
+            "-c",
+            "BEGIN",
+            "-c",
+            "INSERT INTO items VALUES (10, 'ten', 10)",
+            "-c",
+            "SELECT 1/0",
+            "-c",
+            "SELECT 1",
+            "-c",
+            "COMMIT",
+        ],
+    );
+    let err = stderr(&out);
+    assert!(err.contains("current transaction is aborted"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ROLLBACK"));
+    assert_eq!(
+        server.sql("SELECT count(*) FROM items WHERE id = 10"),
+        "0\n"
+    );
+
+    // The data is the same that the shell sees.
+    let shell = server.data.query_csv("SELECT id FROM items ORDER BY id");
+    assert!(shell.contains('1') && shell.contains('2'), "{shell}");
+}
+
+#[test]
+fn authentication_and_privileges() {
+    let server = Server::start();
+    server.sql("CREATE TABLE secrets (k INT, v VARCHAR)");
+    server.sql("INSERT INTO secrets VALUES (1, 'a')");
+    server.sql("CREATE USER alice WITH PASSWORD 'alice-pw'");
+
+    // The verifier is stored, the password is not.
+    let catalog_dir = server.data.path().join("_catalog");
+    let mut text = String::new();
+    for entry in std::fs::read_dir(&catalog_dir).expect("catalog dir") {
+        text.push_str(&std::fs::read_to_string(entry.expect("entry").path()).unwrap_or_default());
+    }
+    assert!(text.contains("SCRAM-SHA-256$4096:"), "no verifier stored");
+    assert!(
+        !text.contains("alice-pw") && !text.contains(PASSWORD),
+        "a password is stored in clear"
+    );
+
+    // Wrong password, unknown user: refused with PostgreSQL's codes.
+    let out = server.psql("cirro", "wrong", &["-c", "SELECT 1"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("password authentication failed"),
+        "{}",
+        stderr(&out)
+    );
+    let out = server.psql("mallory", "x", &["-c", "SELECT 1"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("role \"mallory\" does not exist"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Right password, no privilege: 42501 and nothing changes.
+    let as_alice = |sql: &str| {
+        server.psql(
+            "alice",
+            "alice-pw",
+            &["-v", "VERBOSITY=verbose", "-At", "-c", sql],
+        )
+    };
+    let out = as_alice("SELECT 1");
+    assert!(out.status.success(), "{}", stderr(&out));
+    for sql in [
+        "SELECT * FROM secrets",
+        "INSERT INTO secrets VALUES (2, 'b')",
+        "UPDATE secrets SET v = 'z'",
+        "DELETE FROM secrets",
+        "DROP TABLE secrets",
+        "CREATE USER eve PASSWORD 'x'",
+        "SELECT * FROM read_csv('/etc/hostname')",
+    ] {
+        let out = as_alice(sql);
+        assert!(!out.status.success(), "{sql} was allowed");
+        assert!(stderr(&out).contains("42501"), "{sql}: {}", stderr(&out));
+    }
+    assert_eq!(server.sql("SELECT k, v FROM secrets"), "1|a\n");
+
+    // Granted privileges work; revoked ones stop working.
+    server.sql("GRANT SELECT, INSERT ON secrets TO alice");
+    assert_eq!(
+        String::from_utf8_lossy(&as_alice("SELECT v FROM secrets").stdout),
+        "a\n"
+    );
+    let out = as_alice("INSERT INTO secrets VALUES (2, 'b')");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = as_alice("DELETE FROM secrets");
+    assert!(stderr(&out).contains("42501"), "{}", stderr(&out));
+    server.sql("REVOKE INSERT ON secrets FROM alice");
+    let out = as_alice("INSERT INTO secrets VALUES (3, 'c')");
+    assert!(stderr(&out).contains("42501"), "{}", stderr(&out));
+    assert_eq!(server.sql("SELECT count(*) FROM secrets"), "2\n");
+
+    // A user owns what they create; a user may change their own password.
+    let out = as_alice("CREATE TABLE mine AS SELECT 1 AS x");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = as_alice("ALTER USER alice PASSWORD 'new-pw'");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = server.psql("alice", "new-pw", &["-At", "-c", "SELECT x FROM mine"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "1\n",
+        "{}",
+        stderr(&out)
+    );
+    let out = server.psql("alice", "alice-pw", &["-c", "SELECT 1"]);
+    assert!(stderr(&out).contains("password authentication failed"));
+
+    // DROP USER: the user can no longer log in.
+    server.sql("DROP USER alice");
+    let out = server.psql("alice", "new-pw", &["-c", "SELECT 1"]);
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+}
+
+#[test]
+fn restart_keeps_users_and_ignores_the_environment() {
+    let server = Server::start();
+    server.sql("CREATE TABLE t AS SELECT 1 AS x");
+    let data = server.data.path().to_path_buf();
+    // A second server on the same data with another CIRRO_PASSWORD: the
+    // existing superuser keeps its password.
+    let mut child = Command::new(cirro_bin())
+        .args([
+            "--data",
+            data.to_str().expect("utf8"),
+            "serve",
+            "--pg-port",
+            "0",
+        ])
+        .env("CIRRO_PASSWORD", "other-password")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("line");
+    let port: u16 = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let run = |password: &str| {
+        Command::new("psql")
+            .arg(format!(
+                "host=127.0.0.1 port={port} user=cirro dbname=cirro sslmode=disable"
+            ))
+            .args(["-X", "-At", "-c", "SELECT x FROM t"])
+            .env("PGPASSWORD", password)
+            .output()
+            .expect("psql")
+    };
+    assert_eq!(String::from_utf8_lossy(&run(PASSWORD).stdout), "1\n");
+    assert!(!run("other-password").status.success());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn psycopg_parameters_prepared_statements_and_transactions() {
+    let server = Server::start();
+    let out = server.python("pg_client.py", &["basics"]);
+    assert!(
+        out.status.success(),
+        "pg_client.py basics failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("ok"), "{stdout}");
+}
+
+#[test]
+fn tpch_sf0_01_over_psycopg_matches_reference_answers() {
+    let data = DataDir::new();
+    data.load(&["tpch", "--sf", "0.01"]);
+    let server = Server::start_on(data);
+    let queries = shared_dir().join("tpch/queries");
+    let results = tempfile::tempdir().expect("tempdir");
+    let out = server.python(
+        "pg_client.py",
+        &[
+            "tpch",
+            queries.to_str().expect("utf8"),
+            results.path().to_str().expect("utf8"),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "pg_client.py tpch failed:\n{}",
+        stderr(&out)
+    );
+    let mut failures = Vec::new();
+    for q in 1..=22 {
+        let name = format!("q{q:02}");
+        let query = std::fs::read_to_string(queries.join(format!("{name}.sql"))).expect("query");
+        let expected =
+            std::fs::read_to_string(shared_dir().join(format!("tpch/answers/sf0.01/{name}.csv")))
+                .expect("answer");
+        let actual = std::fs::read_to_string(results.path().join(format!("{name}.csv")))
+            .unwrap_or_else(|e| format!("missing result: {e}"));
+        if let Err(diff) = compare(&actual, &expected, is_ordered(&query)) {
+            failures.push(format!("{name}: {diff}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "TPC-H over psycopg:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn tls_connections_and_require_tls() {
+    let data = DataDir::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("run openssl");
+    assert!(made.status.success(), "openssl: {}", stderr(&made));
+    let mut child = Command::new(cirro_bin())
+        .args([
+            "--data",
+            data.path().to_str().expect("utf8"),
+            "serve",
+            "--pg-port",
+            "0",
+        ])
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .arg("--require-tls")
+        .env("CIRRO_PASSWORD", PASSWORD)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("line");
+    assert!(line.contains("(TLS)"), "{line}");
+    let port: u16 = line
+        .split_whitespace()
+        .find_map(|w| w.rsplit(':').next().and_then(|p| p.parse().ok()))
+        .expect("port");
+    let psql = |sslmode: &str| {
+        Command::new("psql")
+            .arg(format!(
+                "host=127.0.0.1 port={port} user=cirro dbname=cirro sslmode={sslmode}"
+            ))
+            .args(["-X", "-At", "-c", "SELECT ssl FROM (VALUES (1)) AS t(ssl)"])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .expect("psql")
+    };
+    let secure = psql("require");
+    assert!(
+        secure.status.success(),
+        "TLS connection failed: {}",
+        stderr(&secure)
+    );
+    assert_eq!(String::from_utf8_lossy(&secure.stdout), "1\n");
+    let plain = psql("disable");
+    assert!(!plain.status.success(), "a plain connection was accepted");
+    assert!(stderr(&plain).contains("TLS"), "{}", stderr(&plain));
+    let _ = child.kill();
+    let _ = child.wait();
+}
