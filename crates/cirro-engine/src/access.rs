@@ -170,23 +170,17 @@ pub(crate) fn parse(sql: &str) -> Result<Option<AccessStatement>> {
         return Ok(None);
     };
     let role = |w: &mut Words| w.keyword(Keyword::USER) || w.keyword(Keyword::ROLE);
-    let statement = if words.keyword(Keyword::CREATE) {
+    let create = words.keyword(Keyword::CREATE);
+    let statement = if create || words.keyword(Keyword::ALTER) {
         if !role(&mut words) {
             return Ok(None);
         }
         let name = words.ident("a user name")?;
-        AccessStatement::CreateUser {
-            name,
-            options: user_options(&mut words)?,
-        }
-    } else if words.keyword(Keyword::ALTER) {
-        if !role(&mut words) {
-            return Ok(None);
-        }
-        let name = words.ident("a user name")?;
-        AccessStatement::AlterUser {
-            name,
-            options: user_options(&mut words)?,
+        let options = user_options(&mut words)?;
+        if create {
+            AccessStatement::CreateUser { name, options }
+        } else {
+            AccessStatement::AlterUser { name, options }
         }
     } else if words.keyword(Keyword::DROP) {
         if !role(&mut words) {

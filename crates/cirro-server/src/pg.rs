@@ -208,9 +208,9 @@ fn transaction_status(engine: &Engine) -> TransactionStatus {
     }
 }
 
-async fn send_command<C>(
+/// The ParameterStatus changes and the notice of a command, before its tag.
+async fn send_notices<C>(
     client: &mut C,
-    tag: &str,
     notice: Option<String>,
     reports: Vec<(String, String)>,
 ) -> PgWireResult<()>
@@ -233,9 +233,6 @@ where
             ))
             .await?;
     }
-    client
-        .feed(PgWireBackendMessage::CommandComplete(Tag::new(tag).into()))
-        .await?;
     Ok(())
 }
 
@@ -289,7 +286,13 @@ impl SimpleQueryHandler for QueryHandler {
                             tag,
                             notice,
                             reports,
-                        } => send_command(client, &tag, notice, reports).await,
+                        } => {
+                            send_notices(client, notice, reports).await?;
+                            client
+                                .feed(PgWireBackendMessage::CommandComplete(Tag::new(&tag).into()))
+                                .await?;
+                            Ok(())
+                        }
                     }
                 };
                 tokio::select! {
@@ -519,20 +522,7 @@ impl ExtendedQueryHandler for QueryHandler {
                 notice,
                 reports,
             } => {
-                for (name, value) in reports {
-                    client
-                        .feed(PgWireBackendMessage::ParameterStatus(ParameterStatus::new(
-                            name, value,
-                        )))
-                        .await?;
-                }
-                if let Some(message) = notice {
-                    client
-                        .feed(PgWireBackendMessage::NoticeResponse(
-                            ErrorInfo::new("NOTICE".to_owned(), "00000".to_owned(), message).into(),
-                        ))
-                        .await?;
-                }
+                send_notices(client, notice, reports).await?;
                 let status = transaction_status(&session.engine);
                 let tag = Tag::new(&tag);
                 Ok(match status {

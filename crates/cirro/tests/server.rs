@@ -13,6 +13,30 @@ use common::{DataDir, cirro_bin, shared_dir};
 
 const PASSWORD: &str = "s3cret-Pw";
 
+/// Start `cirro serve` on `data` with `args` and CIRRO_PASSWORD=`password`;
+/// returns the process, its port and the line announcing it.
+fn spawn_serve(data: &Path, args: &[&str], password: &str) -> (Child, u16, String) {
+    let mut child = Command::new(cirro_bin())
+        .args(["--data", data.to_str().expect("utf8 path")])
+        .args(["--threads", "2", "serve", "--pg-port", "0"])
+        .args(args)
+        .env("CIRRO_PASSWORD", password)
+        .env_remove("CIRRO_USER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start cirro serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let port = line
+        .split_whitespace()
+        .find_map(|w| w.rsplit(':').next().and_then(|p| p.parse().ok()))
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    (child, port, line)
+}
+
 /// A running `cirro serve`, killed on drop.
 struct Server {
     child: Child,
@@ -26,26 +50,7 @@ impl Server {
     }
 
     fn start_on(data: DataDir) -> Self {
-        let mut child = Command::new(cirro_bin())
-            .args(["--data", data.path().to_str().expect("utf8 path")])
-            .args(["--threads", "2", "serve", "--pg-port", "0"])
-            .env("CIRRO_PASSWORD", PASSWORD)
-            .env_remove("CIRRO_USER")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start cirro serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        let (child, port, _) = spawn_serve(data.path(), &[], PASSWORD);
         Server { child, port, data }
     }
 
@@ -70,7 +75,21 @@ impl Server {
 
     /// Run SQL through psql as the superuser; stdout on success.
     fn sql(&self, sql: &str) -> String {
-        let out = self.psql("cirro", PASSWORD, &["-At", "-c", sql]);
+        self.psql_ok(&["-At", "-c", sql])
+    }
+
+    /// Run SQL that must fail as the superuser; the verbose error (with its
+    /// SQLSTATE).
+    fn sql_err(&self, sql: &str) -> String {
+        let out = self.psql("cirro", PASSWORD, &["-v", "VERBOSITY=verbose", "-c", sql]);
+        assert!(!out.status.success(), "{sql} succeeded");
+        stderr(&out)
+    }
+
+    /// psql as the superuser with `args`; stdout on success.
+    fn psql_ok(&self, args: &[&str]) -> String {
+        let out = self.psql("cirro", PASSWORD, args);
+        let sql = args.join(" ");
         assert!(
             out.status.success(),
             "psql -c {sql:?} failed: {}",
@@ -114,36 +133,23 @@ fn stderr(out: &Output) -> String {
 fn psql_queries_describe_and_errors() {
     let server = Server::start();
     server.sql("CREATE TABLE items (id BIGINT NOT NULL, name VARCHAR, price DOUBLE)");
-    let tag = server.psql(
-        "cirro",
-        PASSWORD,
-        &[
-            "-c",
-            "INSERT INTO items VALUES (1, 'apple', 1.5), (2, 'pear', 2.25), (3, NULL, NULL)",
-        ],
-    );
-    assert!(tag.status.success(), "{}", stderr(&tag));
-    assert_eq!(String::from_utf8_lossy(&tag.stdout).trim(), "INSERT 0 3");
+    let tag = server.psql_ok(&[
+        "-c",
+        "INSERT INTO items VALUES (1, 'apple', 1.5), (2, 'pear', 2.25), (3, NULL, NULL)",
+    ]);
+    assert_eq!(tag.trim(), "INSERT 0 3");
 
     assert_eq!(
         server.sql("SELECT id, name, price FROM items ORDER BY id"),
         "1|apple|1.5\n2|pear|2.25\n3||\n"
     );
     // Several statements in one simple query, with the right tags.
-    let out = server.psql(
-        "cirro",
-        PASSWORD,
-        &[
-            "-c",
-            "UPDATE items SET price = 3 WHERE id = 2; DELETE FROM items WHERE id = 3",
-        ],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = server.psql_ok(&[
+        "-c",
+        "UPDATE items SET price = 3 WHERE id = 2; DELETE FROM items WHERE id = 3",
+    ]);
     // psql 15 prints the tag of every statement of the query.
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "UPDATE 1\nDELETE 1"
-    );
+    assert_eq!(out.trim(), "UPDATE 1\nDELETE 1");
     assert_eq!(server.sql("SELECT sum(price) FROM items"), "4.5\n");
 
     // psql's catalog commands.
@@ -157,29 +163,10 @@ fn psql_queries_describe_and_errors() {
     assert!(all.contains("items"), "\\d: {all}");
 
     // Errors carry SQLSTATE and leave the server up.
-    let out = server.psql(
-        "cirro",
-        PASSWORD,
-        &[
-            "-v",
-            "VERBOSITY=verbose",
-            "-c",
-            "SELECT * FROM missing_table",
-        ],
-    );
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("42P01"), "{}", stderr(&out));
-    let out = server.psql(
-        "cirro",
-        PASSWORD,
-        &[
-            "-v",
-            "VERBOSITY=verbose",
-            "-c",
-            "INSERT INTO items VALUES (NULL, 'x', 1)",
-        ],
-    );
-    assert!(stderr(&out).contains("23502"), "{}", stderr(&out));
+    let err = server.sql_err("SELECT * FROM missing_table");
+    assert!(err.contains("42P01"), "{err}");
+    let err = server.sql_err("INSERT INTO items VALUES (NULL, 'x', 1)");
+    assert!(err.contains("23502"), "{err}");
     assert_eq!(server.sql("SELECT count(*) FROM items"), "2\n");
 
     // A transaction through psql: the failed statement aborts it.
@@ -317,29 +304,7 @@ fn restart_keeps_users_and_ignores_the_environment() {
     let data = server.data.path().to_path_buf();
     // A second server on the same data with another CIRRO_PASSWORD: the
     // existing superuser keeps its password.
-    let mut child = Command::new(cirro_bin())
-        .args([
-            "--data",
-            data.to_str().expect("utf8"),
-            "serve",
-            "--pg-port",
-            "0",
-        ])
-        .env("CIRRO_PASSWORD", "other-password")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("line");
-    let port: u16 = line
-        .trim()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("port");
+    let (mut child, port, _) = spawn_serve(&data, &[], "other-password");
     let run = |password: &str| {
         Command::new("psql")
             .arg(format!(
@@ -435,33 +400,16 @@ fn tls_connections_and_require_tls() {
         .output()
         .expect("run openssl");
     assert!(made.status.success(), "openssl: {}", stderr(&made));
-    let mut child = Command::new(cirro_bin())
-        .args([
-            "--data",
-            data.path().to_str().expect("utf8"),
-            "serve",
-            "--pg-port",
-            "0",
-        ])
-        .arg("--tls-cert")
-        .arg(&cert)
-        .arg("--tls-key")
-        .arg(&key)
-        .arg("--require-tls")
-        .env("CIRRO_PASSWORD", PASSWORD)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("line");
+    let (cert, key) = (
+        cert.to_str().expect("utf8").to_string(),
+        key.to_str().expect("utf8").to_string(),
+    );
+    let (mut child, port, line) = spawn_serve(
+        data.path(),
+        &["--tls-cert", &cert, "--tls-key", &key, "--require-tls"],
+        PASSWORD,
+    );
     assert!(line.contains("(TLS)"), "{line}");
-    let port: u16 = line
-        .split_whitespace()
-        .find_map(|w| w.rsplit(':').next().and_then(|p| p.parse().ok()))
-        .expect("port");
     let psql = |sslmode: &str| {
         Command::new("psql")
             .arg(format!(
