@@ -15,14 +15,17 @@ if ! command -v tmux >/dev/null 2>&1; then
     echo "tmux is needed by the shell test: install it (apt-get install tmux)" >&2; exit 1
   fi
 fi
-# The server tests drive `cirro serve` with psql.
-if ! command -v psql >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client >/dev/null
-  else
-    echo "psql is needed by the server tests: install it (apt-get install postgresql-client)" >&2; exit 1
+# The server tests drive `cirro serve` with psql, over TLS with a certificate
+# made by openssl.
+for pair in psql:postgresql-client openssl:openssl; do
+  if ! command -v "${pair%%:*}" >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pair#*:}" >/dev/null
+    else
+      echo "${pair%%:*} is needed by the server tests: install it (apt-get install ${pair#*:})" >&2; exit 1
+    fi
   fi
-fi
+done
 # The interoperability test reads Cirro's tables with independent Delta readers
 # (DuckDB's delta extension, the deltalake package) from a Python environment.
 venv="${CIRRO_TEST_VENV:-${HOME:-/root}/.cache/cirro/venv}"

@@ -18,8 +18,8 @@
 
 use std::collections::BTreeSet;
 
+use cirro_catalog::TableEntry;
 use cirro_catalog::users::{Privilege, ScramVerifier, UserEntry, undefined_user};
-use cirro_catalog::{PAST_VERSION_PREFIX, TableEntry};
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::TableReference;
@@ -452,7 +452,6 @@ impl Engine {
         }
         // System tables (information_schema, pg_catalog), table functions
         // that generate rows, and past versions (checked when opened).
-        let _ = PAST_VERSION_PREFIX;
         Ok(())
     }
 

@@ -264,11 +264,7 @@ impl Engine {
     async fn execute_inner(&self, sql: &str) -> Result<Outcome> {
         let result = self.execute_statement(sql).await;
         if result.is_err() {
-            if let Ok(mut guard) = self.txn.lock() {
-                if let Some(txn) = guard.as_mut() {
-                    txn.aborted = true;
-                }
-            }
+            self.fail_transaction();
         }
         result
     }
@@ -334,8 +330,8 @@ impl Engine {
         Ok(Description { params, schema })
     }
 
-    /// Mark the open transaction failed: a statement was cancelled part-way
-    /// (the client sees an error, so the transaction must not commit).
+    /// Mark the open transaction failed: a statement failed or was cancelled
+    /// part-way (the client saw an error, so the transaction must not commit).
     pub fn fail_transaction(&self) {
         if let Ok(mut guard) = self.txn.lock()
             && let Some(txn) = guard.as_mut()
@@ -385,12 +381,7 @@ impl Engine {
     }
 
     async fn execute_statement(&self, sql: &str) -> Result<Outcome> {
-        let aborted = self
-            .txn
-            .lock()
-            .map(|t| t.as_ref().is_some_and(|t| t.aborted))
-            .unwrap_or(false);
-        if aborted {
+        if self.transaction_aborted() {
             let state = self.ctx.state();
             let dialect = state.config().options().sql_parser.dialect;
             let ends = matches!(

@@ -58,6 +58,14 @@ pub(crate) fn to_pg(error: CirroError) -> PgWireError {
     )))
 }
 
+/// The non-empty statements of a query text.
+fn statements_of(text: &str) -> Vec<String> {
+    split_statements(text)
+        .into_iter()
+        .filter(|s| !s.trim().trim_matches(';').trim().is_empty())
+        .collect()
+}
+
 fn session_of<C: ClientInfo>(client: &C) -> PgWireResult<Arc<Session>> {
     client.session_extensions().get::<Session>().ok_or_else(|| {
         PgWireError::UserError(Box::new(ErrorInfo::new(
@@ -254,10 +262,7 @@ impl SimpleQueryHandler for QueryHandler {
         let session = session_of(client)?;
         client.set_state(PgWireConnectionState::QueryInProgress);
         session.canceller.reset();
-        let statements: Vec<String> = split_statements(&query.query)
-            .into_iter()
-            .filter(|s| !s.trim().trim_matches(';').trim().is_empty())
-            .collect();
+        let statements = statements_of(&query.query);
         if statements.is_empty() {
             client
                 .feed(PgWireBackendMessage::EmptyQueryResponse(
@@ -353,10 +358,7 @@ impl QueryParser for StatementParser {
         C: ClientInfo + Unpin + Send + Sync,
     {
         let session = session_of(client)?;
-        let statements: Vec<String> = split_statements(sql)
-            .into_iter()
-            .filter(|s| !s.trim().trim_matches(';').trim().is_empty())
-            .collect();
+        let statements = statements_of(sql);
         let sql = match statements.as_slice() {
             [] => return Ok(None),
             [one] => one.clone(),
