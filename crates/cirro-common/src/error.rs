@@ -25,8 +25,11 @@ impl SqlState {
     pub const INVALID_PARAMETER_VALUE: SqlState = SqlState("22023");
     pub const BAD_COPY_FILE_FORMAT: SqlState = SqlState("22P04");
     pub const INVALID_TEXT_REPRESENTATION: SqlState = SqlState("22P02");
+    pub const CHARACTER_NOT_IN_REPERTOIRE: SqlState = SqlState("22021");
     pub const NOT_NULL_VIOLATION: SqlState = SqlState("23502");
     pub const ACTIVE_SQL_TRANSACTION: SqlState = SqlState("25001");
+    pub const NO_ACTIVE_SQL_TRANSACTION: SqlState = SqlState("25P01");
+    pub const SAVEPOINT_EXCEPTION: SqlState = SqlState("3B001");
     pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState("25P02");
     pub const INVALID_CATALOG_NAME: SqlState = SqlState("3D000");
     pub const INVALID_SCHEMA_NAME: SqlState = SqlState("3F000");

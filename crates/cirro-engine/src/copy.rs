@@ -5,23 +5,36 @@
 //! rows or none. CSV files whose lines end in the delimiter (dbgen's `.tbl`
 //! files: `a|b|c|`) are recognised by their first line and read as such.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use arrow::datatypes::{DataType, Field, Schema};
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::write::write_stream;
+use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::TableReference;
+use datafusion::common::{Column, DataFusionError, ScalarValue};
 use datafusion::dataframe::DataFrame;
+use datafusion::datasource::provider_as_source;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::functions::encoding::expr_fn::decode;
+use datafusion::functions::string::expr_fn::starts_with;
+use datafusion::functions::unicode::expr_fn::substr;
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, cast, lit, when};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::PartitionStream;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
-use datafusion::sql::planner::object_name_to_table_reference;
+use datafusion::sql::planner::{IdentNormalizer, object_name_to_table_reference};
 use datafusion::sql::sqlparser::ast::{
     CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 use deltalake::protocol::SaveMode;
-use futures::StreamExt;
+use futures::{StreamExt, stream};
 
+use crate::copy_text::{CopyParser, TextFormat};
 use crate::{Engine, Outcome};
 
 const TRAILING_COLUMN: &str = "__cirro_trailing_delimiter";
@@ -68,9 +81,74 @@ fn single_byte(c: char, what: &str) -> Result<u8> {
         })
 }
 
-/// `Some` for `COPY … FROM`; `None` for anything else (including `COPY … TO`,
-/// which DataFusion runs).
-pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
+/// The options of a COPY statement as written (new and legacy syntax).
+#[derive(Debug, Default)]
+struct GivenOptions {
+    format: Option<String>,
+    delimiter: Option<u8>,
+    header: bool,
+    null: Option<String>,
+    quote: Option<u8>,
+    escape: Option<u8>,
+}
+
+fn given_options(
+    options: Vec<CopyOption>,
+    legacy_options: Vec<CopyLegacyOption>,
+) -> Result<GivenOptions> {
+    let mut given = GivenOptions::default();
+    let refused = |what: &dyn std::fmt::Display| {
+        CirroError::unsupported(format!("COPY option {what} is not supported"))
+    };
+    for option in options {
+        match option {
+            CopyOption::Format(name) => given.format = Some(name.value.to_ascii_lowercase()),
+            CopyOption::Delimiter(c) => given.delimiter = Some(single_byte(c, "delimiter")?),
+            CopyOption::Header(h) => given.header = h,
+            CopyOption::Null(s) => given.null = Some(s),
+            CopyOption::Quote(c) => given.quote = Some(single_byte(c, "quote")?),
+            CopyOption::Escape(c) => given.escape = Some(single_byte(c, "escape")?),
+            CopyOption::Encoding(e)
+                if e.eq_ignore_ascii_case("utf8") || e.eq_ignore_ascii_case("utf-8") => {}
+            other => return Err(refused(&other)),
+        }
+    }
+    for option in legacy_options {
+        match option {
+            CopyLegacyOption::Delimiter(c) => given.delimiter = Some(single_byte(c, "delimiter")?),
+            CopyLegacyOption::Null(s) => given.null = Some(s),
+            CopyLegacyOption::Binary => given.format = Some("binary".to_string()),
+            CopyLegacyOption::Csv(csv) => {
+                given.format = Some("csv".to_string());
+                for o in csv {
+                    match o {
+                        CopyLegacyCsvOption::Header => given.header = true,
+                        CopyLegacyCsvOption::Quote(c) => {
+                            given.quote = Some(single_byte(c, "quote")?)
+                        }
+                        CopyLegacyCsvOption::Escape(c) => {
+                            given.escape = Some(single_byte(c, "escape")?)
+                        }
+                        other => return Err(refused(&other)),
+                    }
+                }
+            }
+            CopyLegacyOption::Header => given.header = true,
+            other => return Err(refused(&other)),
+        }
+    }
+    Ok(given)
+}
+
+/// The parts of a `COPY` statement, or None for any other statement.
+struct CopyParts {
+    source: CopySource,
+    to: bool,
+    target: CopyTarget,
+    given: GivenOptions,
+}
+
+fn parse_copy(sql: &str) -> Result<Option<CopyParts>> {
     if first_word(sql) != "copy" {
         return Ok(None);
     }
@@ -84,12 +162,32 @@ pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
     };
     let Statement::Copy {
         source,
-        to: false,
+        to,
         target,
         options,
         legacy_options,
         ..
     } = statement
+    else {
+        return Ok(None);
+    };
+    Ok(Some(CopyParts {
+        source,
+        to,
+        target,
+        given: given_options(options, legacy_options)?,
+    }))
+}
+
+/// `Some` for `COPY … FROM 'file'`; `None` for anything else (including
+/// `COPY … TO 'file'`, which DataFusion runs).
+pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
+    let Some(CopyParts {
+        source,
+        to: false,
+        target,
+        given,
+    }) = parse_copy(sql)?
     else {
         return Ok(None);
     };
@@ -105,14 +203,14 @@ pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
     };
     if !columns.is_empty() {
         return Err(CirroError::unsupported(
-            "COPY with a column list is not supported yet; the file must hold every column",
+            "COPY FROM a file with a column list is not supported yet; the file must hold every column",
         ));
     }
     let path = match target {
         CopyTarget::File { filename } => filename,
         CopyTarget::Stdin => {
             return Err(CirroError::unsupported(
-                "COPY FROM STDIN needs a client connection (cirro serve)",
+                "COPY FROM STDIN needs a client connection (cirro serve, psql's \\copy)",
             ));
         }
         other => {
@@ -121,86 +219,150 @@ pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
             )));
         }
     };
-    let mut copy = CopyFrom {
-        table: object_name_to_table_reference(table_name, true)?,
-        path,
-        format: Format::Csv,
-        delimiter: b',',
-        header: false,
-        null: None,
-        quote: None,
-        escape: None,
+    let format = match given.format.as_deref() {
+        None | Some("csv" | "text") => Format::Csv,
+        Some("parquet") => Format::Parquet,
+        Some(other) => {
+            return Err(CirroError::unsupported(format!(
+                "COPY format \"{other}\" is not supported (csv, parquet)"
+            )));
+        }
     };
-    let mut delimiter_given = false;
-    for option in options {
-        match option {
-            CopyOption::Format(name) => {
-                copy.format = match name.value.to_ascii_lowercase().as_str() {
-                    "csv" | "text" => Format::Csv,
-                    "parquet" => Format::Parquet,
-                    other => {
-                        return Err(CirroError::unsupported(format!(
-                            "COPY format \"{other}\" is not supported (csv, parquet)"
-                        )));
-                    }
-                }
-            }
-            CopyOption::Delimiter(c) => {
-                copy.delimiter = single_byte(c, "delimiter")?;
-                delimiter_given = true;
-            }
-            CopyOption::Header(h) => copy.header = h,
-            CopyOption::Null(s) => copy.null = Some(s),
-            CopyOption::Quote(c) => copy.quote = Some(single_byte(c, "quote")?),
-            CopyOption::Escape(c) => copy.escape = Some(single_byte(c, "escape")?),
-            other => {
-                return Err(CirroError::unsupported(format!(
-                    "COPY option {other} is not supported"
-                )));
-            }
-        }
-    }
-    for option in legacy_options {
-        match option {
-            CopyLegacyOption::Delimiter(c) => {
-                copy.delimiter = single_byte(c, "delimiter")?;
-                delimiter_given = true;
-            }
-            CopyLegacyOption::Null(s) => copy.null = Some(s),
-            CopyLegacyOption::Csv(csv) => {
-                copy.format = Format::Csv;
-                for o in csv {
-                    match o {
-                        CopyLegacyCsvOption::Header => copy.header = true,
-                        CopyLegacyCsvOption::Quote(c) => {
-                            copy.quote = Some(single_byte(c, "quote")?)
-                        }
-                        CopyLegacyCsvOption::Escape(c) => {
-                            copy.escape = Some(single_byte(c, "escape")?)
-                        }
-                        other => {
-                            return Err(CirroError::unsupported(format!(
-                                "COPY option {other} is not supported"
-                            )));
-                        }
-                    }
-                }
-            }
-            CopyLegacyOption::Header => copy.header = true,
-            other => {
-                return Err(CirroError::unsupported(format!(
-                    "COPY option {other} is not supported"
-                )));
-            }
-        }
-    }
-    if copy.format == Format::Parquet && delimiter_given {
+    if format == Format::Parquet && given.delimiter.is_some() {
         return Err(CirroError::new(
             SqlState::INVALID_PARAMETER_VALUE,
             "DELIMITER is only for FORMAT csv",
         ));
     }
-    Ok(Some(copy))
+    Ok(Some(CopyFrom {
+        table: object_name_to_table_reference(table_name, true)?,
+        path,
+        format,
+        delimiter: given.delimiter.unwrap_or(b','),
+        header: given.header,
+        null: given.null,
+        quote: given.quote,
+        escape: given.escape,
+    }))
+}
+
+/// A copy whose data a client connection carries.
+#[derive(Debug, Clone)]
+pub enum ClientCopy {
+    /// `COPY table [(columns)] FROM STDIN`: rows the client sends.
+    In(CopyIn),
+    /// `COPY table|(query) TO STDOUT`: the rows of `query`, sent to the client.
+    Out { query: String, format: TextFormat },
+}
+
+/// `COPY table [(columns)] FROM STDIN`.
+#[derive(Debug, Clone)]
+pub struct CopyIn {
+    table: TableReference,
+    /// Columns the data holds, in order (empty: all of the table's).
+    columns: Vec<String>,
+    pub format: TextFormat,
+}
+
+fn text_format(given: &GivenOptions) -> Result<TextFormat> {
+    let mut format = match given.format.as_deref() {
+        None | Some("text") => TextFormat::text(),
+        Some("csv") => TextFormat::csv(),
+        Some(other) => {
+            return Err(CirroError::unsupported(format!(
+                "COPY FORMAT {other} over a client connection is not supported (text, csv)"
+            )));
+        }
+    };
+    if let Some(delimiter) = given.delimiter {
+        if delimiter == b'\n' || delimiter == b'\r' || !format.csv && delimiter == b'\\' {
+            return Err(CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                "COPY delimiter cannot be newline, carriage return or (in text format) backslash",
+            ));
+        }
+        format.delimiter = delimiter;
+    }
+    if let Some(null) = &given.null {
+        format.null = null.clone();
+    }
+    format.header = given.header;
+    if given.quote.is_some() || given.escape.is_some() {
+        if !format.csv {
+            return Err(CirroError::new(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "COPY QUOTE and ESCAPE are only for FORMAT csv",
+            ));
+        }
+        format.quote = given.quote.unwrap_or(format.quote);
+        format.escape = given.escape.unwrap_or(format.quote);
+    }
+    if format.csv && format.delimiter == format.quote {
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            "COPY delimiter and quote must be different",
+        ));
+    }
+    Ok(format)
+}
+
+/// `Some` for `COPY … FROM STDIN` and `COPY … TO STDOUT`; `None` for any
+/// other statement (file copies included).
+pub fn parse_client_copy(sql: &str) -> Result<Option<ClientCopy>> {
+    let Some(parts) = parse_copy(sql)? else {
+        return Ok(None);
+    };
+    match (parts.to, &parts.target) {
+        (false, CopyTarget::Stdin) => {}
+        (true, CopyTarget::Stdout) => {}
+        _ => return Ok(None),
+    }
+    let format = text_format(&parts.given)?;
+    match (parts.to, parts.source) {
+        (
+            false,
+            CopySource::Table {
+                table_name,
+                columns,
+            },
+        ) => Ok(Some(ClientCopy::In(CopyIn {
+            table: object_name_to_table_reference(table_name, true)?,
+            columns: columns
+                .into_iter()
+                .map(|c| IdentNormalizer::new(true).normalize(c))
+                .collect(),
+            format,
+        }))),
+        (false, CopySource::Query(_)) => Err(CirroError::new(
+            SqlState::SYNTAX_ERROR,
+            "COPY FROM needs a table",
+        )),
+        (true, CopySource::Query(query)) => Ok(Some(ClientCopy::Out {
+            query: query.to_string(),
+            format,
+        })),
+        (
+            true,
+            CopySource::Table {
+                table_name,
+                columns,
+            },
+        ) => {
+            let list = if columns.is_empty() {
+                "*".to_string()
+            } else {
+                columns
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            Ok(Some(ClientCopy::Out {
+                query: format!("SELECT {list} FROM {table_name}"),
+                format,
+            }))
+        }
+    }
 }
 
 /// Whether the first line of a local file ends in the delimiter with one field
@@ -393,6 +555,223 @@ async fn read_parquet(engine: &Engine, copy: &CopyFrom, stored: &Schema) -> Resu
                     .join(", ")
             ),
         )),
+    }
+}
+
+/// The rows a client sends, as the one partition of the scan an INSERT reads.
+struct CopyStream {
+    schema: SchemaRef,
+    stream: Mutex<Option<SendableRecordBatchStream>>,
+}
+
+impl std::fmt::Debug for CopyStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyStream").finish_non_exhaustive()
+    }
+}
+
+impl PartitionStream for CopyStream {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let taken = self.stream.lock().ok().and_then(|mut s| s.take());
+        taken.unwrap_or_else(|| {
+            let error = DataFusionError::External(Box::new(CirroError::internal(
+                "COPY FROM STDIN data can be read once",
+            )));
+            Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&self.schema),
+                stream::once(async move { Err(error) }),
+            ))
+        })
+    }
+}
+
+/// How a text column becomes a column of type `to`: a cast, except for
+/// bytea, whose text form is `\x` and hex digits.
+fn from_text(column: Expr, to: &DataType) -> Result<Expr> {
+    if matches!(
+        to,
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+    ) {
+        let hex = starts_with(column.clone(), lit("\\x"));
+        let decoded = decode(substr(column.clone(), lit(3i64)), lit("hex"));
+        let bytes = when(hex, decoded).otherwise(cast(column, DataType::Binary))?;
+        return Ok(cast(bytes, to.clone()));
+    }
+    Ok(cast(column, to.clone()))
+}
+
+impl Engine {
+    /// The INSERT a `COPY … FROM STDIN` runs, reading `rows` (text columns
+    /// named as the table's). Returns the plan and the columns the data holds.
+    async fn copy_in_plan(
+        &self,
+        copy: &CopyIn,
+        rows: Option<SendableRecordBatchStream>,
+    ) -> Result<(LogicalPlan, Vec<String>)> {
+        let (db, schema, name) = self.resolve(&copy.table);
+        let snapshot = self.catalog().snapshot();
+        if snapshot.table(&db, &schema, &name).is_none() {
+            return Err(if snapshot.view(&db, &schema, &name).is_some() {
+                CirroError::new(
+                    SqlState::WRONG_OBJECT_TYPE,
+                    format!("cannot copy to view \"{name}\""),
+                )
+            } else {
+                CirroError::new(
+                    SqlState::UNDEFINED_TABLE,
+                    format!("relation \"{name}\" does not exist"),
+                )
+            });
+        }
+        let provider = self.context().table_provider(copy.table.clone()).await?;
+        let target = provider.schema();
+        let columns: Vec<String> = if copy.columns.is_empty() {
+            target.fields().iter().map(|f| f.name().clone()).collect()
+        } else {
+            for (i, column) in copy.columns.iter().enumerate() {
+                if target.field_with_name(column).is_err() {
+                    return Err(CirroError::new(
+                        SqlState::UNDEFINED_COLUMN,
+                        format!("column \"{column}\" of relation \"{name}\" does not exist"),
+                    ));
+                }
+                if copy.columns[..i].contains(column) {
+                    return Err(CirroError::new(
+                        SqlState::DUPLICATE_COLUMN,
+                        format!("column \"{column}\" specified more than once"),
+                    ));
+                }
+            }
+            copy.columns.clone()
+        };
+        let text = Arc::new(Schema::new(
+            columns
+                .iter()
+                .map(|c| Field::new(c, DataType::Utf8, true))
+                .collect::<Vec<_>>(),
+        ));
+        let rows = rows.unwrap_or_else(|| {
+            Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&text),
+                stream::empty(),
+            ))
+        });
+        let source = StreamingTable::try_new(
+            Arc::clone(&text),
+            vec![Arc::new(CopyStream {
+                schema: Arc::clone(&text),
+                stream: Mutex::new(Some(rows)),
+            })],
+        )?;
+        let projection = target
+            .fields()
+            .iter()
+            .map(|field| {
+                let value = if columns.contains(field.name()) {
+                    from_text(
+                        Expr::Column(Column::from_name(field.name())),
+                        field.data_type(),
+                    )?
+                } else {
+                    Expr::Literal(ScalarValue::try_from(field.data_type())?, None)
+                };
+                Ok(value.alias(field.name()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let plan = LogicalPlanBuilder::scan(
+            TableReference::bare("copy from stdin"),
+            provider_as_source(Arc::new(source)),
+            None,
+        )?
+        .project(projection)?;
+        let plan = LogicalPlanBuilder::insert_into(
+            plan.build()?,
+            copy.table.clone(),
+            provider_as_source(provider),
+            InsertOp::Append,
+        )?
+        .build()?;
+        Ok((plan, columns))
+    }
+
+    fn refuse_if_aborted(&self) -> Result<()> {
+        if self.transaction_aborted() {
+            return Err(CirroError::new(
+                SqlState::IN_FAILED_SQL_TRANSACTION,
+                "current transaction is aborted, commands ignored until end of transaction block",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Check a `COPY … FROM STDIN` before the client sends its data: the
+    /// table and columns exist and this user may insert into it. Returns the
+    /// columns the data holds.
+    pub async fn copy_in_columns(&self, copy: &CopyIn) -> Result<Vec<String>> {
+        self.refuse_if_aborted()?;
+        self.catalog().refresh().await?;
+        let (plan, columns) = self.copy_in_plan(copy, None).await?;
+        self.check_plan(&plan)?;
+        Ok(columns)
+    }
+
+    /// Run a `COPY … FROM STDIN` over `data`, the bytes the client sends in
+    /// chunks cut anywhere. It is an INSERT: all rows or none (an error in
+    /// `data`, such as the client going away, leaves the table as it was),
+    /// taken into the open transaction if there is one. Returns `COPY n`.
+    pub async fn copy_in<S, B>(&self, copy: &CopyIn, data: S) -> Result<Outcome>
+    where
+        S: futures::Stream<Item = Result<B>> + Send + 'static,
+        B: AsRef<[u8]> + Send,
+    {
+        let columns = self.copy_in_columns(copy).await?;
+        let parser = CopyParser::new(copy.format.clone(), &columns, copy.table.table());
+        let text = parser.schema();
+        let batches = stream::unfold(
+            (Box::pin(data), parser, false),
+            |(mut data, mut parser, done)| async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    let step = match data.next().await {
+                        Some(Ok(chunk)) => match parser.push(chunk.as_ref()) {
+                            Ok(batches) if batches.is_empty() => continue,
+                            other => other,
+                        },
+                        Some(Err(e)) => Err(e),
+                        None => {
+                            let last = parser.finish().map(|b| b.into_iter().collect());
+                            return Some((last, (data, parser, true)));
+                        }
+                    };
+                    let failed = step.is_err();
+                    return Some((step, (data, parser, failed)));
+                }
+            },
+        )
+        .flat_map(|step| {
+            let items: Vec<std::result::Result<RecordBatch, DataFusionError>> = match step {
+                Ok(batches) => batches.into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(DataFusionError::External(Box::new(e)))],
+            };
+            stream::iter(items)
+        });
+        let rows: SendableRecordBatchStream =
+            Box::pin(RecordBatchStreamAdapter::new(text, batches));
+        let (plan, _) = self.copy_in_plan(copy, Some(rows)).await?;
+        self.check_plan(&plan)?;
+        match self.execute_plan(plan).await? {
+            Outcome::Command { tag, notice } => Ok(Outcome::Command {
+                tag: format!("COPY {}", tag.rsplit(' ').next().unwrap_or("0")),
+                notice,
+            }),
+            Outcome::Rows(_) => Err(CirroError::internal("COPY planned as a query")),
+        }
     }
 }
 

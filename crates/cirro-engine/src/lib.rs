@@ -15,6 +15,7 @@
 
 mod access;
 mod copy;
+mod copy_text;
 mod ddl;
 mod dml;
 mod functions;
@@ -38,6 +39,8 @@ use datafusion::sql::sqlparser::ast::{CreateTableOptions, ObjectType, Statement 
 use futures::StreamExt;
 
 pub use access::bootstrap_superuser;
+pub use copy::{ClientCopy, CopyIn, parse_client_copy};
+pub use copy_text::TextFormat;
 pub use split::{is_complete, split_statements};
 
 /// How a process's engine is set up.
@@ -149,6 +152,13 @@ fn name_not_null_column(err: CirroError, input: &LogicalPlan, table: &str) -> Ci
         ),
         None => err,
     }
+}
+
+#[derive(Clone, Copy)]
+enum Savepoint {
+    Set,
+    Release,
+    RollbackTo,
 }
 
 /// A transaction taken out of its engine for an await; returned to it on
@@ -370,6 +380,50 @@ impl Engine {
         }
     }
 
+    /// SAVEPOINT, RELEASE SAVEPOINT and ROLLBACK TO SAVEPOINT.
+    async fn savepoint(
+        &self,
+        what: Savepoint,
+        name: &datafusion::sql::sqlparser::ast::Ident,
+    ) -> Result<Outcome> {
+        let name = datafusion::sql::planner::IdentNormalizer::new(true).normalize(name.clone());
+        let tag = match what {
+            Savepoint::Set => "SAVEPOINT",
+            Savepoint::Release => "RELEASE",
+            Savepoint::RollbackTo => "ROLLBACK",
+        };
+        let Some(txn) = self.take_txn() else {
+            return Err(CirroError::new(
+                SqlState::NO_ACTIVE_SQL_TRANSACTION,
+                format!("{tag} can only be used in transaction blocks"),
+            ));
+        };
+        // An aborted transaction only gets here for ROLLBACK TO (see
+        // `execute_statement`), which ends the aborted state.
+        let mut held = HeldTransaction {
+            engine: self,
+            txn: Some(txn),
+        };
+        let result = match (what, held.txn.as_mut()) {
+            (_, None) => Err(CirroError::internal(
+                "the transaction ended during a statement",
+            )),
+            (Savepoint::Set, Some(txn)) => {
+                txn.savepoint(&name);
+                Ok(None)
+            }
+            (Savepoint::Release, Some(txn)) => txn.release(&name).map(|_| None),
+            (Savepoint::RollbackTo, Some(txn)) => txn.rollback_to(&name).await,
+        };
+        if let Some(txn) = held.txn.take() {
+            self.put_txn(txn);
+        }
+        if let Some((location, view)) = result? {
+            self.session.set(&location, view);
+        }
+        Ok(Outcome::command(tag))
+    }
+
     /// Refuse what a transaction cannot hold.
     pub(crate) fn check_transaction_allows(&self, what: &str) -> Result<()> {
         if self.in_transaction() {
@@ -479,9 +533,19 @@ impl Engine {
                         )),
                     };
                 }
+                SqlStatement::Savepoint { name } => {
+                    return self.savepoint(Savepoint::Set, name).await;
+                }
+                SqlStatement::ReleaseSavepoint { name } => {
+                    return self.savepoint(Savepoint::Release, name).await;
+                }
+                SqlStatement::Rollback {
+                    chain: false,
+                    savepoint: Some(name),
+                } => return self.savepoint(Savepoint::RollbackTo, name).await,
                 SqlStatement::Commit { .. } | SqlStatement::Rollback { .. } => {
                     return Err(CirroError::unsupported(
-                        "COMMIT AND CHAIN, ROLLBACK AND CHAIN and savepoints are not supported",
+                        "COMMIT AND CHAIN and ROLLBACK AND CHAIN are not supported",
                     ));
                 }
                 _ => {}

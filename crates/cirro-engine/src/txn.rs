@@ -43,10 +43,26 @@ pub(crate) struct WrittenTable {
     pub changes_rows: bool,
 }
 
+/// What `ROLLBACK TO SAVEPOINT` returns the written table to.
+struct Savepoint {
+    name: String,
+    /// The written table's view, its new files' count and `changes_rows`
+    /// then (None: nothing was written yet).
+    written: Option<(CirroTable, usize, bool)>,
+}
+
 #[derive(Default)]
 pub(crate) struct Transaction {
     pub written: Option<WrittenTable>,
     pub aborted: bool,
+    savepoints: Vec<Savepoint>,
+}
+
+fn no_savepoint(name: &str) -> CirroError {
+    CirroError::new(
+        SqlState::SAVEPOINT_EXCEPTION,
+        format!("savepoint \"{name}\" does not exist"),
+    )
 }
 
 impl Transaction {
@@ -88,6 +104,58 @@ impl Transaction {
         written.new_files.extend(change.new_files().iter().cloned());
         written.changes_rows |= changes_rows;
         Ok(current)
+    }
+
+    /// `SAVEPOINT name`: remember the transaction's changes so far.
+    pub fn savepoint(&mut self, name: &str) {
+        let written = self
+            .written
+            .as_ref()
+            .map(|w| (w.current.clone(), w.new_files.len(), w.changes_rows));
+        self.savepoints.push(Savepoint {
+            name: name.to_string(),
+            written,
+        });
+    }
+
+    /// `RELEASE SAVEPOINT name`: forget it and the savepoints after it.
+    pub fn release(&mut self, name: &str) -> Result<()> {
+        let at = self
+            .savepoints
+            .iter()
+            .rposition(|s| s.name == name)
+            .ok_or_else(|| no_savepoint(name))?;
+        self.savepoints.truncate(at);
+        Ok(())
+    }
+
+    /// `ROLLBACK TO SAVEPOINT name`: drop the changes made since (removing
+    /// the files they wrote) and end the aborted state; the savepoint stays.
+    /// Returns the table location and the view sessions should read now.
+    pub async fn rollback_to(&mut self, name: &str) -> Result<Option<(String, CirroTable)>> {
+        let at = self
+            .savepoints
+            .iter()
+            .rposition(|s| s.name == name)
+            .ok_or_else(|| no_savepoint(name))?;
+        self.savepoints.truncate(at + 1);
+        self.aborted = false;
+        let saved = self.savepoints[at].written.clone();
+        let Some(written) = self.written.as_mut() else {
+            return Ok(None);
+        };
+        let nothing_written_then = saved.is_none();
+        let (view, kept, changes_rows) = saved.unwrap_or_else(|| (written.base.clone(), 0, false));
+        let dropped: Vec<Path> = written.new_files.drain(kept..).collect();
+        remove_paths(&written.base, &dropped).await;
+        let location = written.location.clone();
+        if nothing_written_then {
+            self.written = None;
+        } else {
+            written.current = view.clone();
+            written.changes_rows = changes_rows;
+        }
+        Ok(Some((location, view)))
     }
 
     /// Commit the transaction's changes (one Delta commit). On failure the
@@ -234,5 +302,66 @@ mod tests {
             let referenced = log.contains(&file) || file.starts_with("deletion_vector_");
             assert!(referenced, "unreferenced file {file} left behind");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn savepoints_undo_what_came_after_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(dir.path().to_str().unwrap(), EngineConfig::default())
+            .await
+            .unwrap();
+        tag(&engine, "CREATE TABLE t (id INT NOT NULL)").await;
+        tag(&engine, "INSERT INTO t VALUES (1), (2)").await;
+        let err = engine.execute("SAVEPOINT a").await.err().unwrap();
+        assert_eq!(err.state, SqlState::NO_ACTIVE_SQL_TRANSACTION);
+        tag(&engine, "BEGIN").await;
+        // Before anything is written: ROLLBACK TO leaves the table as read.
+        tag(&engine, "SAVEPOINT before_all").await;
+        tag(&engine, "DELETE FROM t").await;
+        assert_eq!(count(&engine).await, 0);
+        assert_eq!(
+            tag(&engine, "ROLLBACK TO SAVEPOINT before_all").await,
+            "ROLLBACK"
+        );
+        assert_eq!(count(&engine).await, 2);
+        tag(&engine, "INSERT INTO t VALUES (3)").await;
+        tag(&engine, "SAVEPOINT a").await;
+        tag(&engine, "INSERT INTO t VALUES (4), (5)").await;
+        tag(&engine, "DELETE FROM t WHERE id < 3").await;
+        assert_eq!(count(&engine).await, 3);
+        // An error aborts the transaction; ROLLBACK TO ends that.
+        let err = engine
+            .execute("UPDATE t SET id = NULL")
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.state, SqlState::NOT_NULL_VIOLATION);
+        assert!(engine.transaction_aborted());
+        tag(&engine, "ROLLBACK TO a").await;
+        assert!(!engine.transaction_aborted());
+        assert_eq!(count(&engine).await, 3);
+        let err = engine
+            .execute("RELEASE SAVEPOINT nope")
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(err.state, SqlState::SAVEPOINT_EXCEPTION);
+        tag(&engine, "ROLLBACK TO a").await;
+        assert_eq!(tag(&engine, "RELEASE a").await, "RELEASE");
+        assert_eq!(tag(&engine, "COMMIT").await, "COMMIT");
+        assert_eq!(count(&engine).await, 3);
+        let ids = engine
+            .context()
+            .sql("SELECT sum(id) FROM t")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let sum = arrow::array::cast::AsArray::as_primitive::<arrow::datatypes::Int64Type>(
+            ids[0].column(0),
+        )
+        .value(0);
+        assert_eq!(sum, 1 + 2 + 3);
     }
 }

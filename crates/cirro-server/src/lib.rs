@@ -11,6 +11,7 @@
 //! transaction, pinned tables), so connections never block each other.
 
 mod auth;
+mod copy;
 mod pg;
 mod session;
 
@@ -117,6 +118,10 @@ impl PgWireServerHandlers for Connection {
             Arc::clone(&self.shared),
             Arc::clone(&self.canceller),
         ))
+    }
+
+    fn copy_handler(&self) -> Arc<impl pgwire::api::copy::CopyHandler> {
+        Arc::clone(&self.query)
     }
 
     fn cancel_handler(&self) -> Arc<impl CancelHandler> {

@@ -16,7 +16,7 @@ use arrow_pg::datatypes::df::deserialize_parameters_with_server_types;
 use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type};
 use async_trait::async_trait;
 use cirro_common::{CirroError, SqlState};
-use cirro_engine::{Engine, Outcome, split_statements};
+use cirro_engine::{ClientCopy, Engine, Outcome, split_statements};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::logical_expr::Expr;
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
@@ -37,8 +37,8 @@ use pgwire::messages::simplequery::Query;
 use pgwire::messages::startup::ParameterStatus;
 use pgwire::types::format::FormatOptions;
 
-use crate::Shared;
 use crate::session::{Session, SettingOutcome, parse_setting, setting_schema};
+use crate::{Shared, copy};
 
 /// A statement as the extended protocol keeps it between Parse and Execute.
 #[derive(Clone, Debug)]
@@ -66,7 +66,7 @@ fn statements_of(text: &str) -> Vec<String> {
         .collect()
 }
 
-fn session_of<C: ClientInfo>(client: &C) -> PgWireResult<Arc<Session>> {
+pub(crate) fn session_of<C: ClientInfo>(client: &C) -> PgWireResult<Arc<Session>> {
     client.session_extensions().get::<Session>().ok_or_else(|| {
         PgWireError::UserError(Box::new(ErrorInfo::new(
             "FATAL".to_owned(),
@@ -164,7 +164,7 @@ async fn run(shared: &Shared, session: &Session, sql: &str) -> Result<Ran, Cirro
     }
 }
 
-fn fields_for(
+pub(crate) fn fields_for(
     schema: &arrow::datatypes::Schema,
     format: &Format,
     options: Arc<FormatOptions>,
@@ -206,7 +206,7 @@ fn encode_rows(
         .boxed()
 }
 
-fn transaction_status(engine: &Engine) -> TransactionStatus {
+pub(crate) fn transaction_status(engine: &Engine) -> TransactionStatus {
     if !engine.in_transaction() {
         TransactionStatus::Idle
     } else if engine.transaction_aborted() {
@@ -244,11 +244,108 @@ where
     Ok(())
 }
 
+/// What running statements left the connection in.
+pub(crate) enum Flow {
+    /// All ran (or one failed, and its error was sent).
+    Done,
+    /// A COPY FROM STDIN waits for its data; the rest run after it.
+    CopyIn,
+}
+
+impl QueryHandler {
+    /// Run the statements of a simple query one after another, each sent in
+    /// full before the next starts; the first error is sent and ends them
+    /// (PostgreSQL's rule). A cancel or statement_timeout stops the running
+    /// statement.
+    pub(crate) async fn run_statements<C>(
+        &self,
+        client: &mut C,
+        session: &Arc<Session>,
+        statements: Vec<String>,
+    ) -> PgWireResult<Flow>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
+        let mut statements = statements.into_iter();
+        while let Some(sql) = statements.next() {
+            let timeout = session.statement_timeout();
+            let result = {
+                let work = async {
+                    match cirro_engine::parse_client_copy(&sql).map_err(to_pg)? {
+                        Some(ClientCopy::In(copy)) => {
+                            let rest = statements.by_ref().collect();
+                            copy::start_copy_in(client, session, copy, rest).await?;
+                            return Ok(Flow::CopyIn);
+                        }
+                        Some(ClientCopy::Out { query, format }) => {
+                            match run(&self.shared, session, &query).await.map_err(to_pg)? {
+                                Ran::Rows(stream) => {
+                                    copy::send_copy_out(client, stream, &format).await?;
+                                }
+                                Ran::Command { .. } => {
+                                    return Err(to_pg(CirroError::new(
+                                        SqlState::WRONG_OBJECT_TYPE,
+                                        "COPY TO STDOUT needs a table or a query that returns rows",
+                                    )));
+                                }
+                            }
+                        }
+                        None => match run(&self.shared, session, &sql).await.map_err(to_pg)? {
+                            Ran::Rows(stream) => {
+                                let fields = fields_for(
+                                    &stream.schema(),
+                                    &Format::UnifiedText,
+                                    Arc::clone(&options),
+                                )?;
+                                let rows =
+                                    encode_rows(Arc::clone(session), stream, Arc::clone(&fields));
+                                send_query_response(client, QueryResponse::new(fields, rows), true)
+                                    .await?;
+                            }
+                            Ran::Command {
+                                tag,
+                                notice,
+                                reports,
+                            } => {
+                                send_notices(client, notice, reports).await?;
+                                client
+                                    .feed(PgWireBackendMessage::CommandComplete(
+                                        Tag::new(&tag).into(),
+                                    ))
+                                    .await?;
+                            }
+                        },
+                    }
+                    Ok(Flow::Done)
+                };
+                tokio::select! {
+                    result = work => result,
+                    error = session.canceller.interrupted(timeout) => Err(to_pg(error)),
+                }
+            };
+            match result {
+                Ok(Flow::CopyIn) => return Ok(Flow::CopyIn),
+                Ok(Flow::Done) => {}
+                Err(error @ PgWireError::IoError(_)) => return Err(error),
+                Err(error) => {
+                    session.engine.fail_transaction();
+                    let info: ErrorInfo = error.into();
+                    client
+                        .feed(PgWireBackendMessage::ErrorResponse(info.into()))
+                        .await?;
+                    break;
+                }
+            }
+        }
+        Ok(Flow::Done)
+    }
+}
+
 #[async_trait]
 impl SimpleQueryHandler for QueryHandler {
-    /// Statements of one query run one after another, each sent in full
-    /// before the next starts; the first error ends the query (PostgreSQL's
-    /// rule). A cancel or statement_timeout stops the running statement.
     async fn on_query<C>(&self, client: &mut C, query: Query) -> PgWireResult<()>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
@@ -270,52 +367,9 @@ impl SimpleQueryHandler for QueryHandler {
                 ))
                 .await?;
         }
-        let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
-        for sql in statements {
-            let timeout = session.statement_timeout();
-            let result = {
-                let work = async {
-                    match run(&self.shared, &session, &sql).await.map_err(to_pg)? {
-                        Ran::Rows(stream) => {
-                            let fields = fields_for(
-                                &stream.schema(),
-                                &Format::UnifiedText,
-                                Arc::clone(&options),
-                            )?;
-                            let rows =
-                                encode_rows(Arc::clone(&session), stream, Arc::clone(&fields));
-                            send_query_response(client, QueryResponse::new(fields, rows), true)
-                                .await
-                        }
-                        Ran::Command {
-                            tag,
-                            notice,
-                            reports,
-                        } => {
-                            send_notices(client, notice, reports).await?;
-                            client
-                                .feed(PgWireBackendMessage::CommandComplete(Tag::new(&tag).into()))
-                                .await?;
-                            Ok(())
-                        }
-                    }
-                };
-                tokio::select! {
-                    result = work => result,
-                    error = session.canceller.interrupted(timeout) => Err(to_pg(error)),
-                }
-            };
-            if let Err(error) = result {
-                if matches!(error, PgWireError::IoError(_)) {
-                    return Err(error);
-                }
-                session.engine.fail_transaction();
-                let info: ErrorInfo = error.into();
-                client
-                    .feed(PgWireBackendMessage::ErrorResponse(info.into()))
-                    .await?;
-                break;
-            }
+        if let Flow::CopyIn = self.run_statements(client, &session, statements).await? {
+            // ReadyForQuery comes after the data (see `copy`).
+            return Ok(());
         }
         let status = transaction_status(&session.engine);
         client.set_state(PgWireConnectionState::ReadyForQuery);
@@ -500,6 +554,14 @@ impl ExtendedQueryHandler for QueryHandler {
         let session = session_of(client)?;
         session.canceller.reset();
         let sql = bind(portal)?;
+        if cirro_engine::parse_client_copy(&sql)
+            .map_err(to_pg)?
+            .is_some()
+        {
+            return Err(to_pg(CirroError::unsupported(
+                "COPY FROM STDIN and TO STDOUT run over the simple query protocol",
+            )));
+        }
         let timeout = session.statement_timeout();
         let ran = tokio::select! {
             ran = run(&self.shared, &session, &sql) => ran,

@@ -7,11 +7,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use arrow::array::{ArrayRef, RecordBatch, StringArray};
+use arrow::array::{ArrayRef, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_engine::Engine;
-use datafusion::logical_expr::{ColumnarValue, ScalarUDF, Volatility, create_udf};
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility, create_udf,
+};
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
@@ -269,6 +271,12 @@ impl Session {
         )
         .map_err(|e| CirroError::from(*e))?;
         engine.context().register_udf(version_udf());
+        engine.context().register_udf(to_regtype_udf());
+        engine.context().register_udf(no_serial_sequence_udf());
+        engine.context().register_udf(collation_is_visible_udf());
+        engine
+            .context()
+            .register_udf(ScalarUDF::new_from_impl(JsonBuildObject::new()));
         Ok(Self {
             engine,
             settings: Mutex::new(BTreeMap::new()),
@@ -431,9 +439,178 @@ fn version_udf() -> ScalarUDF {
     )
 }
 
+/// The OID of a built-in type by the names PostgreSQL accepts for it.
+fn builtin_type_oid(name: &str) -> Option<i32> {
+    let name = name.trim().to_ascii_lowercase();
+    let name = name.strip_prefix("pg_catalog.").unwrap_or(&name);
+    if let Some(element) = name.strip_suffix("[]") {
+        // The array type of each (pg_type.typarray).
+        return match builtin_type_oid(element)? {
+            16 => Some(1000),
+            17 => Some(1001),
+            20 => Some(1016),
+            21 => Some(1005),
+            23 => Some(1007),
+            25 => Some(1009),
+            700 => Some(1021),
+            701 => Some(1022),
+            1043 => Some(1015),
+            1082 => Some(1182),
+            1114 => Some(1115),
+            1184 => Some(1185),
+            1700 => Some(1231),
+            _ => None,
+        };
+    }
+    Some(match name {
+        "bool" | "boolean" => 16,
+        "bytea" => 17,
+        "char" => 18,
+        "name" => 19,
+        "int8" | "bigint" => 20,
+        "int2" | "smallint" => 21,
+        "int4" | "integer" | "int" => 23,
+        "text" => 25,
+        "oid" => 26,
+        "json" => 114,
+        "float4" | "real" => 700,
+        "float8" | "double precision" => 701,
+        "bpchar" | "character" => 1042,
+        "varchar" | "character varying" => 1043,
+        "date" => 1082,
+        "time" | "time without time zone" => 1083,
+        "timestamp" | "timestamp without time zone" => 1114,
+        "timestamptz" | "timestamp with time zone" => 1184,
+        "interval" => 1186,
+        "numeric" | "decimal" => 1700,
+        "uuid" => 2950,
+        "jsonb" => 3802,
+        _ => return None,
+    })
+}
+
+/// `to_regtype(name)`: the type's OID, or NULL for a type Cirro does not
+/// have (drivers probe for extension types such as hstore this way).
+fn to_regtype_udf() -> ScalarUDF {
+    create_udf(
+        "to_regtype",
+        vec![DataType::Utf8],
+        DataType::Int32,
+        Volatility::Stable,
+        Arc::new(|args: &[ColumnarValue]| {
+            let arrays = ColumnarValue::values_to_arrays(args)?;
+            let names = arrays[0].as_string::<i32>();
+            let oids: arrow::array::Int32Array = names
+                .iter()
+                .map(|name| name.and_then(builtin_type_oid))
+                .collect();
+            Ok(ColumnarValue::Array(Arc::new(oids)))
+        }),
+    )
+}
+
+/// `pg_get_serial_sequence(table, column)`: NULL, as Cirro has no
+/// sequences (SQLAlchemy's column reflection asks).
+fn no_serial_sequence_udf() -> ScalarUDF {
+    create_udf(
+        "pg_get_serial_sequence",
+        vec![DataType::Utf8, DataType::Utf8],
+        DataType::Utf8,
+        Volatility::Stable,
+        Arc::new(|_args: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))),
+    )
+}
+
+/// `pg_collation_is_visible(oid)`: true (one schema of collations).
+fn collation_is_visible_udf() -> ScalarUDF {
+    create_udf(
+        "pg_collation_is_visible",
+        vec![DataType::Int32],
+        DataType::Boolean,
+        Volatility::Stable,
+        Arc::new(|_args: &[ColumnarValue]| {
+            Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
+        }),
+    )
+}
+
+/// `json_build_object(key, value, …)` as JSON text (SQLAlchemy's column
+/// reflection builds identity and collation details with it).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct JsonBuildObject {
+    signature: Signature,
+}
+
+impl JsonBuildObject {
+    fn new() -> Self {
+        Self {
+            signature: Signature::variadic_any(Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for JsonBuildObject {
+    fn name(&self) -> &str {
+        "json_build_object"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> datafusion::error::Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: ScalarFunctionArgs,
+    ) -> datafusion::error::Result<ColumnarValue> {
+        if args.args.len() % 2 != 0 {
+            return Err(datafusion::error::DataFusionError::Execution(
+                "argument list must have even number of elements".to_string(),
+            ));
+        }
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let rows = args.number_rows;
+        let mut out = arrow::array::StringBuilder::new();
+        for row in 0..rows {
+            let mut object = serde_json::Map::new();
+            for pair in arrays.chunks(2) {
+                let key = ScalarValue::try_from_array(&pair[0], row)?;
+                let value = ScalarValue::try_from_array(&pair[1], row)?;
+                let value = match value {
+                    v if v.is_null() => serde_json::Value::Null,
+                    ScalarValue::Boolean(Some(b)) => serde_json::Value::Bool(b),
+                    v if v.data_type().is_numeric() => {
+                        serde_json::from_str(&v.to_string()).unwrap_or(serde_json::Value::Null)
+                    }
+                    v => serde_json::Value::String(v.to_string()),
+                };
+                let key = if key.is_null() {
+                    String::new()
+                } else {
+                    key.to_string()
+                };
+                object.insert(key, value);
+            }
+            out.append_value(serde_json::Value::Object(object).to_string());
+        }
+        Ok(ColumnarValue::Array(Arc::new(out.finish())))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn type_names_resolve_to_builtin_oids() {
+        assert_eq!(builtin_type_oid("integer"), Some(23));
+        assert_eq!(builtin_type_oid("pg_catalog.INT8"), Some(20));
+        assert_eq!(builtin_type_oid("text[]"), Some(1009));
+        assert_eq!(builtin_type_oid("hstore"), None);
+    }
 
     #[test]
     fn parses_settings() {

@@ -108,6 +108,19 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Run one check of `pg_client.py` against this server; it must pass.
+    fn python_check(&self, check: &str) {
+        let out = self.python("pg_client.py", &[check]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("ok"),
+            "pg_client.py {check} failed:\n{stdout}\n{}",
+            stderr(&out)
+        );
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -199,6 +212,134 @@ fn psql_queries_describe_and_errors() {
     // The data is the same that the shell sees.
     let shell = server.data.query_csv("SELECT id FROM items ORDER BY id");
     assert!(shell.contains('1') && shell.contains('2'), "{shell}");
+}
+
+#[test]
+fn psql_copy_in_and_out() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    server.sql("CREATE TABLE t (a INT NOT NULL, b VARCHAR, c DOUBLE, d DATE, e BOOLEAN, f BYTEA)");
+    // Text format: escapes, NULLs (\N), bytea's hex form.
+    std::fs::write(
+        file("in.txt"),
+        "1\thello\t1.5\t2024-01-02\tt\t\\\\x0102\n\
+         2\t\\N\t\\N\t\\N\t\\N\t\\N\n\
+         3\ttab\\there \\\\ back\t-2\t2020-02-29\tf\t\\\\x\n",
+    )
+    .expect("write");
+    let copied = server.psql_ok(&["-c", &format!("\\copy t from '{}'", file("in.txt"))]);
+    assert_eq!(copied.trim(), "COPY 3");
+    assert_eq!(
+        server.sql("SELECT a, b, c, d, e, encode(f, 'hex') FROM t ORDER BY a"),
+        "1|hello|1.5|2024-01-02|t|0102\n2|||||\n3|tab\there \\ back|-2.0|2020-02-29|f|\n"
+    );
+    // Out and back in, text and CSV: the same rows (NULL and '' kept apart).
+    server.sql("INSERT INTO t VALUES (4, '', NULL, NULL, NULL, NULL)");
+    let before = server.sql("SELECT * FROM t ORDER BY a");
+    for (name, options) in [("out.txt", ""), ("out.csv", " with (format csv, header)")] {
+        let out = server.psql_ok(&[
+            "-c",
+            &format!(
+                "\\copy (SELECT * FROM t ORDER BY a) to '{}'{options}",
+                file(name)
+            ),
+        ]);
+        assert_eq!(out.trim(), "COPY 4");
+        server.sql("TRUNCATE t");
+        let back = server.psql_ok(&["-c", &format!("\\copy t from '{}'{options}", file(name))]);
+        assert_eq!(back.trim(), "COPY 4");
+        assert_eq!(server.sql("SELECT * FROM t ORDER BY a"), before, "{name}");
+    }
+    let csv = std::fs::read_to_string(file("out.csv")).expect("read");
+    assert!(csv.starts_with("a,b,c,d,e,f\n1,\"hello\",1.5,"), "{csv}");
+    // A column list; COPY TO STDOUT of a table with options.
+    server.psql_ok(&[
+        "-c",
+        &format!("\\copy t (b, a) from '{}' with (format csv)", {
+            std::fs::write(file("two.csv"), "\"x,y\",10\n,11\n").expect("write");
+            file("two.csv")
+        }),
+    ]);
+    assert_eq!(
+        server.sql("COPY (SELECT a, b FROM t WHERE a >= 10 ORDER BY a) TO STDOUT WITH (FORMAT csv, DELIMITER ';')"),
+        "10;\"x,y\"\n11;\n"
+    );
+    // Bad data: refused with its SQLSTATE, and nothing of it is kept.
+    let count = || server.sql("SELECT count(*) FROM t");
+    let rows = count();
+    for (data, state) in [
+        (
+            "5\tok\t1\t2024-01-01\tt\t\\\\x00\nnotanint\tx\t1\t2024-01-01\tt\t\\\\x00\n",
+            "22P02",
+        ),
+        ("5\tshort\n", "22P04"),
+        ("\\N\tnull key\t1\t2024-01-01\tt\t\\\\x00\n", "23502"),
+    ] {
+        std::fs::write(file("bad.txt"), data).expect("write");
+        let err = server.sql_err(&format!("\\copy t from '{}'", file("bad.txt")));
+        assert!(err.contains(state), "{data:?}: {err}");
+        assert_eq!(count(), rows);
+    }
+    assert!(
+        server
+            .sql_err("\\copy nosuch from '/dev/null'")
+            .contains("42P01")
+    );
+    assert!(
+        server
+            .sql_err("COPY t FROM STDIN (FORMAT binary)")
+            .contains("0A000")
+    );
+    // In a transaction: the copied rows go with ROLLBACK; after a failed
+    // COPY the transaction is aborted.
+    let out = server.psql_ok(&[
+        "-At",
+        "-c",
+        "BEGIN",
+        "-c",
+        &format!("\\copy t from '{}'", file("in.txt")),
+        "-c",
+        "SELECT count(*) FROM t",
+        "-c",
+        "ROLLBACK",
+    ]);
+    assert_eq!(
+        out.lines().nth(2),
+        Some(
+            (rows.trim().parse::<u64>().expect("count") + 3)
+                .to_string()
+                .as_str()
+        )
+    );
+    assert_eq!(count(), rows);
+    // A client killed in the middle of COPY FROM STDIN leaves no rows.
+    let mut psql = Command::new("psql")
+        .arg(server.conninfo("cirro"))
+        .args(["-X", "-c", "COPY t FROM STDIN"])
+        .env("PGPASSWORD", PASSWORD)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("psql");
+    {
+        use std::io::Write;
+        let stdin = psql.stdin.as_mut().expect("stdin");
+        for i in 0..20_000 {
+            writeln!(stdin, "{}\tpartial\t1\t2024-01-01\tt\t\\\\x00", 100 + i).expect("write");
+        }
+        stdin.flush().expect("flush");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    psql.kill().expect("kill psql");
+    let _ = psql.wait();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(count(), rows);
+    assert_eq!(
+        server.sql("SELECT count(*) FROM t WHERE b = 'partial'"),
+        "0\n"
+    );
 }
 
 #[test]
@@ -323,16 +464,12 @@ fn restart_keeps_users_and_ignores_the_environment() {
 
 #[test]
 fn psycopg_parameters_prepared_statements_and_transactions() {
-    let server = Server::start();
-    let out = server.python("pg_client.py", &["basics"]);
-    assert!(
-        out.status.success(),
-        "pg_client.py basics failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        stderr(&out)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("ok"), "{stdout}");
+    Server::start().python_check("basics");
+}
+
+#[test]
+fn psycopg_copy_with_pandas_and_arrow_round_trips() {
+    Server::start().python_check("copy");
 }
 
 #[test]
