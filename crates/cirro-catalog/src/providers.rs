@@ -124,6 +124,16 @@ impl CirroCatalogList {
     }
 
     /// Set the view planner (once, after the session state exists).
+    /// Forget the system schemas (pg_catalog, …) registered by the session.
+    /// Their providers often hold the session's catalog list, which holds
+    /// them: the session calls this when it ends so that the cycle does not
+    /// keep both alive.
+    pub fn clear_system_schemas(&self) {
+        if let Ok(mut system) = self.system.write() {
+            system.clear();
+        }
+    }
+
     pub fn set_view_planner(&self, planner: Arc<dyn ViewPlanner>) {
         let _ = self.planner.set(planner);
     }

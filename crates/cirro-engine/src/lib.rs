@@ -180,6 +180,8 @@ impl Drop for HeldTransaction<'_> {
 /// The engine: one catalog, one DataFusion session.
 pub struct Engine {
     catalog: Arc<Catalog>,
+    /// The session's view of the databases (DataFusion's catalog list).
+    catalogs: Arc<CirroCatalogList>,
     ctx: SessionContext,
     /// Tables pinned by the open transaction, if any.
     session: Arc<SessionTables>,
@@ -187,6 +189,12 @@ pub struct Engine {
     txn: std::sync::Mutex<Option<txn::Transaction>>,
     /// The user the session runs as; None for the local shell (see `access`).
     user: Option<String>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.catalogs.clear_system_schemas();
+    }
 }
 
 impl Engine {
@@ -225,6 +233,7 @@ impl Engine {
         list.set_view_planner(Arc::new(views::SessionViewPlanner::for_context(&ctx)));
         Self {
             catalog,
+            catalogs: list,
             ctx,
             session,
             txn: std::sync::Mutex::new(None),

@@ -30,7 +30,7 @@ use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use pgwire::api::auth::DefaultServerParameterProvider;
 use pgwire::api::cancel::CancelHandler;
 use pgwire::api::{ClientInfo, ErrorHandler, PgWireServerHandlers, RandomPidSecretKeyGenerator};
-use pgwire::error::PgWireError;
+use pgwire::error::{ErrorInfo, PgWireError};
 use pgwire::messages::cancel::CancelRequest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -298,7 +298,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
                     return;
                 }
             };
-            if let Err(e) = pgwire::tokio::process_socket(socket, tls, handlers).await {
+            if let Err(e) = process_connection(socket, tls, handlers).await {
                 log::debug!("{peer}: {e}");
             }
             watcher.abort();
@@ -307,6 +307,94 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         });
     }
     eprintln!("cirro: shutting down");
+    Ok(())
+}
+
+/// How long a client may take to log in.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One client connection: pgwire's message loop (as in
+/// `pgwire::tokio::process_socket`), except that a message that cannot be
+/// decoded (truncated, an impossible length, an unknown type) gets a FATAL
+/// 08P01 ErrorResponse before the connection closes; pgwire's own loop
+/// closes without a word.
+async fn process_connection<H: PgWireServerHandlers>(
+    socket: TcpStream,
+    tls: Option<TlsAcceptor>,
+    handlers: H,
+) -> std::io::Result<()> {
+    use futures::{SinkExt, StreamExt};
+    use pgwire::api::PgWireConnectionState as State;
+    use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
+    use pgwire::tokio::server::{negotiate_tls, process_error, process_message};
+
+    let startup_timeout = tokio::time::sleep(STARTUP_TIMEOUT);
+    tokio::pin!(startup_timeout);
+    let negotiated = tokio::select! {
+        _ = &mut startup_timeout => return Ok(()),
+        socket = negotiate_tls(socket, tls) => socket?,
+    };
+    // None: direct TLS without a certificate configured.
+    let Some(mut socket) = negotiated else {
+        return Ok(());
+    };
+    let startup = handlers.startup_handler();
+    let simple = handlers.simple_query_handler();
+    let extended = handlers.extended_query_handler();
+    let copy = handlers.copy_handler();
+    let cancel = handlers.cancel_handler();
+    let errors = handlers.error_handler();
+    loop {
+        let logging_in = matches!(
+            socket.state(),
+            State::AwaitingStartup | State::AuthenticationInProgress
+        );
+        let next = if logging_in {
+            tokio::select! {
+                _ = &mut startup_timeout => None,
+                next = socket.next() => next,
+            }
+        } else {
+            socket.next().await
+        };
+        let message = match next {
+            Some(Ok(PgWireFrontendMessage::Terminate(_))) | None => break,
+            Some(Ok(message)) => message,
+            Some(Err(e)) => {
+                let info = ErrorInfo::new(
+                    "FATAL".to_owned(),
+                    SqlState::PROTOCOL_VIOLATION.0.to_owned(),
+                    format!("invalid protocol message: {e}"),
+                );
+                let _ = socket
+                    .send(PgWireBackendMessage::ErrorResponse(info.into()))
+                    .await;
+                break;
+            }
+        };
+        let is_extended = match socket.state() {
+            State::CopyInProgress(is_extended) => is_extended,
+            _ => message.is_extended_query(),
+        };
+        if let Err(mut e) = process_message(
+            message,
+            &mut socket,
+            Arc::clone(&startup),
+            Arc::clone(&simple),
+            Arc::clone(&extended),
+            Arc::clone(&copy),
+            Arc::clone(&cancel),
+        )
+        .await
+        {
+            errors.on_error(&socket, &mut e);
+            process_error(&mut socket, e, is_extended).await?;
+            if logging_in {
+                // A failed login never leaves a connection open.
+                break;
+            }
+        }
+    }
     Ok(())
 }
 

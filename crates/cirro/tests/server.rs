@@ -473,6 +473,33 @@ fn psycopg_copy_with_pandas_and_arrow_round_trips() {
 }
 
 #[test]
+fn protocol_fuzz_leaves_the_server_answering() {
+    let server = Server::start();
+    // Fixed seed; 400 connections per phase (startup, authentication,
+    // simple query, extended query, COPY), several messages each.
+    let port = server.port.to_string();
+    let out = Command::new(python())
+        .arg(interop_dir().join("pg_fuzz.py"))
+        .args(["127.0.0.1", &port, "cirro", PASSWORD, "1", "400"])
+        .output()
+        .expect("run pg_fuzz.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("ok"),
+        "pg_fuzz.py failed:\n{stdout}\n{}",
+        stderr(&out)
+    );
+    let sent: u64 = stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("message count");
+    assert!(sent >= 5000, "only {sent} messages sent: {stdout}");
+    // And psql still works.
+    assert_eq!(server.sql("SELECT count(*) FROM fuzz_ref"), "2\n");
+}
+
+#[test]
 fn tpch_sf0_01_over_psycopg_matches_reference_answers() {
     let data = DataDir::new();
     data.load(&["tpch", "--sf", "0.01"]);
