@@ -31,6 +31,7 @@ use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::StorageRoot;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SessionContext;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan, Statement, WriteOp};
 use datafusion::prelude::SessionConfig;
@@ -51,6 +52,10 @@ pub struct EngineConfig {
     pub target_partitions: Option<usize>,
     /// The database names resolve in (default `cirro`).
     pub database: Option<String>,
+    /// The DataFusion runtime (memory pool, Parquet metadata and statistics
+    /// caches) to share with other sessions of the process; a new one when
+    /// unset. A server shares one: each runtime's caches may hold ~70 MB.
+    pub runtime: Option<Arc<RuntimeEnv>>,
 }
 
 /// What a statement produced.
@@ -223,11 +228,14 @@ impl Engine {
         if let Some(partitions) = config.target_partitions {
             session_config = session_config.with_target_partitions(partitions.max(1));
         }
-        let state = SessionStateBuilder::new()
+        let mut builder = SessionStateBuilder::new()
             .with_config(session_config)
             .with_default_features()
-            .with_catalog_list(list.clone())
-            .build();
+            .with_catalog_list(list.clone());
+        if let Some(runtime) = &config.runtime {
+            builder = builder.with_runtime_env(Arc::clone(runtime));
+        }
+        let state = builder.build();
         let ctx = SessionContext::new_with_state(state).enable_url_table();
         functions::register(&ctx);
         list.set_view_planner(Arc::new(views::SessionViewPlanner::for_context(&ctx)));

@@ -26,6 +26,7 @@ use cirro_catalog::Catalog;
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_engine::EngineConfig;
 use cirro_storage::StorageRoot;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use pgwire::api::auth::DefaultServerParameterProvider;
 use pgwire::api::cancel::CancelHandler;
@@ -242,7 +243,16 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     parameters.date_style = "ISO, MDY".to_string();
     let shared = Arc::new(Shared {
         catalog,
-        engine: config.engine.clone(),
+        engine: EngineConfig {
+            // One runtime for all sessions: shared Parquet metadata and
+            // statistics caches (bounded once, not per connection) and one
+            // memory pool.
+            runtime: Some(match &config.engine.runtime {
+                Some(runtime) => Arc::clone(runtime),
+                None => Arc::new(RuntimeEnv::default()),
+            }),
+            ..config.engine.clone()
+        },
         require_tls: config.require_tls,
         parameters: Arc::new(parameters),
         pids: RandomPidSecretKeyGenerator::default(),

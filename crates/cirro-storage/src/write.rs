@@ -27,7 +27,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::MetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
 use deltalake::DeltaTable;
-use deltalake::kernel::transaction::CommitBuilder;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::kernel::{Action, Add};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
@@ -156,6 +156,9 @@ impl TableWriter {
     }
 }
 
+/// Commit attempts of an append before it gives up (see `commit_actions`).
+const BLIND_APPEND_COMMIT_ATTEMPTS: usize = 1000;
+
 /// Commit `actions` to `table` as one new version, read at the table's
 /// snapshot. A concurrent commit that conflicts with this one (it removed a
 /// file this one read or removes) fails it with 40001; one that does not is
@@ -167,7 +170,11 @@ pub async fn commit_actions(
     operation: DeltaOperation,
 ) -> Result<i64> {
     let snapshot = table.snapshot()?;
-    let mut builder = CommitBuilder::default().with_actions(actions);
+    // CommitProperties' defaults include the post-commit hook that writes a
+    // checkpoint every `delta.checkpointInterval` versions; without it every
+    // reader replays the whole JSON log, and each statement on a table with
+    // many small commits gets slower and holds more memory.
+    let mut builder = CommitBuilder::from(CommitProperties::default()).with_actions(actions);
     // An append reads no existing file and changes none, so it can neither
     // lose an update nor invalidate another writer's reads: mark it a blind
     // append (others' conflict checks skip its files) and give it a read
@@ -180,10 +187,16 @@ pub async fn commit_actions(
             partition_by,
             predicate: None,
         } => {
-            builder = builder.with_app_metadata(std::collections::HashMap::from([(
-                "isBlindAppend".to_string(),
-                serde_json::Value::Bool(true),
-            )]));
+            // It never conflicts, so losing the race for the next version
+            // to other writers only means trying the one after: allow many
+            // more attempts than delta-rs's default of 15, which 32 clients
+            // appending at once exhaust.
+            builder = builder
+                .with_app_metadata(std::collections::HashMap::from([(
+                    "isBlindAppend".to_string(),
+                    serde_json::Value::Bool(true),
+                )]))
+                .with_max_retries(BLIND_APPEND_COMMIT_ATTEMPTS);
             DeltaOperation::Write {
                 mode: SaveMode::Append,
                 partition_by,

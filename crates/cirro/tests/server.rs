@@ -500,6 +500,25 @@ fn protocol_fuzz_leaves_the_server_answering() {
 }
 
 #[test]
+fn thirty_two_clients_for_a_minute_without_errors_or_memory_growth() {
+    let server = Server::start();
+    let pid = server.child.id().to_string();
+    let dsn = format!("{} password={PASSWORD}", server.conninfo("cirro"));
+    let out = Command::new(python())
+        .arg(interop_dir().join("pg_soak.py"))
+        .args([&dsn, &pid, "32", "60"])
+        .output()
+        .expect("run pg_soak.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("ok"),
+        "pg_soak.py failed:\n{stdout}\n{}",
+        stderr(&out)
+    );
+    eprintln!("soak: statements, baseline/peak/after MiB: {stdout}");
+}
+
+#[test]
 fn tpch_sf0_01_over_psycopg_matches_reference_answers() {
     let data = DataDir::new();
     data.load(&["tpch", "--sf", "0.01"]);
