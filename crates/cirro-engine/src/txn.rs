@@ -240,6 +240,14 @@ mod tests {
         }
     }
 
+    /// The SQLSTATE of a statement that must fail.
+    async fn failure(engine: &Engine, sql: &str) -> SqlState {
+        match engine.execute(sql).await {
+            Err(e) => e.state,
+            Ok(_) => panic!("{sql} succeeded"),
+        }
+    }
+
     async fn count(engine: &Engine) -> i64 {
         let batches = engine
             .context()
@@ -312,8 +320,10 @@ mod tests {
             .unwrap();
         tag(&engine, "CREATE TABLE t (id INT NOT NULL)").await;
         tag(&engine, "INSERT INTO t VALUES (1), (2)").await;
-        let err = engine.execute("SAVEPOINT a").await.err().unwrap();
-        assert_eq!(err.state, SqlState::NO_ACTIVE_SQL_TRANSACTION);
+        assert_eq!(
+            failure(&engine, "SAVEPOINT a").await,
+            SqlState::NO_ACTIVE_SQL_TRANSACTION
+        );
         tag(&engine, "BEGIN").await;
         // Before anything is written: ROLLBACK TO leaves the table as read.
         tag(&engine, "SAVEPOINT before_all").await;
@@ -330,22 +340,18 @@ mod tests {
         tag(&engine, "DELETE FROM t WHERE id < 3").await;
         assert_eq!(count(&engine).await, 3);
         // An error aborts the transaction; ROLLBACK TO ends that.
-        let err = engine
-            .execute("UPDATE t SET id = NULL")
-            .await
-            .err()
-            .unwrap();
-        assert_eq!(err.state, SqlState::NOT_NULL_VIOLATION);
+        assert_eq!(
+            failure(&engine, "UPDATE t SET id = NULL").await,
+            SqlState::NOT_NULL_VIOLATION
+        );
         assert!(engine.transaction_aborted());
         tag(&engine, "ROLLBACK TO a").await;
         assert!(!engine.transaction_aborted());
         assert_eq!(count(&engine).await, 3);
-        let err = engine
-            .execute("RELEASE SAVEPOINT nope")
-            .await
-            .err()
-            .unwrap();
-        assert_eq!(err.state, SqlState::SAVEPOINT_EXCEPTION);
+        assert_eq!(
+            failure(&engine, "RELEASE SAVEPOINT nope").await,
+            SqlState::SAVEPOINT_EXCEPTION
+        );
         tag(&engine, "ROLLBACK TO a").await;
         assert_eq!(tag(&engine, "RELEASE a").await, "RELEASE");
         assert_eq!(tag(&engine, "COMMIT").await, "COMMIT");
