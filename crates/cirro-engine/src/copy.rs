@@ -35,7 +35,7 @@ use deltalake::protocol::SaveMode;
 use futures::{StreamExt, stream};
 
 use crate::copy_text::{CopyParser, TextFormat};
-use crate::{Engine, Outcome};
+use crate::{Engine, Outcome, aborted};
 
 const TRAILING_COLUMN: &str = "__cirro_trailing_delimiter";
 
@@ -605,13 +605,17 @@ fn from_text(column: Expr, to: &DataType) -> Result<Expr> {
 }
 
 impl Engine {
-    /// The INSERT a `COPY … FROM STDIN` runs, reading `rows` (text columns
-    /// named as the table's). Returns the plan and the columns the data holds.
+    /// The INSERT a `COPY … FROM STDIN` runs (refreshed catalog, privileges
+    /// checked). Returns the plan, the columns the data holds, and the
+    /// partition its rows are read from (filled by the caller before running).
     async fn copy_in_plan(
         &self,
         copy: &CopyIn,
-        rows: Option<SendableRecordBatchStream>,
-    ) -> Result<(LogicalPlan, Vec<String>)> {
+    ) -> Result<(LogicalPlan, Vec<String>, Arc<CopyStream>)> {
+        if self.transaction_aborted() {
+            return Err(aborted());
+        }
+        self.catalog().refresh().await?;
         let (db, schema, name) = self.resolve(&copy.table);
         let snapshot = self.catalog().snapshot();
         if snapshot.table(&db, &schema, &name).is_none() {
@@ -654,18 +658,13 @@ impl Engine {
                 .map(|c| Field::new(c, DataType::Utf8, true))
                 .collect::<Vec<_>>(),
         ));
-        let rows = rows.unwrap_or_else(|| {
-            Box::pin(RecordBatchStreamAdapter::new(
-                Arc::clone(&text),
-                stream::empty(),
-            ))
+        let rows = Arc::new(CopyStream {
+            schema: Arc::clone(&text),
+            stream: Mutex::new(None),
         });
         let source = StreamingTable::try_new(
             Arc::clone(&text),
-            vec![Arc::new(CopyStream {
-                schema: Arc::clone(&text),
-                stream: Mutex::new(Some(rows)),
-            })],
+            vec![Arc::clone(&rows) as Arc<dyn PartitionStream>],
         )?;
         let projection = target
             .fields()
@@ -695,28 +694,15 @@ impl Engine {
             InsertOp::Append,
         )?
         .build()?;
-        Ok((plan, columns))
-    }
-
-    fn refuse_if_aborted(&self) -> Result<()> {
-        if self.transaction_aborted() {
-            return Err(CirroError::new(
-                SqlState::IN_FAILED_SQL_TRANSACTION,
-                "current transaction is aborted, commands ignored until end of transaction block",
-            ));
-        }
-        Ok(())
+        self.check_plan(&plan)?;
+        Ok((plan, columns, rows))
     }
 
     /// Check a `COPY … FROM STDIN` before the client sends its data: the
     /// table and columns exist and this user may insert into it. Returns the
     /// columns the data holds.
     pub async fn copy_in_columns(&self, copy: &CopyIn) -> Result<Vec<String>> {
-        self.refuse_if_aborted()?;
-        self.catalog().refresh().await?;
-        let (plan, columns) = self.copy_in_plan(copy, None).await?;
-        self.check_plan(&plan)?;
-        Ok(columns)
+        Ok(self.copy_in_plan(copy).await?.1)
     }
 
     /// Run a `COPY … FROM STDIN` over `data`, the bytes the client sends in
@@ -728,7 +714,7 @@ impl Engine {
         S: futures::Stream<Item = Result<B>> + Send + 'static,
         B: AsRef<[u8]> + Send,
     {
-        let columns = self.copy_in_columns(copy).await?;
+        let (plan, columns, slot) = self.copy_in_plan(copy).await?;
         let parser = CopyParser::new(copy.format.clone(), &columns, copy.table.table());
         let text = parser.schema();
         let batches = stream::unfold(
@@ -761,10 +747,9 @@ impl Engine {
             };
             stream::iter(items)
         });
-        let rows: SendableRecordBatchStream =
-            Box::pin(RecordBatchStreamAdapter::new(text, batches));
-        let (plan, _) = self.copy_in_plan(copy, Some(rows)).await?;
-        self.check_plan(&plan)?;
+        if let Ok(mut stream) = slot.stream.lock() {
+            *stream = Some(Box::pin(RecordBatchStreamAdapter::new(text, batches)));
+        }
         match self.execute_plan(plan).await? {
             Outcome::Command { tag, notice } => Ok(Outcome::Command {
                 tag: format!("COPY {}", tag.rsplit(' ').next().unwrap_or("0")),

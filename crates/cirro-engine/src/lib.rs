@@ -159,6 +159,14 @@ fn name_not_null_column(err: CirroError, input: &LogicalPlan, table: &str) -> Ci
     }
 }
 
+/// The error of a statement in a transaction an earlier error aborted.
+fn aborted() -> CirroError {
+    CirroError::new(
+        SqlState::IN_FAILED_SQL_TRANSACTION,
+        "current transaction is aborted, commands ignored until end of transaction block",
+    )
+}
+
 #[derive(Clone, Copy)]
 enum Savepoint {
     Set,
@@ -463,10 +471,7 @@ impl Engine {
                 )
             );
             if !ends {
-                return Err(CirroError::new(
-                    SqlState::IN_FAILED_SQL_TRANSACTION,
-                    "current transaction is aborted, commands ignored until end of transaction block",
-                ));
+                return Err(aborted());
             }
         }
         self.catalog.refresh().await?;

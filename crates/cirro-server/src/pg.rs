@@ -176,6 +176,18 @@ pub(crate) fn fields_for(
     )?))
 }
 
+/// The rows of `stream` as a query response in `format`.
+fn query_response(
+    session: &Arc<Session>,
+    stream: SendableRecordBatchStream,
+    format: &Format,
+    options: Arc<FormatOptions>,
+) -> PgWireResult<QueryResponse> {
+    let fields = fields_for(&stream.schema(), format, options)?;
+    let rows = encode_rows(Arc::clone(session), stream, Arc::clone(&fields));
+    Ok(QueryResponse::new(fields, rows))
+}
+
 /// The rows of `stream` encoded for the wire, ending early with 57014 when
 /// the session's statement is cancelled or times out.
 fn encode_rows(
@@ -295,15 +307,13 @@ impl QueryHandler {
                         }
                         None => match run(&self.shared, session, &sql).await.map_err(to_pg)? {
                             Ran::Rows(stream) => {
-                                let fields = fields_for(
-                                    &stream.schema(),
+                                let response = query_response(
+                                    session,
+                                    stream,
                                     &Format::UnifiedText,
                                     Arc::clone(&options),
                                 )?;
-                                let rows =
-                                    encode_rows(Arc::clone(session), stream, Arc::clone(&fields));
-                                send_query_response(client, QueryResponse::new(fields, rows), true)
-                                    .await?;
+                                send_query_response(client, response, true).await?;
                             }
                             Ran::Command {
                                 tag,
@@ -577,9 +587,12 @@ impl ExtendedQueryHandler for QueryHandler {
         match ran {
             Ran::Rows(stream) => {
                 let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
-                let fields = fields_for(&stream.schema(), &portal.result_column_format, options)?;
-                let rows = encode_rows(Arc::clone(&session), stream, Arc::clone(&fields));
-                Ok(Response::Query(QueryResponse::new(fields, rows)))
+                Ok(Response::Query(query_response(
+                    &session,
+                    stream,
+                    &portal.result_column_format,
+                    options,
+                )?))
             }
             Ran::Command {
                 tag,

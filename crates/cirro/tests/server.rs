@@ -98,26 +98,10 @@ impl Server {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    fn python(&self, script: &str, args: &[&str]) -> Output {
-        Command::new(python())
-            .arg(interop_dir().join(script))
-            .arg(format!("{} password={PASSWORD}", self.conninfo("cirro")))
-            .args(args)
-            .output()
-            .expect("run python")
-    }
-}
-
-impl Server {
     /// Run one check of `pg_client.py` against this server; it must pass.
     fn python_check(&self, check: &str) {
-        let out = self.python("pg_client.py", &[check]);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("ok"),
-            "pg_client.py {check} failed:\n{stdout}\n{}",
-            stderr(&out)
-        );
+        let dsn = format!("{} password={PASSWORD}", self.conninfo("cirro"));
+        python_ok("pg_client.py", &[&dsn, check]);
     }
 }
 
@@ -126,6 +110,23 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Run `script` of `tests/interop` with `args`; it must succeed and print a
+/// line starting with "ok". Returns what it printed.
+fn python_ok(script: &str, args: &[&str]) -> String {
+    let out = Command::new(python())
+        .arg(interop_dir().join(script))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.lines().any(|l| l.starts_with("ok")),
+        "{script} {args:?} failed:\n{stdout}\n{}",
+        stderr(&out)
+    );
+    stdout
 }
 
 fn python() -> PathBuf {
@@ -478,16 +479,9 @@ fn protocol_fuzz_leaves_the_server_answering() {
     // Fixed seed; 400 connections per phase (startup, authentication,
     // simple query, extended query, COPY), several messages each.
     let port = server.port.to_string();
-    let out = Command::new(python())
-        .arg(interop_dir().join("pg_fuzz.py"))
-        .args(["127.0.0.1", &port, "cirro", PASSWORD, "1", "400"])
-        .output()
-        .expect("run pg_fuzz.py");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.starts_with("ok"),
-        "pg_fuzz.py failed:\n{stdout}\n{}",
-        stderr(&out)
+    let stdout = python_ok(
+        "pg_fuzz.py",
+        &["127.0.0.1", &port, "cirro", PASSWORD, "1", "400"],
     );
     let sent: u64 = stdout
         .split_whitespace()
@@ -504,17 +498,7 @@ fn thirty_two_clients_for_a_minute_without_errors_or_memory_growth() {
     let server = Server::start();
     let pid = server.child.id().to_string();
     let dsn = format!("{} password={PASSWORD}", server.conninfo("cirro"));
-    let out = Command::new(python())
-        .arg(interop_dir().join("pg_soak.py"))
-        .args([&dsn, &pid, "32", "60"])
-        .output()
-        .expect("run pg_soak.py");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.starts_with("ok"),
-        "pg_soak.py failed:\n{stdout}\n{}",
-        stderr(&out)
-    );
+    let stdout = python_ok("pg_soak.py", &[&dsn, &pid, "32", "60"]);
     eprintln!("soak: statements, baseline/peak/after MiB: {stdout}");
 }
 
@@ -525,18 +509,15 @@ fn tpch_sf0_01_over_psycopg_matches_reference_answers() {
     let server = Server::start_on(data);
     let queries = shared_dir().join("tpch/queries");
     let results = tempfile::tempdir().expect("tempdir");
-    let out = server.python(
+    let dsn = format!("{} password={PASSWORD}", server.conninfo("cirro"));
+    python_ok(
         "pg_client.py",
         &[
+            &dsn,
             "tpch",
             queries.to_str().expect("utf8"),
             results.path().to_str().expect("utf8"),
         ],
-    );
-    assert!(
-        out.status.success(),
-        "pg_client.py tpch failed:\n{}",
-        stderr(&out)
     );
     let mut failures = Vec::new();
     for q in 1..=22 {
