@@ -7,36 +7,43 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${HOME:-/root}/.cache/cirro/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
-# The shell test drives `cirro sql` in a real terminal through tmux.
-if ! command -v tmux >/dev/null 2>&1; then
+# Debian packages the tests drive: tmux (the shell test runs `cirro sql` in a
+# real terminal), psql and openssl (the server tests, over TLS with a
+# certificate made by openssl), a JDK (the JDBC test runs a Java source file).
+need() {
+  command -v "$1" >/dev/null 2>&1 && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+    [ -n "${apt_updated:-}" ] || { apt-get update -qq; apt_updated=1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
   else
-    echo "tmux is needed by the shell test: install it (apt-get install tmux)" >&2; exit 1
+    echo "$1 is needed by the tests: install it (apt-get install $2)" >&2; exit 1
   fi
+}
+need tmux tmux
+need psql postgresql-client
+need openssl openssl
+need javac default-jdk-headless
+need curl curl
+# The PostgreSQL JDBC driver, from Maven Central, checked against its SHA-1.
+jdbc_jar="${HOME:-/root}/.m2/repository/org/postgresql/postgresql/42.7.14/postgresql-42.7.14.jar"
+jdbc_sha1=0e7c94ce80cb1dd9875ff44ffe6a40a8aaa3eefd
+if ! echo "$jdbc_sha1  $jdbc_jar" | sha1sum -c --status 2>/dev/null; then
+  mkdir -p "$(dirname "$jdbc_jar")"
+  curl -fsSL -o "$jdbc_jar.part" \
+    https://repo1.maven.org/maven2/org/postgresql/postgresql/42.7.14/postgresql-42.7.14.jar
+  echo "$jdbc_sha1  $jdbc_jar.part" | sha1sum -c --status || { echo "bad checksum: $jdbc_jar" >&2; exit 1; }
+  mv "$jdbc_jar.part" "$jdbc_jar"
 fi
-# The server tests drive `cirro serve` with psql, over TLS with a certificate
-# made by openssl.
-for pair in psql:postgresql-client openssl:openssl; do
-  if ! command -v "${pair%%:*}" >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pair#*:}" >/dev/null
-    else
-      echo "${pair%%:*} is needed by the server tests: install it (apt-get install ${pair#*:})" >&2; exit 1
-    fi
-  fi
-done
+export CIRRO_TEST_JDBC_JAR="$jdbc_jar"
 # The interoperability test reads Cirro's tables with independent Delta readers
 # (DuckDB's delta extension, the deltalake package) from a Python environment.
 venv="${CIRRO_TEST_VENV:-${HOME:-/root}/.cache/cirro/venv}"
 requirements=tests/interop/requirements.txt
 if ! cmp -s "$requirements" "$venv/requirements.txt" 2>/dev/null; then
   if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-    else
-      echo "python3-venv is needed by the interoperability test" >&2; exit 1
-    fi
+    command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] || { echo "python3-venv is needed by the interoperability test" >&2; exit 1; }
+    [ -n "${apt_updated:-}" ] || { apt-get update -qq; apt_updated=1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
   fi
   rm -rf "$venv"
   python3 -m venv "$venv"

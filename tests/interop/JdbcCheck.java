@@ -4,10 +4,6 @@
 //   java -cp postgresql.jar JdbcCheck.java URL USER PASSWORD
 // Prints "ok" when every check passed; throws otherwise.
 //
-// NOT RUN BY THE TESTS YET: it fails at "batch row counts" because
-// executeBatch reports 0 rows for an INSERT whose parameters include setDate
-// (pgjdbc sends dates with an unspecified type OID); the rows are inserted.
-// Wire it into server.rs once that is fixed (issue 4).
 
 import java.math.BigDecimal;
 import java.sql.*;

@@ -28,10 +28,12 @@ use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler, send_query_response};
 use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
-use pgwire::api::store::PortalStore;
-use pgwire::api::{ClientInfo, ClientPortalStore, PgWireConnectionState, Type};
+use pgwire::api::store::{Entry, PortalStore};
+use pgwire::api::{ClientInfo, ClientPortalStore, DEFAULT_NAME, PgWireConnectionState, Type};
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
+use pgwire::messages::data::{NoData, ParameterDescription};
+use pgwire::messages::extendedquery::{Describe, TARGET_TYPE_BYTE_STATEMENT};
 use pgwire::messages::response::{EmptyQueryResponse, ReadyForQuery, TransactionStatus};
 use pgwire::messages::simplequery::Query;
 use pgwire::messages::startup::ParameterStatus;
@@ -547,6 +549,40 @@ impl ExtendedQueryHandler for QueryHandler {
 
     fn query_parser(&self) -> Arc<StatementParser> {
         Arc::clone(&self.parser)
+    }
+
+    /// pgwire answers Describe of a statement that has parameters but returns
+    /// no rows with an empty RowDescription; PostgreSQL sends NoData, and
+    /// pgjdbc takes the empty RowDescription for a query (executeBatch then
+    /// counts 0 rows, executeUpdate fails). Such statements are answered
+    /// here; the rest go to pgwire's default.
+    async fn on_describe<C>(&self, client: &mut C, message: Describe) -> PgWireResult<()>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        if message.target_type == TARGET_TYPE_BYTE_STATEMENT {
+            let name = message.name.as_deref().unwrap_or(DEFAULT_NAME);
+            if let Some(Entry::Value(stored)) = client.portal_store().get_statement(name)
+                && stored.statement.schema.is_none()
+            {
+                let described = self.do_describe_statement(client, &stored).await?;
+                client
+                    .send(PgWireBackendMessage::ParameterDescription(
+                        ParameterDescription::new(
+                            described.parameters.iter().map(|t| t.oid()).collect(),
+                        ),
+                    ))
+                    .await?;
+                client
+                    .send(PgWireBackendMessage::NoData(NoData::new()))
+                    .await?;
+                return Ok(());
+            }
+        }
+        self._on_describe(client, message).await
     }
 
     async fn do_query<C>(

@@ -1,6 +1,7 @@
 //! `cirro serve` with real PostgreSQL clients: psql (Debian's
-//! postgresql-client) and psycopg 3 (from the Python environment
-//! `scripts/test.sh` sets up). Each test starts its own server on a free port.
+//! postgresql-client), psycopg 3 (from the Python environment
+//! `scripts/test.sh` sets up) and the PostgreSQL JDBC driver (the jar
+//! `scripts/test.sh` fetches from Maven Central). Each test starts its own server on a free port.
 
 mod common;
 
@@ -471,6 +472,35 @@ fn psycopg_parameters_prepared_statements_and_transactions() {
 #[test]
 fn psycopg_copy_with_pandas_and_arrow_round_trips() {
     Server::start().python_check("copy");
+}
+
+#[test]
+fn jdbc_metadata_prepared_statements_batches_and_types() {
+    let server = Server::start();
+    let jar = std::env::var_os("CIRRO_TEST_JDBC_JAR")
+        .expect("CIRRO_TEST_JDBC_JAR is not set: run the tests with scripts/test.sh");
+    let url = format!(
+        "jdbc:postgresql://127.0.0.1:{}/cirro?sslmode=disable",
+        server.port
+    );
+    let out = Command::new("java")
+        .arg("-cp")
+        .arg(jar)
+        .arg(interop_dir().join("JdbcCheck.java"))
+        .args([url.as_str(), "cirro", PASSWORD])
+        .output()
+        .expect("run java (apt-get install default-jdk-headless)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.lines().any(|l| l == "ok"),
+        "JdbcCheck failed:\n{stdout}\n{}",
+        stderr(&out)
+    );
+    // What the check left behind, seen by another client.
+    assert_eq!(
+        server.sql("SELECT count(*), sum(qty), min(day) FROM jdbc_items"),
+        "50|2575|2024-01-02\n"
+    );
 }
 
 #[test]
