@@ -11,6 +11,7 @@
 //! transaction, pinned tables), so connections never block each other.
 
 mod auth;
+mod compat;
 mod copy;
 mod pg;
 mod session;

@@ -40,7 +40,7 @@ use pgwire::messages::startup::ParameterStatus;
 use pgwire::types::format::FormatOptions;
 
 use crate::session::{Session, SettingOutcome, parse_setting, setting_schema};
-use crate::{Shared, copy};
+use crate::{Shared, compat, copy};
 
 /// A statement as the extended protocol keeps it between Parse and Execute.
 #[derive(Clone, Debug)]
@@ -126,10 +126,11 @@ fn pg_compatible(shared: &Shared, sql: &str) -> String {
     }
     match shared.compat.parse(sql) {
         Ok(statements) if statements.len() == 1 => {
-            let statement = statements
-                .into_iter()
-                .next()
-                .map(|s| shared.compat.rewrite(s));
+            let statement = statements.into_iter().next().map(|s| {
+                let mut s = shared.compat.rewrite(s);
+                compat::rewrite_catalog_query(&mut s);
+                s
+            });
             match statement {
                 Some(statement @ datafusion::sql::sqlparser::ast::Statement::Query(_)) => {
                     statement.to_string()
@@ -532,9 +533,21 @@ fn bind(portal: &Portal<Prepared>) -> PgWireResult<String> {
                             format!("there is no parameter {p}"),
                         ))
                     })?;
-                sql.push('(');
-                sql.push_str(literal);
-                sql.push(')');
+                // A string literal stands alone (and stays a literal for the
+                // catalog rewrites, as in `CAST('pg_class' AS REGCLASS)`);
+                // anything else is parenthesized so that `-1` or a CAST
+                // cannot merge with its neighbours.
+                let plain_string =
+                    literal.len() >= 2 && literal.starts_with('\'') && literal.ends_with('\'');
+                if plain_string {
+                    sql.push(' ');
+                    sql.push_str(literal);
+                    sql.push(' ');
+                } else {
+                    sql.push('(');
+                    sql.push_str(literal);
+                    sql.push(')');
+                }
             }
             other => sql.push_str(&other.to_string()),
         }

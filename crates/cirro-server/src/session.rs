@@ -12,7 +12,8 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_engine::Engine;
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility, create_udf,
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
+    Volatility, create_udf,
 };
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
@@ -79,7 +80,8 @@ fn canceled() -> CirroError {
 
 pub(crate) struct Session {
     pub(crate) engine: Engine,
-    settings: Mutex<BTreeMap<&'static str, String>>,
+    /// The session's changes to SETTINGS (shared with `current_setting`).
+    settings: Settings,
     pub(crate) canceller: Arc<Canceller>,
 }
 
@@ -91,6 +93,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("client_encoding", "UTF8"),
     ("client_min_messages", "notice"),
     ("datestyle", "ISO, MDY"),
+    ("default_table_access_method", "heap"),
     ("default_transaction_isolation", "repeatable read"),
     ("default_transaction_read_only", "off"),
     ("extra_float_digits", "1"),
@@ -121,6 +124,32 @@ const REPORTED: &[(&str, &str)] = &[
     ("standard_conforming_strings", "standard_conforming_strings"),
     ("timezone", "TimeZone"),
 ];
+
+/// A session's changes to the SETTINGS defaults.
+#[derive(Clone, Default)]
+struct Settings(Arc<Mutex<BTreeMap<&'static str, String>>>);
+
+impl Settings {
+    fn lock(
+        &self,
+    ) -> std::sync::LockResult<std::sync::MutexGuard<'_, BTreeMap<&'static str, String>>> {
+        self.0.lock()
+    }
+
+    /// The value in force of a known setting.
+    fn get(&self, name: &'static str) -> String {
+        self.lock()
+            .ok()
+            .and_then(|s| s.get(name).cloned())
+            .or_else(|| {
+                SETTINGS
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.to_string())
+            })
+            .unwrap_or_default()
+    }
+}
 
 /// What a SET/SHOW/RESET statement asks for.
 pub(crate) enum SettingStatement {
@@ -274,28 +303,23 @@ impl Session {
         engine.context().register_udf(to_regtype_udf());
         engine.context().register_udf(no_serial_sequence_udf());
         engine.context().register_udf(collation_is_visible_udf());
+        engine.context().register_udf(no_index_definition_udf());
         engine
             .context()
             .register_udf(ScalarUDF::new_from_impl(JsonBuildObject::new()));
+        let settings = Settings::default();
+        engine
+            .context()
+            .register_udf(current_setting_udf(settings.clone()));
         Ok(Self {
             engine,
-            settings: Mutex::new(BTreeMap::new()),
+            settings,
             canceller,
         })
     }
 
     fn get(&self, name: &'static str) -> String {
-        self.settings
-            .lock()
-            .ok()
-            .and_then(|s| s.get(name).cloned())
-            .or_else(|| {
-                SETTINGS
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| v.to_string())
-            })
-            .unwrap_or_default()
+        self.settings.get(name)
     }
 
     /// The statement timeout in force (None: no limit).
@@ -519,6 +543,124 @@ fn no_serial_sequence_udf() -> ScalarUDF {
         Volatility::Stable,
         Arc::new(|_args: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))),
     )
+}
+
+/// `current_setting(name [, missing_ok])`: the session's value of a setting,
+/// as SHOW gives it; an unknown name is 42704, or NULL when missing_ok.
+fn current_setting_udf(settings: Settings) -> ScalarUDF {
+    let lookup = move |args: &[ColumnarValue]| {
+        let arrays = ColumnarValue::values_to_arrays(args)?;
+        let names = arrays[0].as_string::<i32>();
+        let missing_ok = arrays.get(1).map(|a| a.as_boolean().clone());
+        let mut values = arrow::array::StringBuilder::new();
+        for (i, name) in names.iter().enumerate() {
+            let Some(name) = name else {
+                values.append_null();
+                continue;
+            };
+            match setting_name(name) {
+                Ok(known) => values.append_value(settings.get(known)),
+                Err(_) if missing_ok.as_ref().is_some_and(|m| m.value(i)) => values.append_null(),
+                Err(e) => {
+                    return Err(datafusion::error::DataFusionError::External(Box::new(e)));
+                }
+            }
+        }
+        Ok(ColumnarValue::Array(Arc::new(values.finish())))
+    };
+    ScalarUDF::new_from_impl(CurrentSetting {
+        signature: Signature::one_of(
+            vec![
+                TypeSignature::Exact(vec![DataType::Utf8]),
+                TypeSignature::Exact(vec![DataType::Utf8, DataType::Boolean]),
+            ],
+            Volatility::Stable,
+        ),
+        lookup: Arc::new(lookup),
+    })
+}
+
+type Lookup = dyn Fn(&[ColumnarValue]) -> datafusion::error::Result<ColumnarValue> + Send + Sync;
+
+struct CurrentSetting {
+    signature: Signature,
+    lookup: Arc<Lookup>,
+}
+
+impl std::fmt::Debug for CurrentSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("current_setting")
+    }
+}
+
+impl PartialEq for CurrentSetting {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.lookup, &other.lookup)
+    }
+}
+
+impl Eq for CurrentSetting {}
+
+impl std::hash::Hash for CurrentSetting {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        "current_setting".hash(state);
+    }
+}
+
+impl ScalarUDFImpl for CurrentSetting {
+    fn name(&self) -> &str {
+        "current_setting"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> datafusion::error::Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: ScalarFunctionArgs,
+    ) -> datafusion::error::Result<ColumnarValue> {
+        (self.lookup)(&args.args)
+    }
+}
+
+/// `pg_get_indexdef(index [, column, pretty])`: NULL, as for an unknown
+/// index: Cirro tables have no indexes, and the pg_index rows are
+/// PostgreSQL's own (SQLAlchemy's index reflection plans a call to it).
+fn no_index_definition_udf() -> ScalarUDF {
+    ScalarUDF::new_from_impl(NoIndexDefinition {
+        signature: Signature::variadic_any(Volatility::Stable),
+    })
+}
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct NoIndexDefinition {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for NoIndexDefinition {
+    fn name(&self) -> &str {
+        "pg_get_indexdef"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> datafusion::error::Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(
+        &self,
+        _args: ScalarFunctionArgs,
+    ) -> datafusion::error::Result<ColumnarValue> {
+        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))
+    }
 }
 
 /// `pg_collation_is_visible(oid)`: true (one schema of collations).

@@ -184,6 +184,14 @@ fn psql_queries_describe_and_errors() {
     assert!(err.contains("23502"), "{err}");
     assert_eq!(server.sql("SELECT count(*) FROM items"), "2\n");
 
+    // current_setting reads the session's settings.
+    assert_eq!(
+        server.sql("SET TimeZone = 'Europe/Paris'; SELECT current_setting('timezone'), current_setting('nope', true) IS NULL"),
+        "SET\nEurope/Paris|t\n"
+    );
+    let err = server.sql_err("SELECT current_setting('nope')");
+    assert!(err.contains("42704"), "{err}");
+
     // A transaction through psql: the failed statement aborts it.
     let out = server.psql(
         "cirro",
@@ -501,6 +509,11 @@ fn jdbc_metadata_prepared_statements_batches_and_types() {
         server.sql("SELECT count(*), sum(qty), min(day) FROM jdbc_items"),
         "50|2575|2024-01-02\n"
     );
+}
+
+#[test]
+fn sqlalchemy_reflection_queries_and_pandas() {
+    Server::start().python_check("sqlalchemy");
 }
 
 #[test]
