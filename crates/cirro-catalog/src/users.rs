@@ -159,8 +159,19 @@ impl ScramVerifier {
         }
         let signature = hmac_sha256(&self.stored_key, auth_message);
         let client_key: Vec<u8> = proof.iter().zip(&signature).map(|(a, b)| a ^ b).collect();
-        let candidate = sha256(&client_key);
-        // Compare in constant time: every byte is looked at.
+        self.is_stored_key(&sha256(&client_key))
+    }
+
+    /// Whether `password` is the one this verifier was made from (for
+    /// logins that send the password itself, such as Flight SQL's basic
+    /// authentication over TLS).
+    pub fn matches_password(&self, password: &str) -> bool {
+        let candidate = Self::with_salt(password, &self.salt, self.iterations);
+        self.is_stored_key(&candidate.stored_key)
+    }
+
+    /// Compare with the StoredKey in constant time: every byte is looked at.
+    fn is_stored_key(&self, candidate: &[u8]) -> bool {
         candidate.len() == self.stored_key.len()
             && candidate
                 .iter()
@@ -233,6 +244,9 @@ mod tests {
         assert!(!parsed.verify(message, &proof("Secret")));
         assert!(!parsed.verify(b"another message", &proof("secret")));
         assert!(ScramVerifier::parse("md5abc").is_err());
+        assert!(parsed.matches_password("secret"));
+        assert!(!parsed.matches_password("Secret"));
+        assert!(!parsed.matches_password(""));
     }
 
     #[test]

@@ -1,10 +1,13 @@
-//! `cirro serve`: Cirro behind the PostgreSQL wire protocol.
+//! `cirro serve`: Cirro behind the PostgreSQL wire protocol and Arrow
+//! Flight SQL.
 //!
 //! ```text
 //!  TCP (TLS optional) ─► pgwire codec ─► per connection:
 //!     ScramStartup   SCRAM-SHA-256 against the catalog's verifiers → Session
 //!     QueryHandler   simple/extended queries → Session's Engine
 //!  CancelRequest ─► the registry of running sessions (pid + secret)
+//!  gRPC (TLS optional) ─► tonic ─► FlightSql: basic login → Session under a
+//!     bearer token; statements through the same path as simple queries
 //! ```
 //!
 //! Sessions share one [`Catalog`]; each has its own engine (settings,
@@ -13,6 +16,7 @@
 mod auth;
 mod compat;
 mod copy;
+mod flight;
 mod pg;
 mod session;
 
@@ -49,6 +53,8 @@ pub struct ServerConfig {
     pub listen: String,
     /// PostgreSQL protocol port.
     pub pg_port: u16,
+    /// Arrow Flight SQL port.
+    pub flight_port: u16,
     /// TLS certificate chain and private key (PEM).
     pub tls: Option<(String, String)>,
     /// Refuse connections without TLS.
@@ -270,8 +276,53 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     let local = listener
         .local_addr()
         .map_err(|e| CirroError::io(e.to_string()))?;
+    let flight_address = format!("{}:{}", config.listen, config.flight_port);
+    let flight_listener = TcpListener::bind(&flight_address).await.map_err(|e| {
+        CirroError::new(
+            SqlState::IO_ERROR,
+            format!("cannot listen on {flight_address} (Flight SQL): {e}"),
+        )
+    })?;
+    let flight_local = flight_listener
+        .local_addr()
+        .map_err(|e| CirroError::io(e.to_string()))?;
+    let mut flight = tonic::transport::Server::builder();
+    if let Some((cert, key)) = &config.tls {
+        let read = |path: &str| {
+            std::fs::read(path).map_err(|e| {
+                CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!("TLS {path}: {e}"),
+                )
+            })
+        };
+        let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
+        flight = flight
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(|e| {
+                CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!("TLS configuration (Flight SQL): {e}"),
+                )
+            })?;
+    }
+    let flight = flight
+        .add_service(flight::FlightSql::service(Arc::clone(&shared))?)
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(
+            flight_listener,
+        ));
+    tokio::spawn(async move {
+        if let Err(e) = flight.await {
+            eprintln!("cirro: Flight SQL stopped: {e}");
+        }
+    });
+    // Both listen before either is announced (the tests read these lines).
     println!(
         "cirro: PostgreSQL protocol on {local}{}",
+        if tls.is_some() { " (TLS)" } else { "" }
+    );
+    println!(
+        "cirro: Arrow Flight SQL on {flight_local}{}",
         if tls.is_some() { " (TLS)" } else { "" }
     );
     use std::io::Write as _;

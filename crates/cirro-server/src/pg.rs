@@ -79,7 +79,7 @@ pub(crate) fn session_of<C: ClientInfo>(client: &C) -> PgWireResult<Arc<Session>
 }
 
 /// What one statement produced, before it is sent.
-enum Ran {
+pub(crate) enum Ran {
     Rows(SendableRecordBatchStream),
     Command {
         tag: String,
@@ -142,7 +142,7 @@ fn pg_compatible(shared: &Shared, sql: &str) -> String {
     }
 }
 
-async fn run(shared: &Shared, session: &Session, sql: &str) -> Result<Ran, CirroError> {
+pub(crate) async fn run(shared: &Shared, session: &Session, sql: &str) -> Result<Ran, CirroError> {
     if let Some(setting) = parse_setting(sql)? {
         return match session.run_setting(setting)? {
             (SettingOutcome::Tag(tag), reports) => Ok(Ran::Command {

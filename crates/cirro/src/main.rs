@@ -60,7 +60,11 @@ pub struct ServeArgs {
     /// Port of the PostgreSQL protocol (0 picks a free one, printed at start).
     #[arg(long, env = "CIRRO_PG_PORT", default_value_t = 5433)]
     pg_port: u16,
-    /// TLS certificate chain (PEM); with --tls-key enables TLS.
+    /// Port of Arrow Flight SQL (0 picks a free one, printed at start).
+    #[arg(long, env = "CIRRO_FLIGHT_PORT", default_value_t = 50051)]
+    flight_port: u16,
+    /// TLS certificate chain (PEM); with --tls-key enables TLS on both
+    /// protocols.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<String>,
     /// TLS private key (PEM).
@@ -165,6 +169,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
             data: cli.data,
             listen: args.listen,
             pg_port: args.pg_port,
+            flight_port: args.flight_port,
             tls: args.tls_cert.zip(args.tls_key),
             require_tls: args.require_tls,
             engine: config,

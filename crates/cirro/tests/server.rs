@@ -15,11 +15,20 @@ use common::{DataDir, cirro_bin, shared_dir};
 const PASSWORD: &str = "s3cret-Pw";
 
 /// Start `cirro serve` on `data` with `args` and CIRRO_PASSWORD=`password`;
-/// returns the process, its port and the line announcing it.
-fn spawn_serve(data: &Path, args: &[&str], password: &str) -> (Child, u16, String) {
+/// returns the process, its PostgreSQL and Flight SQL ports and the line
+/// announcing the PostgreSQL port.
+fn spawn_serve(data: &Path, args: &[&str], password: &str) -> (Child, u16, u16, String) {
     let mut child = Command::new(cirro_bin())
         .args(["--data", data.to_str().expect("utf8 path")])
-        .args(["--threads", "2", "serve", "--pg-port", "0"])
+        .args([
+            "--threads",
+            "2",
+            "serve",
+            "--pg-port",
+            "0",
+            "--flight-port",
+            "0",
+        ])
         .args(args)
         .env("CIRRO_PASSWORD", password)
         .env_remove("CIRRO_USER")
@@ -27,21 +36,29 @@ fn spawn_serve(data: &Path, args: &[&str], password: &str) -> (Child, u16, Strin
         .stderr(Stdio::null())
         .spawn()
         .expect("start cirro serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read the listening line");
-    let port = line
-        .split_whitespace()
-        .find_map(|w| w.rsplit(':').next().and_then(|p| p.parse().ok()))
-        .unwrap_or_else(|| panic!("no port in {line:?}"));
-    (child, port, line)
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut port_in = |expected: &str| {
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("read the listening line");
+        assert!(line.contains(expected), "{line:?}");
+        let port = line
+            .split_whitespace()
+            .find_map(|w| w.rsplit(':').next().and_then(|p| p.parse().ok()))
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        (port, line)
+    };
+    let (pg_port, line) = port_in("PostgreSQL");
+    let (flight_port, _) = port_in("Flight SQL");
+    (child, pg_port, flight_port, line)
 }
 
 /// A running `cirro serve`, killed on drop.
 struct Server {
     child: Child,
     port: u16,
+    flight_port: u16,
     data: DataDir,
 }
 
@@ -51,8 +68,13 @@ impl Server {
     }
 
     fn start_on(data: DataDir) -> Self {
-        let (child, port, _) = spawn_serve(data.path(), &[], PASSWORD);
-        Server { child, port, data }
+        let (child, port, flight_port, _) = spawn_serve(data.path(), &[], PASSWORD);
+        Server {
+            child,
+            port,
+            flight_port,
+            data,
+        }
     }
 
     fn conninfo(&self, user: &str) -> String {
@@ -455,7 +477,7 @@ fn restart_keeps_users_and_ignores_the_environment() {
     let data = server.data.path().to_path_buf();
     // A second server on the same data with another CIRRO_PASSWORD: the
     // existing superuser keeps its password.
-    let (mut child, port, _) = spawn_serve(&data, &[], "other-password");
+    let (mut child, port, _, _) = spawn_serve(&data, &[], "other-password");
     let run = |password: &str| {
         Command::new("psql")
             .arg(format!(
@@ -514,6 +536,18 @@ fn jdbc_metadata_prepared_statements_batches_and_types() {
 #[test]
 fn sqlalchemy_reflection_queries_and_pandas() {
     Server::start().python_check("sqlalchemy");
+}
+
+#[test]
+fn adbc_flight_sql_queries_logins_and_privileges() {
+    let server = Server::start();
+    let uri = format!("grpc://127.0.0.1:{}", server.flight_port);
+    python_ok("flight_client.py", &["basics", &uri, PASSWORD]);
+    // What the Flight SQL session did is what a PostgreSQL client sees.
+    assert_eq!(
+        server.sql("SELECT count(*), sum(id) FROM f"),
+        "1000|500500\n"
+    );
 }
 
 #[test]
@@ -599,6 +633,8 @@ fn tls_connections_and_require_tls() {
             "1",
             "-subj",
             "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
         ])
         .arg("-keyout")
         .arg(&key)
@@ -611,7 +647,7 @@ fn tls_connections_and_require_tls() {
         cert.to_str().expect("utf8").to_string(),
         key.to_str().expect("utf8").to_string(),
     );
-    let (mut child, port, line) = spawn_serve(
+    let (mut child, port, flight_port, line) = spawn_serve(
         data.path(),
         &["--tls-cert", &cert, "--tls-key", &key, "--require-tls"],
         PASSWORD,
@@ -637,6 +673,16 @@ fn tls_connections_and_require_tls() {
     let plain = psql("disable");
     assert!(!plain.status.success(), "a plain connection was accepted");
     assert!(stderr(&plain).contains("TLS"), "{}", stderr(&plain));
+    // Flight SQL is served over TLS with the same certificate, and only so.
+    python_ok(
+        "flight_client.py",
+        &[
+            "tls",
+            &format!("grpc+tls://127.0.0.1:{flight_port}"),
+            PASSWORD,
+            &cert,
+        ],
+    );
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -1,0 +1,436 @@
+//! The Arrow Flight SQL front end: columnar clients (ADBC, the Flight SQL
+//! JDBC driver) get query results as Arrow record batches, without the row
+//! conversion of the PostgreSQL protocol.
+//!
+//! ```text
+//!  Handshake (Basic user:password) ─► password checked against the SCRAM
+//!      verifier ─► a Session (as on the PostgreSQL side) under a bearer token
+//!  GetFlightInfo(CommandStatementQuery) ─► the statement runs through the
+//!      same path as a PostgreSQL simple query; its rows wait under a ticket
+//!  DoGet(ticket) ─► the rows, streamed as Arrow IPC
+//!  DoPut(CommandStatementUpdate) ─► a statement's row count
+//! ```
+//!
+//! Every call after the handshake carries `authorization: Bearer <token>`;
+//! the session runs as its user, so privileges are those of the PostgreSQL
+//! side. The password travels in the clear unless the server has TLS
+//! (`--tls-cert`/`--tls-key`, which then cover Flight SQL too). Commands
+//! (DDL, DML, transactions) run at GetFlightInfo, which ADBC uses for every
+//! statement; a query's plan runs as DoGet reads it, and a client that goes
+//! away stops it. Sessions idle for [`IDLE_SESSION`] are dropped.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::Schema;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
+use arrow_flight::sql::{
+    CommandGetSqlInfo, CommandStatementQuery, CommandStatementUpdate, ProstMessageExt, SqlInfo,
+    TicketStatementQuery,
+};
+use arrow_flight::{
+    FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, Ticket,
+};
+use base64::Engine as _;
+use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+use cirro_catalog::{DEFAULT_DATABASE, ScramVerifier};
+use cirro_common::{CirroError, SqlState};
+use cirro_engine::{Engine, EngineConfig};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::EmptyRecordBatchStream;
+use futures::{Stream, StreamExt, TryStreamExt, stream};
+use prost::Message;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::Shared;
+use crate::pg::{self, Ran};
+use crate::session::{Canceller, Session};
+
+/// A Flight SQL session unused this long is dropped with its pending results.
+const IDLE_SESSION: Duration = Duration::from_secs(3600);
+/// Results a session may leave unread before new statements are refused.
+const MAX_PENDING_RESULTS: usize = 64;
+
+/// One logged-in client.
+struct FlightSession {
+    session: Session,
+    last_used: Mutex<Instant>,
+    /// Results waiting for their DoGet, by ticket handle.
+    results: Mutex<HashMap<Vec<u8>, SendableRecordBatchStream>>,
+}
+
+pub(crate) struct FlightSql {
+    shared: Arc<Shared>,
+    sessions: Mutex<HashMap<String, Arc<FlightSession>>>,
+    info: SqlInfoData,
+}
+
+impl FlightSql {
+    pub(crate) fn service(shared: Arc<Shared>) -> Result<FlightServiceServer<Self>, CirroError> {
+        let mut info = SqlInfoDataBuilder::new();
+        info.append(SqlInfo::FlightSqlServerName, "Cirro");
+        info.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+        info.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
+        info.append(SqlInfo::FlightSqlServerReadOnly, false);
+        let info = info
+            .build()
+            .map_err(|e| CirroError::internal(e.to_string()))?;
+        Ok(FlightServiceServer::new(Self {
+            shared,
+            sessions: Mutex::new(HashMap::new()),
+            info,
+        })
+        // Results of large queries come in large messages; so may requests.
+        .max_decoding_message_size(64 << 20))
+    }
+
+    /// The session of the request's bearer token.
+    fn session<T>(&self, request: &Request<T>) -> Result<Arc<FlightSession>, Status> {
+        let token = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                status(CirroError::new(
+                    SqlState::INVALID_AUTHORIZATION,
+                    "no session: authenticate first (Handshake with a user name and password)",
+                ))
+            })?;
+        let sessions = self.sessions.lock().map_err(|_| poisoned())?;
+        let session = sessions.get(token).cloned().ok_or_else(|| {
+            status(CirroError::new(
+                SqlState::INVALID_AUTHORIZATION,
+                "the session has ended or the token is not valid: authenticate again",
+            ))
+        })?;
+        if let Ok(mut used) = session.last_used.lock() {
+            *used = Instant::now();
+        }
+        Ok(session)
+    }
+
+    /// Check `user`'s password and open a session for them.
+    async fn login(&self, user: &str, password: &str) -> Result<Session, CirroError> {
+        let snapshot = self.shared.catalog.refresh().await?;
+        let Some(entry) = snapshot.users.get(user) else {
+            return Err(CirroError::new(
+                SqlState::INVALID_AUTHORIZATION,
+                format!("role \"{user}\" does not exist"),
+            ));
+        };
+        let verifier = ScramVerifier::parse(&entry.verifier)?;
+        let password = password.to_string();
+        // PBKDF2 takes milliseconds: off the async threads.
+        let matches = tokio::task::spawn_blocking(move || verifier.matches_password(&password))
+            .await
+            .map_err(|e| CirroError::internal(e.to_string()))?;
+        if !matches {
+            return Err(CirroError::new(
+                SqlState::INVALID_PASSWORD,
+                format!("password authentication failed for user \"{user}\""),
+            ));
+        }
+        let config = EngineConfig {
+            database: Some(DEFAULT_DATABASE.to_string()),
+            ..self.shared.engine.clone()
+        };
+        let engine = Engine::with_catalog(
+            Arc::clone(&self.shared.catalog),
+            config,
+            Some(user.to_string()),
+        );
+        Session::new(engine, DEFAULT_DATABASE, Arc::new(Canceller::default()))
+    }
+
+    fn forget_idle_sessions(&self) {
+        if let Ok(mut sessions) = self.sessions.lock() {
+            sessions.retain(|_, s| {
+                s.last_used
+                    .lock()
+                    .map(|used| used.elapsed() < IDLE_SESSION)
+                    .unwrap_or(false)
+            });
+        }
+    }
+}
+
+fn poisoned() -> Status {
+    Status::internal("session registry lock poisoned")
+}
+
+/// A Cirro error as a gRPC status: the code nearest to its SQLSTATE class,
+/// the SQLSTATE in the message and in the `x-cirro-sqlstate` metadata.
+fn status(error: CirroError) -> Status {
+    let state = error.state.0;
+    let code = match state {
+        "42501" => Code::PermissionDenied,
+        "57014" => Code::Cancelled,
+        _ => match &state[..2] {
+            "28" => Code::Unauthenticated,
+            "0A" => Code::Unimplemented,
+            "40" => Code::Aborted,
+            "53" => Code::ResourceExhausted,
+            "XX" | "58" => Code::Internal,
+            _ => Code::InvalidArgument,
+        },
+    };
+    let mut metadata = MetadataMap::new();
+    metadata.insert("x-cirro-sqlstate", MetadataValue::from_static(state));
+    Status::with_metadata(
+        code,
+        format!("{} (SQLSTATE {state})", error.message),
+        metadata,
+    )
+}
+
+/// `user` and `password` from an `authorization: Basic …` header.
+fn basic_credentials(metadata: &MetadataMap) -> Result<(String, String), Status> {
+    let refused = |why: &str| {
+        status(CirroError::new(
+            SqlState::INVALID_AUTHORIZATION,
+            format!("{why}: Flight SQL logins use basic authentication (user name and password)"),
+        ))
+    };
+    let header = metadata
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| refused("no credentials"))?;
+    let encoded = header
+        .strip_prefix("Basic ")
+        .ok_or_else(|| refused("unsupported authorization scheme"))?;
+    // Go's Flight client (ADBC) sends unpadded base64.
+    let decoded = STANDARD_NO_PAD
+        .decode(encoded.trim().trim_end_matches('='))
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .ok_or_else(|| refused("malformed basic credentials"))?;
+    let (user, password) = decoded
+        .split_once(':')
+        .ok_or_else(|| refused("malformed basic credentials"))?;
+    Ok((user.to_string(), password.to_string()))
+}
+
+/// The row count at the end of a command tag (`INSERT 0 5` → 5), or -1.
+fn row_count(tag: &str) -> i64 {
+    tag.rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(-1)
+}
+
+type HandshakeStream = Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl FlightSqlService for FlightSql {
+    type FlightService = FlightSql;
+
+    async fn do_handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<HandshakeStream>, Status> {
+        self.forget_idle_sessions();
+        let (user, password) = basic_credentials(request.metadata())?;
+        let session = self.login(&user, &password).await.map_err(status)?;
+        let token = URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
+        self.sessions.lock().map_err(|_| poisoned())?.insert(
+            token.clone(),
+            Arc::new(FlightSession {
+                session,
+                last_used: Mutex::new(Instant::now()),
+                results: Mutex::new(HashMap::new()),
+            }),
+        );
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: token.clone().into(),
+        };
+        let mut response: Response<HandshakeStream> =
+            Response::new(Box::pin(stream::iter([Ok(reply)])));
+        let header = MetadataValue::try_from(format!("Bearer {token}"))
+            .map_err(|e| Status::internal(e.to_string()))?;
+        response.metadata_mut().insert("authorization", header);
+        Ok(response)
+    }
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let session = self.session(&request)?;
+        session.session.canceller.reset();
+        let (rows, total) = match pg::run(&self.shared, &session.session, &query.query)
+            .await
+            .map_err(status)?
+        {
+            Ran::Rows(rows) => (rows, -1),
+            Ran::Command { tag, .. } => {
+                let empty: SendableRecordBatchStream =
+                    Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty())));
+                (empty, row_count(&tag))
+            }
+        };
+        let schema = rows.schema();
+        let handle = rand::random::<[u8; 16]>().to_vec();
+        {
+            let mut results = session.results.lock().map_err(|_| poisoned())?;
+            if results.len() >= MAX_PENDING_RESULTS {
+                return Err(status(CirroError::new(
+                    SqlState::INSUFFICIENT_RESOURCES,
+                    format!(
+                        "{MAX_PENDING_RESULTS} results of this session are unread: read (DoGet) or drop them first"
+                    ),
+                )));
+            }
+            results.insert(handle.clone(), rows);
+        }
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.into(),
+        };
+        let endpoint =
+            FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
+        let info = FlightInfo::new()
+            .try_with_schema(&schema)
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_endpoint(endpoint)
+            .with_descriptor(request.into_inner())
+            .with_total_records(total);
+        Ok(Response::new(info))
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let session = self.session(&request)?;
+        let rows = session
+            .results
+            .lock()
+            .map_err(|_| poisoned())?
+            .remove(ticket.statement_handle.as_ref())
+            .ok_or_else(|| {
+                status(CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    "no result for this ticket: it was read already",
+                ))
+            })?;
+        let schema = rows.schema();
+        let batches = rows
+            .map_err(|e| FlightError::Tonic(Box::new(status(CirroError::from(e)))))
+            .boxed();
+        let encoded = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(batches)
+            .map_err(Status::from);
+        Ok(Response::new(Box::pin(encoded)))
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        command: CommandStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let session = self.session(&request)?;
+        session.session.canceller.reset();
+        match pg::run(&self.shared, &session.session, &command.query)
+            .await
+            .map_err(status)?
+        {
+            Ran::Command { tag, .. } => Ok(row_count(&tag)),
+            Ran::Rows(_) => Err(status(CirroError::new(
+                SqlState::WRONG_OBJECT_TYPE,
+                "the statement returns rows: run it as a query",
+            ))),
+        }
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.session(&request)?;
+        let schema = query.clone().into_builder(&self.info).schema();
+        let endpoint =
+            FlightEndpoint::new().with_ticket(Ticket::new(query.as_any().encode_to_vec()));
+        let info = FlightInfo::new()
+            .try_with_schema(schema.as_ref())
+            .map_err(|e| Status::internal(e.to_string()))?
+            .with_endpoint(endpoint)
+            .with_descriptor(request.into_inner());
+        Ok(Response::new(info))
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.session(&request)?;
+        let builder = query.into_builder(&self.info);
+        let schema = builder.schema();
+        let batch = builder.build();
+        let encoded = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(stream::once(async { batch.map_err(FlightError::from) }))
+            .map_err(Status::from);
+        Ok(Response::new(Box::pin(encoded)))
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_keep_their_sqlstate() {
+        let denied = status(CirroError::new(
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            "permission denied for table t",
+        ));
+        assert_eq!(denied.code(), Code::PermissionDenied);
+        assert!(denied.message().contains("SQLSTATE 42501"));
+        assert_eq!(
+            denied
+                .metadata()
+                .get("x-cirro-sqlstate")
+                .and_then(|v| v.to_str().ok()),
+            Some("42501")
+        );
+        let login = status(CirroError::new(SqlState::INVALID_PASSWORD, "no"));
+        assert_eq!(login.code(), Code::Unauthenticated);
+        assert_eq!(row_count("INSERT 0 5"), 5);
+        assert_eq!(row_count("CREATE TABLE"), -1);
+    }
+
+    #[test]
+    fn reads_basic_credentials() {
+        let mut metadata = MetadataMap::new();
+        let encoded = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("alice:pa:ss")
+        );
+        metadata.insert(
+            "authorization",
+            MetadataValue::try_from(encoded).expect("ascii"),
+        );
+        let (user, password) = basic_credentials(&metadata).expect("credentials");
+        assert_eq!((user.as_str(), password.as_str()), ("alice", "pa:ss"));
+        metadata.insert("authorization", MetadataValue::from_static("Bearer x"));
+        assert_eq!(
+            basic_credentials(&metadata).map_err(|s| s.code()).err(),
+            Some(Code::Unauthenticated)
+        );
+    }
+}
