@@ -24,7 +24,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow::datatypes::Schema;
+use arrow::array::RecordBatch;
+use arrow::datatypes::{Schema, SchemaRef};
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
@@ -44,7 +45,7 @@ use cirro_common::{CirroError, SqlState};
 use cirro_engine::{Engine, EngineConfig};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::EmptyRecordBatchStream;
-use futures::{Stream, StreamExt, TryStreamExt, stream};
+use futures::{Stream, TryStreamExt, stream};
 use prost::Message;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -226,6 +227,35 @@ fn row_count(tag: &str) -> i64 {
         .unwrap_or(-1)
 }
 
+/// A FlightInfo with one endpoint, whose ticket is `ticket`.
+fn flight_info(
+    schema: &Schema,
+    ticket: arrow_flight::sql::Any,
+    descriptor: FlightDescriptor,
+) -> Result<FlightInfo, Status> {
+    let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.encode_to_vec()));
+    Ok(FlightInfo::new()
+        .try_with_schema(schema)
+        .map_err(|e| Status::internal(e.to_string()))?
+        .with_endpoint(endpoint)
+        .with_descriptor(descriptor))
+}
+
+/// `batches` as a DoGet reply.
+fn encode(
+    schema: SchemaRef,
+    batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
+) -> DoGetStream {
+    Box::pin(
+        FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(batches)
+            .map_err(Status::from),
+    )
+}
+
+type DoGetStream = <FlightSql as FlightService>::DoGetStream;
+
 type HandshakeStream = Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -295,15 +325,8 @@ impl FlightSqlService for FlightSql {
         let ticket = TicketStatementQuery {
             statement_handle: handle.into(),
         };
-        let endpoint =
-            FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
-        let info = FlightInfo::new()
-            .try_with_schema(&schema)
-            .map_err(|e| Status::internal(e.to_string()))?
-            .with_endpoint(endpoint)
-            .with_descriptor(request.into_inner())
-            .with_total_records(total);
-        Ok(Response::new(info))
+        let info = flight_info(&schema, ticket.as_any(), request.into_inner())?;
+        Ok(Response::new(info.with_total_records(total)))
     }
 
     async fn do_get_statement(
@@ -324,14 +347,8 @@ impl FlightSqlService for FlightSql {
                 ))
             })?;
         let schema = rows.schema();
-        let batches = rows
-            .map_err(|e| FlightError::Tonic(Box::new(status(CirroError::from(e)))))
-            .boxed();
-        let encoded = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .build(batches)
-            .map_err(Status::from);
-        Ok(Response::new(Box::pin(encoded)))
+        let batches = rows.map_err(|e| FlightError::Tonic(Box::new(status(CirroError::from(e)))));
+        Ok(Response::new(encode(schema, batches)))
     }
 
     async fn do_put_statement_update(
@@ -360,13 +377,7 @@ impl FlightSqlService for FlightSql {
     ) -> Result<Response<FlightInfo>, Status> {
         self.session(&request)?;
         let schema = query.clone().into_builder(&self.info).schema();
-        let endpoint =
-            FlightEndpoint::new().with_ticket(Ticket::new(query.as_any().encode_to_vec()));
-        let info = FlightInfo::new()
-            .try_with_schema(schema.as_ref())
-            .map_err(|e| Status::internal(e.to_string()))?
-            .with_endpoint(endpoint)
-            .with_descriptor(request.into_inner());
+        let info = flight_info(&schema, query.as_any(), request.into_inner())?;
         Ok(Response::new(info))
     }
 
@@ -378,12 +389,8 @@ impl FlightSqlService for FlightSql {
         self.session(&request)?;
         let builder = query.into_builder(&self.info);
         let schema = builder.schema();
-        let batch = builder.build();
-        let encoded = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .build(stream::once(async { batch.map_err(FlightError::from) }))
-            .map_err(Status::from);
-        Ok(Response::new(Box::pin(encoded)))
+        let batch = builder.build().map_err(FlightError::from);
+        Ok(Response::new(encode(schema, stream::iter([batch]))))
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}

@@ -568,48 +568,80 @@ fn current_setting_udf(settings: Settings) -> ScalarUDF {
         }
         Ok(ColumnarValue::Array(Arc::new(values.finish())))
     };
-    ScalarUDF::new_from_impl(CurrentSetting {
-        signature: Signature::one_of(
+    TextFunction::udf(
+        "current_setting",
+        Signature::one_of(
             vec![
                 TypeSignature::Exact(vec![DataType::Utf8]),
                 TypeSignature::Exact(vec![DataType::Utf8, DataType::Boolean]),
             ],
             Volatility::Stable,
         ),
-        lookup: Arc::new(lookup),
-    })
+        lookup,
+    )
 }
 
-type Lookup = dyn Fn(&[ColumnarValue]) -> datafusion::error::Result<ColumnarValue> + Send + Sync;
+/// `pg_get_indexdef(index [, column, pretty])`: NULL, as for an unknown
+/// index: Cirro tables have no indexes, and the pg_index rows are
+/// PostgreSQL's own (SQLAlchemy's index reflection plans a call to it).
+fn no_index_definition_udf() -> ScalarUDF {
+    TextFunction::udf(
+        "pg_get_indexdef",
+        Signature::variadic_any(Volatility::Stable),
+        |_args: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None))),
+    )
+}
 
-struct CurrentSetting {
+type TextBody = dyn Fn(&[ColumnarValue]) -> datafusion::error::Result<ColumnarValue> + Send + Sync;
+
+/// A function returning text, with any signature (`create_udf` takes only
+/// exact argument types) and a body that may hold state.
+struct TextFunction {
+    name: &'static str,
     signature: Signature,
-    lookup: Arc<Lookup>,
+    body: Arc<TextBody>,
 }
 
-impl std::fmt::Debug for CurrentSetting {
+impl TextFunction {
+    fn udf(
+        name: &'static str,
+        signature: Signature,
+        body: impl Fn(&[ColumnarValue]) -> datafusion::error::Result<ColumnarValue>
+        + Send
+        + Sync
+        + 'static,
+    ) -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            name,
+            signature,
+            body: Arc::new(body),
+        })
+    }
+}
+
+impl std::fmt::Debug for TextFunction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("current_setting")
+        f.write_str(self.name)
     }
 }
 
-impl PartialEq for CurrentSetting {
+impl PartialEq for TextFunction {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.lookup, &other.lookup)
+        self.name == other.name && Arc::ptr_eq(&self.body, &other.body)
     }
 }
 
-impl Eq for CurrentSetting {}
+impl Eq for TextFunction {}
 
-impl std::hash::Hash for CurrentSetting {
+impl std::hash::Hash for TextFunction {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        "current_setting".hash(state);
+        self.name.hash(state);
     }
 }
 
-impl ScalarUDFImpl for CurrentSetting {
+impl ScalarUDFImpl for TextFunction {
     fn name(&self) -> &str {
-        "current_setting"
+        self.name
     }
 
     fn signature(&self) -> &Signature {
@@ -624,42 +656,7 @@ impl ScalarUDFImpl for CurrentSetting {
         &self,
         args: ScalarFunctionArgs,
     ) -> datafusion::error::Result<ColumnarValue> {
-        (self.lookup)(&args.args)
-    }
-}
-
-/// `pg_get_indexdef(index [, column, pretty])`: NULL, as for an unknown
-/// index: Cirro tables have no indexes, and the pg_index rows are
-/// PostgreSQL's own (SQLAlchemy's index reflection plans a call to it).
-fn no_index_definition_udf() -> ScalarUDF {
-    ScalarUDF::new_from_impl(NoIndexDefinition {
-        signature: Signature::variadic_any(Volatility::Stable),
-    })
-}
-
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct NoIndexDefinition {
-    signature: Signature,
-}
-
-impl ScalarUDFImpl for NoIndexDefinition {
-    fn name(&self) -> &str {
-        "pg_get_indexdef"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> datafusion::error::Result<DataType> {
-        Ok(DataType::Utf8)
-    }
-
-    fn invoke_with_args(
-        &self,
-        _args: ScalarFunctionArgs,
-    ) -> datafusion::error::Result<ColumnarValue> {
-        Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))
+        (self.body)(&args.args)
     }
 }
 
