@@ -304,9 +304,7 @@ impl Session {
         engine.context().register_udf(no_serial_sequence_udf());
         engine.context().register_udf(collation_is_visible_udf());
         engine.context().register_udf(no_index_definition_udf());
-        engine
-            .context()
-            .register_udf(ScalarUDF::new_from_impl(JsonBuildObject::new()));
+        engine.context().register_udf(json_build_object_udf());
         let settings = Settings::default();
         engine
             .context()
@@ -548,8 +546,8 @@ fn no_serial_sequence_udf() -> ScalarUDF {
 /// `current_setting(name [, missing_ok])`: the session's value of a setting,
 /// as SHOW gives it; an unknown name is 42704, or NULL when missing_ok.
 fn current_setting_udf(settings: Settings) -> ScalarUDF {
-    let lookup = move |args: &[ColumnarValue]| {
-        let arrays = ColumnarValue::values_to_arrays(args)?;
+    let lookup = move |args: ScalarFunctionArgs| {
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
         let names = arrays[0].as_string::<i32>();
         let missing_ok = arrays.get(1).map(|a| a.as_boolean().clone());
         let mut values = arrow::array::StringBuilder::new();
@@ -588,11 +586,12 @@ fn no_index_definition_udf() -> ScalarUDF {
     TextFunction::udf(
         "pg_get_indexdef",
         Signature::variadic_any(Volatility::Stable),
-        |_args: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None))),
+        |_args: ScalarFunctionArgs| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None))),
     )
 }
 
-type TextBody = dyn Fn(&[ColumnarValue]) -> datafusion::error::Result<ColumnarValue> + Send + Sync;
+type TextBody =
+    dyn Fn(ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> + Send + Sync;
 
 /// A function returning text, with any signature (`create_udf` takes only
 /// exact argument types) and a body that may hold state.
@@ -606,7 +605,7 @@ impl TextFunction {
     fn udf(
         name: &'static str,
         signature: Signature,
-        body: impl Fn(&[ColumnarValue]) -> datafusion::error::Result<ColumnarValue>
+        body: impl Fn(ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue>
         + Send
         + Sync
         + 'static,
@@ -656,7 +655,7 @@ impl ScalarUDFImpl for TextFunction {
         &self,
         args: ScalarFunctionArgs,
     ) -> datafusion::error::Result<ColumnarValue> {
-        (self.body)(&args.args)
+        (self.body)(args)
     }
 }
 
@@ -675,68 +674,46 @@ fn collation_is_visible_udf() -> ScalarUDF {
 
 /// `json_build_object(key, value, …)` as JSON text (SQLAlchemy's column
 /// reflection builds identity and collation details with it).
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct JsonBuildObject {
-    signature: Signature,
+fn json_build_object_udf() -> ScalarUDF {
+    TextFunction::udf(
+        "json_build_object",
+        Signature::variadic_any(Volatility::Immutable),
+        json_build_object,
+    )
 }
 
-impl JsonBuildObject {
-    fn new() -> Self {
-        Self {
-            signature: Signature::variadic_any(Volatility::Immutable),
+fn json_build_object(args: ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> {
+    if args.args.len() % 2 != 0 {
+        return Err(datafusion::error::DataFusionError::Execution(
+            "argument list must have even number of elements".to_string(),
+        ));
+    }
+    let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+    let rows = args.number_rows;
+    let mut out = arrow::array::StringBuilder::new();
+    for row in 0..rows {
+        let mut object = serde_json::Map::new();
+        for pair in arrays.chunks(2) {
+            let key = ScalarValue::try_from_array(&pair[0], row)?;
+            let value = ScalarValue::try_from_array(&pair[1], row)?;
+            let value = match value {
+                v if v.is_null() => serde_json::Value::Null,
+                ScalarValue::Boolean(Some(b)) => serde_json::Value::Bool(b),
+                v if v.data_type().is_numeric() => {
+                    serde_json::from_str(&v.to_string()).unwrap_or(serde_json::Value::Null)
+                }
+                v => serde_json::Value::String(v.to_string()),
+            };
+            let key = if key.is_null() {
+                String::new()
+            } else {
+                key.to_string()
+            };
+            object.insert(key, value);
         }
+        out.append_value(serde_json::Value::Object(object).to_string());
     }
-}
-
-impl ScalarUDFImpl for JsonBuildObject {
-    fn name(&self) -> &str {
-        "json_build_object"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, _args: &[DataType]) -> datafusion::error::Result<DataType> {
-        Ok(DataType::Utf8)
-    }
-
-    fn invoke_with_args(
-        &self,
-        args: ScalarFunctionArgs,
-    ) -> datafusion::error::Result<ColumnarValue> {
-        if args.args.len() % 2 != 0 {
-            return Err(datafusion::error::DataFusionError::Execution(
-                "argument list must have even number of elements".to_string(),
-            ));
-        }
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let rows = args.number_rows;
-        let mut out = arrow::array::StringBuilder::new();
-        for row in 0..rows {
-            let mut object = serde_json::Map::new();
-            for pair in arrays.chunks(2) {
-                let key = ScalarValue::try_from_array(&pair[0], row)?;
-                let value = ScalarValue::try_from_array(&pair[1], row)?;
-                let value = match value {
-                    v if v.is_null() => serde_json::Value::Null,
-                    ScalarValue::Boolean(Some(b)) => serde_json::Value::Bool(b),
-                    v if v.data_type().is_numeric() => {
-                        serde_json::from_str(&v.to_string()).unwrap_or(serde_json::Value::Null)
-                    }
-                    v => serde_json::Value::String(v.to_string()),
-                };
-                let key = if key.is_null() {
-                    String::new()
-                } else {
-                    key.to_string()
-                };
-                object.insert(key, value);
-            }
-            out.append_value(serde_json::Value::Object(object).to_string());
-        }
-        Ok(ColumnarValue::Array(Arc::new(out.finish())))
-    }
+    Ok(ColumnarValue::Array(Arc::new(out.finish())))
 }
 
 #[cfg(test)]
