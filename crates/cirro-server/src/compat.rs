@@ -16,7 +16,7 @@
 //! not when its WHERE has a condition on the outer row alone (`a.atthasdef`):
 //! planning fails with "Physical plan does not support logical expression
 //! ScalarSubquery". For a correlated subquery that reads only `pg_catalog`
-//! tables, [`catalog_subqueries`] aggregates the single selected value with
+//! tables, [`rewrite_catalog_query`] aggregates the single selected value with
 //! `max` (a catalog lookup by key finds at most one row, where PostgreSQL
 //! would have raised an error for more) and moves the outer-only conditions
 //! out: `CASE WHEN outer_conditions THEN (subquery) END`, which is NULL

@@ -130,15 +130,10 @@ const REPORTED: &[(&str, &str)] = &[
 struct Settings(Arc<Mutex<BTreeMap<&'static str, String>>>);
 
 impl Settings {
-    fn lock(
-        &self,
-    ) -> std::sync::LockResult<std::sync::MutexGuard<'_, BTreeMap<&'static str, String>>> {
-        self.0.lock()
-    }
-
     /// The value in force of a known setting.
     fn get(&self, name: &'static str) -> String {
-        self.lock()
+        self.0
+            .lock()
             .ok()
             .and_then(|s| s.get(name).cloned())
             .or_else(|| {
@@ -367,7 +362,7 @@ impl Session {
                     }
                     _ => value,
                 };
-                if let Ok(mut settings) = self.settings.lock() {
+                if let Ok(mut settings) = self.settings.0.lock() {
                     settings.insert(name, value.clone());
                 }
                 Ok((
@@ -377,7 +372,7 @@ impl Session {
             }
             SettingStatement::Reset(name) => {
                 let mut report = Vec::new();
-                if let Ok(mut settings) = self.settings.lock() {
+                if let Ok(mut settings) = self.settings.0.lock() {
                     let names: Vec<&'static str> = match name {
                         Some(n) => vec![n],
                         None => settings.keys().copied().collect(),
