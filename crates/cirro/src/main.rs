@@ -2,11 +2,13 @@
 //!
 //! - `cirro sql` — the SQL shell, or a script runner with `-c` / `-f`;
 //! - `cirro load tpch|ssb` — generate and load the benchmark data sets;
-//! - `cirro serve` — the PostgreSQL-protocol server.
+//! - `cirro serve` — the PostgreSQL-protocol server;
+//! - `cirro bench` — the benchmark suites beside the peers (`bench/`).
 //!
 //! Every command works on one data location (`--data`, `CIRRO_DATA`, default
 //! `./cirro-data`), which holds the catalog and the tables.
 
+mod bench;
 mod load;
 mod output;
 mod shell;
@@ -50,6 +52,14 @@ enum Command {
     },
     /// Serve the data location over the PostgreSQL protocol.
     Serve(ServeArgs),
+    /// Benchmark Cirro beside its peers: `cirro bench <tpch|ssb|joins|aggregation|dml|micro>
+    /// [--sf N] [--threads T] [--peers a,b,…]` (`cirro bench --help` for all options).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The suite and options, passed to the harness in bench/.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -163,6 +173,9 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
         target_partitions: cli.threads,
         ..Default::default()
     };
+    if let Command::Bench { args } = &cli.command {
+        return bench::run(args, cli.threads);
+    }
     if let Command::Serve(args) = cli.command {
         trim_malloc_periodically();
         cirro_server::serve(cirro_server::ServerConfig {
@@ -183,6 +196,6 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
         Command::Load { dataset } => load::run(&engine, dataset)
             .await
             .map(|()| ExitCode::SUCCESS),
-        Command::Serve(_) => Ok(ExitCode::SUCCESS),
+        Command::Serve(_) | Command::Bench { .. } => Ok(ExitCode::SUCCESS),
     }
 }

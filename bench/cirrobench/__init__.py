@@ -1,0 +1,1 @@
+"""`cirro bench`: Cirro's benchmark harness (see bench/README.md)."""

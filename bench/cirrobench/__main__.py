@@ -1,0 +1,92 @@
+"""`cirro bench <suite> [--sf N] [--threads T] [--peers a,b,…]`.
+
+Run through `cirro bench` (which makes the Python environment and passes
+--cirro); `python -m cirrobench` in that environment works as well.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import engines, suites
+
+BENCH = Path(__file__).resolve().parents[1]
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(prog="cirro bench", description="Benchmark Cirro beside its peers.")
+    ap.add_argument("suite", help="tpch, ssb, joins, aggregation, dml or micro")
+    ap.add_argument("--sf", type=float, default=1.0,
+                    help="scale factor (tpch, ssb); joins and aggregation: a multiplier of the paper's sizes")
+    ap.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
+    ap.add_argument("--peers", default=",".join(engines.DEFAULT_PEERS),
+                    help=f"comma-separated, of {', '.join(engines.ALL[1:])} (default: all but spark)")
+    ap.add_argument("--runs", type=int, default=3, help="hot runs per query and engine (default 3)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per query run (default 300)")
+    ap.add_argument("--queries", help="comma-separated subset of query ids (e.g. q01,q06)")
+    ap.add_argument("--out", type=Path, help="results directory (default bench/results/<suite>-sf<N>)")
+    ap.add_argument("--data-dir", type=Path, help="where generated data is kept "
+                    "(default ~/.cache/cirro/bench-data; reused by later runs)")
+    ap.add_argument("--fresh", action="store_true", help="ignore earlier results in --out instead of resuming")
+    ap.add_argument("--drop-caches", action="store_true", help="empty the page cache before each cold run (root)")
+    ap.add_argument("--no-probe", action="store_true", help="skip the memory-bandwidth probe")
+    ap.add_argument("--report-only", action="store_true", help="rewrite report and plots from results.json")
+    ap.add_argument("--cirro", default=os.environ.get("CIRRO_BIN"), help="the cirro binary (set by cirro bench)")
+    args = ap.parse_args(argv)
+    args.argv = ["cirro", "bench"] + argv
+    args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for p in args.peers:
+        if p not in engines.ALL:
+            ap.error(f"unknown peer {p!r}: choose from {', '.join(engines.ALL[1:])}")
+    return args
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    sf_label = f"{args.sf:g}"
+    if args.suite not in ("dml", "micro"):
+        suites.get(args.suite)  # refuses an unknown suite before anything is written
+    out = args.out or BENCH / "results" / f"{args.suite}-sf{sf_label}"
+    out.mkdir(parents=True, exist_ok=True)
+    if args.suite in ("dml", "micro"):
+        from . import wire
+
+        return wire.main(args, out)
+    from . import data, report, runner
+
+    if args.report_only:
+        import json
+
+        state = json.loads((out / "results.json").read_text())
+        print(report.write(state, out))
+        return 1 if state.get("mismatches") else 0
+    if not args.cirro or not Path(args.cirro).exists():
+        sys.exit("cirro bench: the cirro binary is unknown: run through `cirro bench` or pass --cirro")
+    suite, make_tables, make_queries = suites.get(args.suite)
+    queries = make_queries(args.sf)
+    if args.queries:
+        wanted = args.queries.split(",")
+        unknown = set(wanted) - {q.id for q in queries}
+        if unknown:
+            sys.exit(f"cirro bench: no such queries in {args.suite}: {', '.join(sorted(unknown))}")
+        queries = [q for q in queries if q.id in wanted]
+    root = (args.data_dir or Path(os.environ.get("HOME", "/root")) / ".cache/cirro/bench-data") / \
+        f"{args.suite}-sf{sf_label}"
+    cirro_data, tables, facts = data.prepare(suite, make_tables, args.sf, root, args.cirro, args.threads)
+    ctx = engines.Context(tables, args.threads, root, args.cirro, cirro_data)
+    state = runner.run_suite(args, suite, queries, ctx, facts, out)
+    path = report.write(state, out)
+    print(f"cirro bench: report {path}", file=sys.stderr)
+    if state["mismatches"]:
+        print(f"cirro bench: FAILED: {len(state['mismatches'])} Cirro result(s) differ from DuckDB's:",
+              file=sys.stderr)
+        for m in state["mismatches"]:
+            print(f"  {m}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

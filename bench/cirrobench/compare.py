@@ -1,0 +1,91 @@
+"""Value-by-value comparison of two query results (pyarrow Tables).
+
+Engines name columns differently and disagree on types (DECIMAL against
+DOUBLE, INT against BIGINT, padded CHAR), so columns are compared by position
+after normalising: every number becomes float64 and is compared within 1e-6
+relative or 1e-5 absolute (the tolerance of ../shared/tpch/README.md), text is
+compared exactly after trimming trailing blanks, dates and times by value,
+NULL equals only NULL. Rows are compared as multisets: both sides are sorted
+by every column first (exact columns before numeric ones), since engines may
+order ties differently; the order of ORDER BY results is checked by the
+engine's own tests against the reference answers, not here.
+
+Everything is vectorised with pyarrow compute, so results of tens of millions
+of rows compare in seconds.
+"""
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+REL = 1e-6
+ABS = 1e-5
+
+
+class Mismatch(Exception):
+    """The two results differ; the message says where."""
+
+
+def _normalise(col):
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    t = col.type
+    if pa.types.is_dictionary(t):
+        col = col.dictionary_decode()
+        t = col.type
+    if pa.types.is_decimal(t) or pa.types.is_integer(t) or pa.types.is_floating(t):
+        return "num", pc.cast(col, pa.float64())
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "text", pc.utf8_rtrim(pc.cast(col, pa.string()), characters=" ")
+    if pa.types.is_timestamp(t):
+        # a date computed as a timestamp at midnight by one engine equals the date of another
+        return "time", pc.cast(col, pa.timestamp("us"))
+    if pa.types.is_date(t):
+        return "time", pc.cast(pc.cast(col, pa.date32()), pa.timestamp("us"))
+    if pa.types.is_boolean(t):
+        return "bool", col
+    return "text", pc.cast(col, pa.string())
+
+
+def _row(table, i):
+    return tuple(table.column(j)[i].as_py() for j in range(table.num_columns))
+
+
+def compare(got, expected, what="result"):
+    """Raise Mismatch if `got` differs from `expected`; return the row count."""
+    if got.num_columns != expected.num_columns:
+        raise Mismatch(f"{what}: {got.num_columns} columns, expected {expected.num_columns} "
+                       f"({got.column_names} vs {expected.column_names})")
+    if got.num_rows != expected.num_rows:
+        raise Mismatch(f"{what}: {got.num_rows} rows, expected {expected.num_rows}")
+    if got.num_rows == 0:
+        return 0
+    kinds, a_cols, b_cols = [], [], []
+    for j in range(got.num_columns):
+        ka, a = _normalise(got.column(j))
+        kb, b = _normalise(expected.column(j))
+        if ka != kb:
+            raise Mismatch(f"{what}: column {j + 1} is {got.schema.field(j).type}, "
+                           f"expected {expected.schema.field(j).type}")
+        kinds.append(ka)
+        a_cols.append(a)
+        b_cols.append(b)
+    names = [f"c{j}" for j in range(len(kinds))]
+    order = [j for j, k in enumerate(kinds) if k != "num"] + [j for j, k in enumerate(kinds) if k == "num"]
+    keys = [(names[j], "ascending") for j in order]
+    a = pa.table(a_cols, names=names).sort_by(keys)
+    b = pa.table(b_cols, names=names).sort_by(keys)
+    for j, kind in enumerate(kinds):
+        x, y = a.column(j), b.column(j)
+        both_null = pc.and_(pc.is_null(x), pc.is_null(y))
+        if kind == "num":
+            diff = pc.abs(pc.subtract(x, y))
+            limit = pc.max_element_wise(pc.multiply(pc.abs(y), REL), pa.scalar(ABS))
+            same = pc.or_(pc.less_equal(diff, limit), pc.and_(pc.is_nan(x), pc.is_nan(y)))
+        else:
+            same = pc.equal(x, y)
+        ok = pc.or_kleene(both_null, pc.fill_null(same, False))
+        if not pc.all(ok).as_py():
+            i = pc.index(ok, False).as_py()
+            raise Mismatch(f"{what}: column {j + 1} ({got.column_names[j]}) differs in row {i + 1} of the "
+                           f"sorted rows: {_row(a, i)} vs expected {_row(b, i)}")
+    return got.num_rows

@@ -1,0 +1,244 @@
+"""The engines a benchmark measures. Each runs inside its own worker process
+(`worker.py`), so that a thread count set through the environment applies, a
+query past its timeout can be killed, and a crashing peer is recorded rather
+than ending the run.
+
+Every engine reads the same Parquet files (`tables`: name -> directory of the
+files), except Cirro, which reads its own tables (the files were hard-linked
+from them), and `duckdb-db`, DuckDB's own database file loaded from them.
+`run(sql)` returns a pyarrow Table; the time measured around it includes
+planning, execution and materialising the whole result.
+"""
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+# Engine names as `--peers` takes them, in the order reports show them.
+ALL = ["cirro", "duckdb", "duckdb-db", "datafusion", "polars", "chdb", "spark"]
+DEFAULT_PEERS = ["duckdb", "duckdb-db", "datafusion", "polars", "chdb"]
+# The engine whose results every Cirro result is checked against.
+REFERENCE = "duckdb"
+
+
+class Context:
+    """What an engine is given: the data set and the run's settings."""
+
+    def __init__(self, tables, threads, work, cirro_bin=None, cirro_data=None):
+        self.tables = {k: str(v) for k, v in tables.items()}
+        self.threads = threads
+        self.work = str(work)
+        self.cirro_bin = cirro_bin
+        self.cirro_data = str(cirro_data) if cirro_data else None
+
+
+def thread_env(threads):
+    """Environment variables that bound the threads of the peers that read
+    them at import (Polars, Arrow's and numpy's pools)."""
+    return {
+        "POLARS_MAX_THREADS": str(threads),
+        "OMP_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+    }
+
+
+class Cirro:
+    """`cirro serve` on the data location, queried over Arrow Flight SQL
+    (ADBC), as a client program would: the time includes the round trip."""
+
+    name = "cirro"
+    PASSWORD = "cirro-bench"
+
+    def __init__(self, ctx):
+        self.proc = subprocess.Popen(
+            [ctx.cirro_bin, "--data", ctx.cirro_data, "--threads", str(ctx.threads),
+             "serve", "--pg-port", "0", "--flight-port", "0"],
+            env={**os.environ, "CIRRO_PASSWORD": self.PASSWORD, "CIRRO_USER": "cirro"},
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        )
+        port = None
+        for _ in range(2):
+            line = self.proc.stdout.readline()
+            if "Flight SQL" in line:
+                port = int(line.strip().rsplit(":", 1)[1])
+        if port is None:
+            raise RuntimeError(f"cirro serve did not start (exit {self.proc.poll()})")
+        import adbc_driver_flightsql.dbapi as flightsql
+
+        self.conn = flightsql.connect(f"grpc://127.0.0.1:{port}",
+                                      db_kwargs={"username": "cirro", "password": self.PASSWORD},
+                                      autocommit=True)
+        self.pid = self.proc.pid
+        out = subprocess.run([ctx.cirro_bin, "--version"], capture_output=True, text=True)
+        self.version = out.stdout.strip().split()[-1] if out.returncode == 0 else "?"
+
+    def run(self, sql):
+        with self.conn.cursor() as cur:
+            cur.execute(sql)
+            return cur.fetch_arrow_table()
+
+    def close(self):
+        try:
+            self.conn.close()
+        finally:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+class DuckDB:
+    """DuckDB over the Parquet files (views on read_parquet)."""
+
+    name = "duckdb"
+
+    def __init__(self, ctx, path=":memory:"):
+        import duckdb
+
+        self.version = duckdb.__version__
+        self.con = duckdb.connect(path)
+        self.con.execute(f"SET threads = {ctx.threads}")
+        self.attach(ctx)
+
+    def attach(self, ctx):
+        for name, path in ctx.tables.items():
+            self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('{path}/*.parquet')")
+
+    def run(self, sql):
+        return self.con.execute(sql).fetch_arrow_table()
+
+    def close(self):
+        self.con.close()
+
+
+class DuckDBNative(DuckDB):
+    """DuckDB on its own database file, loaded from the Parquet files once
+    (the load is timed and kept in `load_seconds`)."""
+
+    name = "duckdb-db"
+
+    def __init__(self, ctx):
+        path = Path(ctx.work) / "duckdb.db"
+        self.load_seconds = None
+        super().__init__(ctx, str(path))
+
+    def attach(self, ctx):
+        have = {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        start = time.perf_counter()
+        for name, path in ctx.tables.items():
+            if name not in have:
+                self.con.execute(f"CREATE TABLE {name} AS SELECT * FROM read_parquet('{path}/*.parquet')")
+        if len(have) < len(ctx.tables):
+            self.con.execute("CHECKPOINT")
+            self.load_seconds = time.perf_counter() - start
+
+
+class DataFusion:
+    """The `datafusion` Python package: the engine Cirro builds on."""
+
+    name = "datafusion"
+
+    def __init__(self, ctx):
+        import datafusion
+
+        self.version = datafusion.__version__
+        config = datafusion.SessionConfig().with_target_partitions(ctx.threads)
+        self.ctx = datafusion.SessionContext(config)
+        for name, path in ctx.tables.items():
+            self.ctx.register_parquet(name, path)
+
+    def run(self, sql):
+        import pyarrow as pa
+
+        df = self.ctx.sql(sql)
+        batches = df.collect()
+        return pa.Table.from_batches(batches, schema=None if batches else df.schema())
+
+    def close(self):
+        pass
+
+
+class Polars:
+    """Polars' SQL interface over lazy Parquet scans (threads: POLARS_MAX_THREADS)."""
+
+    name = "polars"
+
+    def __init__(self, ctx):
+        import polars as pl
+
+        self.version = pl.__version__
+        self.sql = pl.SQLContext({name: pl.scan_parquet(f"{path}/*.parquet") for name, path in ctx.tables.items()})
+
+    def run(self, sql):
+        return self.sql.execute(sql, eager=False).collect().to_arrow()
+
+    def close(self):
+        pass
+
+
+class Chdb:
+    """chDB: ClickHouse in-process, views over its file() table function."""
+
+    name = "chdb"
+    # SQL-standard semantics where ClickHouse's defaults differ: NULLs from
+    # outer joins, NULL (not 0) for aggregates over no rows, correlated subqueries.
+    SETTINGS = ["join_use_nulls = 1", "aggregate_functions_null_for_empty = 1",
+                "allow_experimental_correlated_subqueries = 1", "union_default_mode = 'DISTINCT'"]
+
+    def __init__(self, ctx):
+        import chdb
+        from chdb import session
+
+        self.version = chdb.__version__
+        self.session = session.Session()
+        settings = [f"max_threads = {ctx.threads}"] + self.SETTINGS
+        for s in settings:
+            try:
+                self.session.query(f"SET {s}")
+            except Exception:  # a setting this ClickHouse does not know: go on without it
+                pass
+        for name, path in ctx.tables.items():
+            self.session.query(f"CREATE VIEW IF NOT EXISTS {name} AS SELECT * FROM file('{path}/*.parquet', Parquet)")
+
+    def run(self, sql):
+        return self.session.query(sql.strip().rstrip(";"), "ArrowTable")
+
+    def close(self):
+        self.session.close()
+
+
+class Spark:
+    """PySpark in local mode with T cores and T shuffle partitions."""
+
+    name = "spark"
+
+    def __init__(self, ctx):
+        from pyspark.sql import SparkSession
+
+        self.spark = (
+            SparkSession.builder.master(f"local[{ctx.threads}]")
+            .config("spark.sql.shuffle.partitions", str(ctx.threads))
+            .config("spark.driver.memory", "8g")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+            .getOrCreate()
+        )
+        self.spark.sparkContext.setLogLevel("ERROR")
+        self.version = self.spark.version
+        for name, path in ctx.tables.items():
+            self.spark.read.parquet(path).createOrReplaceTempView(name)
+
+    def run(self, sql):
+        return self.spark.sql(re.sub(r";\s*$", "", sql.strip())).toArrow()
+
+    def close(self):
+        self.spark.stop()
+
+
+CLASSES = {c.name: c for c in [Cirro, DuckDB, DuckDBNative, DataFusion, Polars, Chdb, Spark]}
+
+
+def make(name, ctx):
+    if name not in CLASSES:
+        raise ValueError(f"unknown engine {name!r}: choose from {', '.join(ALL)}")
+    return CLASSES[name](ctx)

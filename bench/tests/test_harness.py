@@ -1,0 +1,167 @@
+"""Tests of the benchmark harness itself, on tiny data: the result comparison
+(including wrong results that must be caught), the correctness guard, the
+timeout of a worker, the report and its plots.
+
+Run by crates/cirro/tests/bench.rs inside the benchmark environment:
+    PYTHONPATH=bench ~/.cache/cirro/bench-venv/bin/python -m unittest discover -s bench/tests
+"""
+
+import decimal
+import json
+import tempfile
+import unittest
+from pathlib import Path
+
+import pyarrow as pa
+
+from cirrobench import compare, engines, report, runner
+from cirrobench.worker import Worker
+
+
+def table(**cols):
+    return pa.table(cols)
+
+
+class CompareTest(unittest.TestCase):
+    def test_equal_across_types_order_and_padding(self):
+        got = pa.table({
+            "name": pa.array(["b  ", "a", None], pa.string()),
+            "n": pa.array([2, 1, 3], pa.int32()),
+            "total": pa.array([decimal.Decimal("2.50"), decimal.Decimal("1.25"), None], pa.decimal128(12, 2)),
+            "day": pa.array([19000, 18999, 19001], pa.date32()),
+        })
+        expected = pa.table({
+            "x": pa.array(["a", "b", None], pa.large_string()),
+            "y": pa.array([1, 2, 3], pa.int64()),
+            "z": pa.array([1.25 * (1 + 1e-8), 2.5, None], pa.float64()),
+            "w": pa.array([18999 * 86400 * 10**6, 19000 * 86400 * 10**6, 19001 * 86400 * 10**6],
+                          pa.timestamp("us")),
+        })
+        self.assertEqual(compare.compare(got, expected), 3)
+
+    def test_wrong_value_is_caught(self):
+        good = table(g=pa.array([1, 2, 3]), s=pa.array([10.0, 20.0, 30.0]))
+        bad = table(g=pa.array([1, 2, 3]), s=pa.array([10.0, 20.0, 30.01]))
+        with self.assertRaisesRegex(compare.Mismatch, "column 2 .* row 3"):
+            compare.compare(bad, good)
+
+    def test_null_is_not_zero_and_text_is_exact(self):
+        with self.assertRaises(compare.Mismatch):
+            compare.compare(table(a=pa.array([0.0])), table(a=pa.array([None], pa.float64())))
+        with self.assertRaises(compare.Mismatch):
+            compare.compare(table(a=pa.array(["ab"])), table(a=pa.array(["aB"])))
+
+    def test_shape_differences_are_caught(self):
+        one = table(a=pa.array([1, 2]))
+        with self.assertRaisesRegex(compare.Mismatch, "rows"):
+            compare.compare(table(a=pa.array([1])), one)
+        with self.assertRaisesRegex(compare.Mismatch, "columns"):
+            compare.compare(table(a=pa.array([1, 2]), b=pa.array([1, 2])), one)
+        with self.assertRaisesRegex(compare.Mismatch, "column 1"):
+            compare.compare(table(a=pa.array(["1", "2"])), one)
+
+    def test_tolerance(self):
+        base = table(v=pa.array([1e9, 0.0]))
+        compare.compare(table(v=pa.array([1e9 * (1 + 5e-7), 5e-6])), base)
+        with self.assertRaises(compare.Mismatch):
+            compare.compare(table(v=pa.array([1e9 * (1 + 5e-6), 0.0])), base)
+
+
+def _rec(names):
+    return {n: {"status": "ok", "cold": 0.1, "hot": [0.1], "rows": 1} for n in names}
+
+
+class GuardTest(unittest.TestCase):
+    def test_cirro_mismatch_fails_and_wrong_peer_is_marked(self):
+        q = type("Q", (), {"id": "q01"})()
+        state = {"mismatches": []}
+        rec = _rec(["cirro", "duckdb", "polars"])
+        right = table(a=pa.array([1.0, 2.0]))
+        verdict = runner.check(q, rec, {"cirro": right, "duckdb": right, "polars": right}, state)
+        self.assertTrue(verdict.startswith("equal"), verdict)
+        self.assertEqual(state["mismatches"], [])
+        wrong = table(a=pa.array([1.0, 2.5]))
+        verdict = runner.check(q, rec, {"cirro": wrong, "duckdb": right, "polars": wrong}, state)
+        self.assertTrue(verdict.startswith("MISMATCH"), verdict)
+        self.assertEqual(len(state["mismatches"]), 1)
+        self.assertEqual(rec["polars"]["status"], "wrong")
+
+    def test_unchecked_when_the_reference_failed(self):
+        q = type("Q", (), {"id": "q02"})()
+        rec = _rec(["cirro", "duckdb"])
+        rec["duckdb"]["status"] = "error"
+        state = {"mismatches": []}
+        self.assertTrue(runner.check(q, rec, {"cirro": table(a=[1])}, state).startswith("unchecked"))
+
+
+class WorkerTest(unittest.TestCase):
+    def test_timeout_kills_and_the_engine_comes_back(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            ctx = engines.Context({}, 1, tmp)
+            w = Worker("duckdb", ctx, tmp)
+            w.start()
+            try:
+                status = w.run("SELECT count(*) FROM range(100000000000) a", timeout=1)
+                self.assertEqual(status[0], "timeout")
+                status = w.run("SELECT 41 + 1 AS answer", timeout=60, keep="all")
+                self.assertEqual(status[0], "ok")
+                self.assertEqual(status[3].column(0).to_pylist(), [42])
+                status = w.run("SELECT * FROM no_such_table", timeout=60)
+                self.assertEqual(status[0], "error")
+                self.assertIn("no_such_table", status[1])
+            finally:
+                w.stop()
+
+
+def synthetic_state():
+    meta = {}
+    queries = {}
+    times = {"q1": (0.30, 0.10, 0.20), "q2": (0.10, 0.20, 0.40), "q3": (0.50, 0.05, None),
+             "q4": (0.20, 0.25, 0.30)}
+    for i, (q, (c, d, p)) in enumerate(times.items()):
+        meta[q] = {"series": "2-table join", "x": 1000 * (i + 1), "sql": "SELECT 1"}
+        eng = {"cirro": {"status": "ok", "median": c, "cold": c, "hot": [c]},
+               "duckdb": {"status": "ok", "median": d, "cold": d, "hot": [d]},
+               "polars": {"status": "ok", "median": p, "cold": p, "hot": [p]}}
+        if p is None:
+            eng["polars"] = {"status": "timeout", "median": None, "error": "no answer within 5 s"}
+        queries[q] = {"done": True, "engines": eng, "check": "equal to duckdb (1 rows)"}
+    queries["q4"]["engines"]["duckdb"]["status"] = "wrong"
+    queries["q4"]["engines"]["duckdb"]["error"] = "differs"
+    return {"config": {"suite": "joins", "sf": 1.0, "threads": 2, "runs": 1,
+                       "engines": ["cirro", "duckdb", "polars"]},
+            "queries": queries, "query_meta": meta, "mismatches": [], "versions": {"cirro": "0.1.0"},
+            "machine": {"cpu": "test", "cpus": 2}, "command": "cirro bench joins", "timeout_seconds": 5}
+
+
+class ReportTest(unittest.TestCase):
+    def test_report_totals_worst_queries_failures_and_plots(self):
+        state = synthetic_state()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = report.write(state, tmp)
+            text = path.read_text()
+            # totals over the queries every engine finished (q1, q2, q4)
+            self.assertIn("| cirro | 0.60 (3) | 1.00 | 1.10 (4) |", text)
+            # q3: 0.50 / 0.05 = 10x duckdb; q4: duckdb was wrong, so polars (0.30) is the best peer
+            worst = text.split("## Where Cirro trails the best peer most")[1].split("##")[0]
+            self.assertLess(worst.index("**q3**: 10.00×"), worst.index("**q1**: 3.00×"))
+            self.assertNotIn("**q4**", worst)  # Cirro leads there (0.67× polars, duckdb was wrong)
+            self.assertIn("| q4 | 200 | 250 ✗ | 300 | 0.67 (polars) |", text)
+            self.assertIn("q3 polars: timeout", text)
+            for png in ("queries.png", "ratio.png", "scaling.png"):
+                data = (Path(tmp) / png).read_bytes()
+                self.assertEqual(data[:8], b"\x89PNG\r\n\x1a\n", png)
+                self.assertGreater(len(data), 5000, png)
+            state["mismatches"] = ["q1 cirro vs duckdb: column 1 differs"]
+            self.assertIn("CORRECTNESS FAILURE", report.write(state, tmp).read_text())
+
+    def test_report_reads_back_its_json(self):
+        state = synthetic_state()
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "results.json").write_text(json.dumps(state))
+            again = json.loads((Path(tmp) / "results.json").read_text())
+            self.assertEqual(report.totals(again), report.totals(state))
+
+
+if __name__ == "__main__":
+    unittest.main()

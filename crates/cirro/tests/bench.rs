@@ -1,0 +1,171 @@
+//! `cirro bench`, the benchmark harness, on tiny data: its own unit tests
+//! (result comparison, the correctness guard, timeouts, report and plots, in
+//! `bench/tests`), then the real command end to end on TPC-H SF 0.01 with
+//! DuckDB, DataFusion and Polars, and a deliberately wrong Cirro result that
+//! the run must catch and fail on. The first run creates the harness's
+//! Python environment (~/.cache/cirro/bench-venv, pinned peers).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use common::{DataDir, cirro_bin};
+
+fn bench_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench")
+}
+
+/// The harness's Python, made once for all tests here.
+fn bench_python() -> &'static str {
+    static PYTHON: OnceLock<String> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let out = Command::new("python3")
+            .arg(bench_dir().join("bootstrap.py"))
+            .arg("--setup-only")
+            .output()
+            .expect("run bench/bootstrap.py");
+        assert!(
+            out.status.success(),
+            "bootstrap failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .expect("utf8")
+            .trim()
+            .to_string()
+    })
+}
+
+fn cirro_bench(args: &[&str]) -> Output {
+    bench_python(); // the environment exists before the command runs
+    Command::new(cirro_bin())
+        .arg("bench")
+        .args(args)
+        .env_remove("CIRRO_DATA")
+        .output()
+        .expect("run cirro bench")
+}
+
+#[test]
+fn harness_unit_tests() {
+    let out = Command::new(bench_python())
+        .args(["-m", "unittest", "discover", "-s"])
+        .arg(bench_dir().join("tests"))
+        .env("PYTHONPATH", bench_dir())
+        .output()
+        .expect("run the harness tests");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("OK"), "{stderr}");
+}
+
+#[test]
+fn tpch_end_to_end_with_peers_and_a_wrong_result_caught() {
+    let work = DataDir::new();
+    let out_dir = work.path().join("results");
+    let data_dir = work.path().join("data");
+    let (out_s, data_s) = (out_dir.to_str().unwrap(), data_dir.to_str().unwrap());
+    let common = [
+        "--sf",
+        "0.01",
+        "--threads",
+        "2",
+        "--runs",
+        "1",
+        "--out",
+        out_s,
+        "--data-dir",
+        data_s,
+    ];
+    let mut args = vec!["tpch"];
+    args.extend(common);
+    args.extend([
+        "--peers",
+        "duckdb,datafusion,polars",
+        "--queries",
+        "q01,q06,q13,q14",
+    ]);
+    let out = cirro_bench(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+
+    let report = std::fs::read_to_string(out_dir.join("report.md")).expect("report.md");
+    assert!(
+        report.contains("Cirro's result equals DuckDB's, value by value, on 4 of 4 queries"),
+        "{report}"
+    );
+    for needle in [
+        "## Totals",
+        "| q01 |",
+        "| q14 |",
+        "polars",
+        "datafusion",
+        "## Physical limit",
+    ] {
+        assert!(report.contains(needle), "{needle} missing: {report}");
+    }
+    for png in ["queries.png", "ratio.png"] {
+        let bytes = std::fs::read(out_dir.join(png)).expect(png);
+        assert!(bytes.starts_with(b"\x89PNG"), "{png} is not a PNG");
+    }
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
+    for engine in ["cirro", "duckdb", "datafusion", "polars"] {
+        let median = &results["queries"]["q06"]["engines"][engine]["median"];
+        assert!(
+            median.as_f64().is_some_and(|m| m > 0.0),
+            "{engine}: {median}"
+        );
+    }
+    assert!(
+        results["probe"]["bandwidth_bytes_per_s"]
+            .as_f64()
+            .is_some_and(|b| b > 1e8),
+        "{}",
+        results["probe"]
+    );
+
+    // Cirro now reads other data than the peers: its lineitem changes (new
+    // files; the Parquet files the peers read stay as they were).
+    let cirro_data = data_dir.join("tpch-sf0.01/cirro");
+    let update = Command::new(cirro_bin())
+        .arg("--data")
+        .arg(&cirro_data)
+        .args([
+            "sql",
+            "-c",
+            "UPDATE lineitem SET l_quantity = l_quantity + 1 WHERE l_orderkey < 1000",
+        ])
+        .output()
+        .expect("update");
+    assert!(
+        update.status.success(),
+        "{}",
+        String::from_utf8_lossy(&update.stderr)
+    );
+    let mut args = vec!["tpch"];
+    args.extend(common);
+    args.extend(["--peers", "duckdb", "--queries", "q01,q13", "--no-probe"]);
+    let out = cirro_bench(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("CORRECTNESS FAILURE: q01 cirro vs duckdb"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("q13 cirro vs duckdb"), "{stderr}");
+    let report = std::fs::read_to_string(out_dir.join("report.md")).expect("report.md");
+    assert!(report.contains("CORRECTNESS FAILURE"), "{report}");
+}
+
+#[test]
+fn unknown_suite_and_peer_are_refused() {
+    let out = cirro_bench(&["nosuch"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown suite"));
+    let out = cirro_bench(&["tpch", "--peers", "oracle"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown peer 'oracle'"));
+}
