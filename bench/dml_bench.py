@@ -126,20 +126,26 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out")
     args = ap.parse_args()
+    doc = run(args.rows, args.threads, args.cirro, Path(args.work), args.rounds)
+    print(json.dumps(doc["summary"], indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
 
-    work = Path(args.work)
+
+def run(n, threads, cirro_bin, work, rounds_wanted=10, progress=print):
+    """The whole DML table on both engines; returns the steps and a summary.
+    Exits (loudly) if the engines' counts or contents ever differ."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    need = args.rows * 3 * BYTES_PER_ROW_ESTIMATE
+    need = n * 3 * BYTES_PER_ROW_ESTIMATE
     free = shutil.disk_usage(work).free
     if free < need:
         sys.exit(f"not enough free disk under {work}: {free / 1e9:.1f} GB free, about {need / 1e9:.1f} GB needed")
 
-    n = args.rows
     pct = {"1%": n // 100, "10%": n // 10, "100%": n}
-    cirro = Cirro(args.cirro, work / "cirro", args.threads)
-    duck = Duck(work / "dml.duckdb", args.threads)
+    cirro = Cirro(cirro_bin, work / "cirro", threads)
+    duck = Duck(work / "dml.duckdb", threads)
     results = []
 
     def step(label, cirro_sql, duck_sql, vacuum=True):
@@ -166,7 +172,7 @@ def main():
             cirro.vacuum()
         figures["ratio"] = round(figures["cirro_s"] / figures["duckdb_s"], 3)
         results.append(figures)
-        print(f"{label:<28} rows {figures['rows']:>11}  cirro {figures['cirro_s']:>8.2f} s  "
+        progress(f"{label:<28} rows {figures['rows']:>11}  cirro {figures['cirro_s']:>8.2f} s  "
               f"duckdb {figures['duckdb_s']:>8.2f} s  ratio {figures['ratio']:.2f}", flush=True)
 
     cirro.run(f"CREATE TABLE dml ({COLUMNS})")
@@ -190,7 +196,7 @@ def main():
         lo += k
     one = pct["1%"]
     rounds = []
-    for r in range(args.rounds):
+    for r in range(rounds_wanted):
         lo = r * one
         where = f"id >= {lo} AND id < {lo + one}"
         step(f"round {r + 1}: delete 1%", f"DELETE FROM dml WHERE {where}", f"DELETE FROM dml WHERE {where}",
@@ -209,17 +215,14 @@ def main():
         "cirro_bytes": cirro.size(work / "cirro"),
         "duckdb_bytes": duck.size(),
     }
-    print(json.dumps(summary, indent=2))
-    if args.out:
-        doc = {
-            "benchmark": "CirroData DML table (scaled)",
-            "rows": n,
-            "threads": args.threads,
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-            "steps": results,
-            "summary": summary,
-        }
-        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    return {
+        "benchmark": "CirroData DML table (scaled)",
+        "rows": n,
+        "threads": threads,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "steps": results,
+        "summary": summary,
+    }
 
 
 if __name__ == "__main__":

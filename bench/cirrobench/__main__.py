@@ -24,6 +24,7 @@ def parse(argv):
                     help=f"comma-separated, of {', '.join(engines.ALL[1:])} (default: all but spark)")
     ap.add_argument("--runs", type=int, default=3, help="hot runs per query and engine (default 3)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per query run (default 300)")
+    ap.add_argument("--duration", type=float, default=5, help="micro: seconds per operation and client count")
     ap.add_argument("--queries", help="comma-separated subset of query ids (e.g. q01,q06)")
     ap.add_argument("--out", type=Path, help="results directory (default bench/results/<suite>-sf<N>)")
     ap.add_argument("--data-dir", type=Path, help="where generated data is kept "
