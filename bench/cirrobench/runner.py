@@ -144,13 +144,17 @@ def run_suite(args, suite, queries, ctx, facts, out):
                         results[n] = table
                     else:
                         rec[n]["hot"].append(seconds)
-            verdict = check(q, rec, results, state)
+                if r == 0:
+                    # check the cold results now, then let them go before the hot runs
+                    verdict = check(q, rec, results, state)
+                    results.clear()
+                    for f in spill.glob("*"):
+                        f.unlink()
             for n in names:
                 times = rec[n]["hot"] or ([rec[n]["cold"]] if rec[n]["cold"] is not None else [])
                 rec[n]["median"] = statistics.median(times) if rec[n]["status"] not in TERMINAL and times else None
             state["queries"][q.id] = {"done": True, "engines": rec, "check": verdict}
             save_state(state_path, state)
-            results.clear()
     finally:
         bar.close()
         for w in workers.values():

@@ -54,15 +54,20 @@ def _serve(conn, name, ctx, spill_dir):
         except BaseException as e:  # noqa: BLE001
             conn.send(("error", f"{type(e).__name__}: {e}".strip()[:2000]))
             continue
-        if not keep or (keep == "small" and table.num_rows > PIPE_ROWS):
-            conn.send(("ok", elapsed, table.num_rows, None))
-        elif table.num_rows <= PIPE_ROWS:
-            conn.send(("ok", elapsed, table.num_rows, ("ipc", _to_ipc(table).to_pybytes())))
+        rows = table.num_rows
+        if not keep or (keep == "small" and rows > PIPE_ROWS):
+            payload = None
+        elif rows <= PIPE_ROWS:
+            payload = ("ipc", _to_ipc(table).to_pybytes())
         else:
             path = Path(spill_dir) / f"{name}-{tag}.arrow"
             with pa.OSFile(str(path), "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
                 writer.write_table(table)
-            conn.send(("ok", elapsed, table.num_rows, ("file", str(path))))
+            payload = ("file", str(path))
+        # a result of tens of millions of rows must not stay resident while the
+        # other engines run (all workers live at once)
+        del table
+        conn.send(("ok", elapsed, rows, payload))
 
 
 class EngineFailed(Exception):

@@ -242,6 +242,43 @@ fn flight_info(
 }
 
 /// `batches` as a DoGet reply.
+/// A batch that is a small slice of much larger buffers, copied into buffers
+/// of its own. Hash aggregation emits its whole output as one batch and
+/// slices it; arrow-flight 59's encoder sizes a batch by its underlying
+/// buffers (`get_buffer_memory_size`), so it cut each 8,192-row slice of a
+/// 10 M-group result into 46-row messages: 26 s to send 10 M rows instead of
+/// about 1 s. Batches that own their buffers pass through untouched.
+fn compact(batch: RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
+    const SMALL: usize = 1 << 20;
+    let whole: usize = batch
+        .columns()
+        .iter()
+        .map(|c| c.get_buffer_memory_size())
+        .sum();
+    if whole <= SMALL {
+        return Ok(batch);
+    }
+    let mut used = 0;
+    for column in batch.columns() {
+        used += column.to_data().get_slice_memory_size()?;
+    }
+    if whole <= 2 * used {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| {
+            // (arrow's concat of a single array returns the same slice)
+            let data = c.to_data();
+            let mut copy = arrow::array::MutableArrayData::new(vec![&data], false, data.len());
+            copy.try_extend(0, 0, data.len())?;
+            Ok(arrow::array::make_array(copy.freeze()))
+        })
+        .collect::<Result<Vec<_>, arrow::error::ArrowError>>()?;
+    RecordBatch::try_new(batch.schema(), columns)
+}
+
 fn encode(
     schema: SchemaRef,
     batches: impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
@@ -347,7 +384,9 @@ impl FlightSqlService for FlightSql {
                 ))
             })?;
         let schema = rows.schema();
-        let batches = rows.map_err(|e| FlightError::Tonic(Box::new(status(CirroError::from(e)))));
+        let batches = rows
+            .map_err(|e| FlightError::Tonic(Box::new(status(CirroError::from(e)))))
+            .and_then(|batch| async move { compact(batch).map_err(FlightError::Arrow) });
         Ok(Response::new(encode(schema, batches)))
     }
 
@@ -399,6 +438,59 @@ impl FlightSqlService for FlightSql {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn slices_of_large_batches_go_out_whole() {
+        use arrow::array::{Array, Int64Array, StringArray};
+        let rows = 1_000_000;
+        let schema = Arc::new(Schema::new(vec![
+            arrow::datatypes::Field::new("k", arrow::datatypes::DataType::Int64, false),
+            arrow::datatypes::Field::new("s", arrow::datatypes::DataType::Utf8, true),
+        ]));
+        let big = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..rows)),
+                Arc::new(StringArray::from_iter(
+                    (0..rows).map(|i| (i % 7 != 0).then(|| format!("name {i}"))),
+                )),
+            ],
+        )
+        .unwrap();
+        let slice = big.slice(500_000, 8192);
+        let own = compact(slice.clone()).unwrap();
+        assert_eq!(own, slice);
+        let bytes: usize = own
+            .columns()
+            .iter()
+            .map(|c| c.get_buffer_memory_size())
+            .sum();
+        assert!(bytes < 400_000, "{bytes}");
+        assert_eq!(own.column(1).null_count(), slice.column(1).null_count());
+        // The encoder now sends the slice as one message, not hundreds.
+        let count = |batch: RecordBatch| {
+            let schema = batch.schema();
+            async move {
+                encode(schema, stream::iter([Ok(batch)]))
+                    .try_collect::<Vec<_>>()
+                    .await
+                    .unwrap()
+                    .len()
+            }
+        };
+        assert_eq!(count(own).await, 2); // the schema, then the batch
+        assert!(count(slice).await > 10);
+        // A batch with buffers of its own is passed through as it is.
+        let small = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec!["a", "b"])),
+            ],
+        )
+        .unwrap();
+        assert_eq!(compact(small.clone()).unwrap(), small);
+    }
 
     #[test]
     fn errors_keep_their_sqlstate() {
