@@ -100,8 +100,9 @@ def plot_queries(state, path):
     ax.set_xticklabels(queries, rotation=45, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("median hot run, ms (log)")
-    ax.set_title(f"{state['config']['suite']} SF{state['config']['sf']:g}, {state['config']['threads']} threads")
-    ax.legend(fontsize=8, ncol=len(names))
+    ax.set_title(f"{state['config']['suite']} SF{state['config']['sf']:g}, {state['config']['threads']} threads",
+                 pad=24)
+    ax.legend(fontsize=8, ncol=len(names), loc="lower center", bbox_to_anchor=(0.5, 1.06), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -129,18 +130,22 @@ def plot_scaling(state, path):
     for q, m in medians(state).items():
         s = meta.get(q, {}).get("series")
         if s:
-            series.setdefault(s, []).append((meta[q]["x"], m))
+            series.setdefault(s, []).append((meta[q]["x"], m, q))
     if not series:
         return False
     names = _engines(state)
     fig, axes = plt.subplots(1, len(series), figsize=(5.5 * len(series), 4.2), squeeze=False)
     for ax, (s, points) in zip(axes[0], series.items()):
+        xs = [x for x, _, _ in points]
+        scale = 1e6 if max(xs) >= 1e6 else 1
         for n in names:
-            xy = [(x, m[n]) for x, m in points if m.get(n) is not None]
+            xy = [(x / scale, m[n]) for x, m, _ in points if m.get(n) is not None]
             if xy:
                 ax.plot([p[0] for p in xy], [p[1] for p in xy], marker="o", label=n, color=COLORS.get(n))
+        ax.set_xticks([x / scale for x in xs])
         ax.set_title(s)
-        ax.set_xlabel("rows" if points[0][0] > 100 else "count")
+        label = meta[points[0][2]].get("x_label") or "size"
+        ax.set_xlabel(label + (" (millions)" if scale > 1 else ""))
         ax.set_ylabel("median hot run, s")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)

@@ -18,6 +18,7 @@ class Query:
     sql: str
     series: str = None
     x: float = None
+    x_label: str = None
 
 
 @dataclass
@@ -88,7 +89,8 @@ def joins_queries(sf):
         n = _rows(n, sf)
         s = _label(n)
         out.append(Query(f"join2-{s}", f"SELECT a.g, count(*), sum(a.v + b.v) FROM j1_{s} a JOIN j2_{s} b "
-                                       f"ON a.k = b.k GROUP BY a.g", series="2-table join", x=n))
+                                       f"ON a.k = b.k GROUP BY a.g", series="2-table join", x=n,
+                         x_label="rows per table"))
     n = _rows(CHAIN_SIZE, sf)
     s = _label(n)
     for tables in (2, 3, 4):
@@ -97,7 +99,8 @@ def joins_queries(sf):
                          for i in range(1, tables))
         total = " + ".join(f"{a}.v" for a in aliases)
         out.append(Query(f"chain{tables}-{s}", f"SELECT a.g, count(*), sum({total}) FROM j1_{s} a {joins} "
-                                               f"GROUP BY a.g", series=f"chain at {s} rows", x=tables))
+                                               f"GROUP BY a.g", series=f"chain at {s} rows", x=tables,
+                         x_label="tables joined"))
     return out
 
 
@@ -124,12 +127,14 @@ def aggregation_queries(sf):
     for n in AGG_SIZES:
         n = _rows(n, sf)
         out.append(Query(f"agg-{_label(n)}", f"SELECT d1, count(*), sum(m1), avg(m2) FROM agg_{_label(n)} "
-                                             f"GROUP BY d1", series="230 groups", x=n))
+                                             f"GROUP BY d1", series="230 groups", x=n,
+                         x_label="rows"))
     n = _rows(DRILL_SIZE, sf)
     for k in range(1, len(DIMENSIONS) + 1):
         dims = ", ".join(d for d, _ in DIMENSIONS[:k])
         out.append(Query(f"drill{k}-{_label(n)}", f"SELECT {dims}, count(*), sum(m1), avg(m2) FROM agg_{_label(n)} "
-                                                  f"GROUP BY {dims}", series=f"drill-down at {_label(n)} rows", x=k))
+                                                  f"GROUP BY {dims}", series=f"drill-down at {_label(n)} rows", x=k,
+                         x_label="dimensions grouped"))
     return out
 
 
