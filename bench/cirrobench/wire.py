@@ -61,6 +61,16 @@ def main(args, out):
     return 0
 
 
+def _finish(fig, axes, lines, out):
+    """Save the scaling plot and the report; returns the report's path."""
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out / "scaling.png", dpi=110)
+    plt.close(fig)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return out / "report.md"
+
+
 # ---------------------------------------------------------------- dml
 
 
@@ -104,12 +114,7 @@ def dml_report(doc, out):
         ax.set_xlabel("rows affected")
         ax.set_ylabel("seconds")
         ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out / "scaling.png", dpi=110)
-    plt.close(fig)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    return out / "report.md"
+    return _finish(fig, axes, lines, out)
 
 
 # ---------------------------------------------------------------- micro
@@ -296,9 +301,4 @@ def micro_report(doc, out):
         ax.set_ylabel("operations / s")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out / "scaling.png", dpi=110)
-    plt.close(fig)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    return out / "report.md"
+    return _finish(fig, axes, lines, out)
