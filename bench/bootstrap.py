@@ -7,7 +7,7 @@ lives in ~/.cache/cirro/bench-venv (CIRRO_BENCH_VENV overrides) and holds the
 peers at the versions pinned in requirements.txt; it is rebuilt when that file
 changes. Spark (requirements-spark.txt) is added only when a run asks for it.
 
-    python3 bench/bootstrap.py [--setup-only] [--spark] -- <harness arguments>
+    python3 bench/bootstrap.py [--setup-only] <harness arguments>
 """
 
 import os
@@ -65,19 +65,24 @@ def ensure_venv(spark: bool) -> Path:
     return venv
 
 
+def wants_spark(args) -> bool:
+    """Whether `--peers a,b` / `--peers=a,b` names spark."""
+    peers = [a.split("=", 1)[1] for a in args if a.startswith("--peers=")]
+    peers += [b for a, b in zip(args, args[1:]) if a == "--peers"]
+    return any("spark" in p.split(",") for p in peers)
+
+
 def main() -> None:
     args = sys.argv[1:]
     setup_only = "--setup-only" in args
     args = [a for a in args if a != "--setup-only"]
-    spark = any(a == "--peers" and i + 1 < len(args) and "spark" in args[i + 1].split(",")
-                for i, a in enumerate(args)) or any(a.startswith("--peers=") and "spark" in a for a in args)
-    venv = ensure_venv(spark or "--spark" in args)
+    venv = ensure_venv(wants_spark(args))
     if setup_only:
         print(venv / "bin/python")
         return
     env = {**os.environ, "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     python = str(venv / "bin/python")
-    os.execve(python, [python, "-m", "cirrobench", *[a for a in args if a != "--spark"]], env)
+    os.execve(python, [python, "-m", "cirrobench", *args], env)
 
 
 if __name__ == "__main__":

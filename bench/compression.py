@@ -8,7 +8,7 @@ as CSV text (`COPY … TO`, what dbgen writes) and against uncompressed Parquet
 ('none': encodings only), and how long a full scan takes.
 
 Usage (after `cirro --data DIR load tpch --sf 1`):
-    bench/.venv/bin/python bench/compression.py --data DIR \
+    ~/.cache/cirro/bench-venv/bin/python bench/compression.py --data DIR \
         --cirro ~/.cache/cirro/target/ci/cirro --out bench/results/compression-sf1.json
 """
 

@@ -18,7 +18,7 @@ checked: the affected-row counts of the two engines must agree, and the table
 contents (count, sum of ids, sum of n1) must agree after every step.
 
 Usage:
-    bench/.venv/bin/python bench/dml_bench.py --rows 100000000 --threads 2 \
+    ~/.cache/cirro/bench-venv/bin/python bench/dml_bench.py --rows 100000000 --threads 2 \
         --cirro ~/.cache/cirro/target/ci/cirro --work /tmp/dml-bench \
         --out bench/results/dml-100m.json
 """

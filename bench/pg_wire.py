@@ -14,8 +14,8 @@ as Cirro uses), then, engine after engine, alternating which goes first:
 Each measure is repeated --runs times; the report gives medians.
 
 Usage:
-    bench/.venv/bin/pip install psycopg==3.3.9 psycopg-binary==3.3.9
-    bench/.venv/bin/python bench/pg_wire.py --cirro ~/.cache/cirro/target/ci/cirro \\
+    python3 bench/bootstrap.py --setup-only   # the pinned environment of cirro bench
+    ~/.cache/cirro/bench-venv/bin/python bench/pg_wire.py --cirro ~/.cache/cirro/target/ci/cirro \\
         --threads 2 --out bench/results/pg-wire.json
 """
 

@@ -9,7 +9,7 @@ the engines alternate query by query, so drift affects all alike. All runs are
 hot (a warm-up run per engine first, not counted). Figures are medians.
 
 Usage (after `cirro load tpch --sf 1 --data DIR`):
-    bench/.venv/bin/python bench/tpch_floor.py --data DIR --sf 1 --threads 2 --runs 5 \
+    ~/.cache/cirro/bench-venv/bin/python bench/tpch_floor.py --data DIR --sf 1 --threads 2 --runs 5 \
         --cirro ~/.cache/cirro/target/ci/cirro --out bench/results/tpch-floor-sf1.json
 """
 
@@ -23,38 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-TABLES = ["region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem"]
-
-
-def snapshot_files(table_dir: Path) -> list:
-    """The data files of a Delta table's latest snapshot (adds minus removes)."""
-    files = {}
-    for commit in sorted((table_dir / "_delta_log").glob("*.json")):
-        for line in commit.read_text().splitlines():
-            action = json.loads(line)
-            if "add" in action:
-                files[action["add"]["path"]] = True
-            elif "remove" in action:
-                files.pop(action["remove"]["path"], None)
-    return [table_dir / p for p in files]
-
-
-def link_parquet_dirs(data: Path, out: Path) -> dict:
-    """Hard-link each table's snapshot files into out/<table>/ (same bytes on disk)."""
-    catalog = sorted((data / "_catalog").glob("v*.json"))[-1]
-    state = json.loads(catalog.read_text())
-    tables = state["databases"]["cirro"]["schemas"]["public"]["tables"]
-    dirs = {}
-    for name in TABLES:
-        src = data / tables[name]["location"]
-        dst = out / name
-        dst.mkdir(parents=True, exist_ok=True)
-        for old in dst.glob("*.parquet"):
-            old.unlink()
-        for f in snapshot_files(src):
-            os.link(f, dst / f.name)
-        dirs[name] = dst
-    return dirs
+from cirrobench.data import link_parquet  # bench/ is this script's directory
 
 
 class Cirro:
@@ -130,7 +99,7 @@ def main():
     args = parser.parse_args()
 
     data = args.data.resolve()
-    dirs = link_parquet_dirs(data, data.parent / f"{data.name}-parquet")
+    dirs = link_parquet(data, data.parent / f"{data.name}-parquet")
     queries = {f"q{i:02d}": (args.queries / f"q{i:02d}.sql").read_text() for i in range(1, 23)}
     engines = {"cirro": Cirro(args.cirro, data, args.threads), "datafusion": DataFusion(dirs, args.threads)}
     if not args.no_duckdb:

@@ -27,8 +27,9 @@ def parse(argv):
     ap.add_argument("--duration", type=float, default=5, help="micro: seconds per operation and client count")
     ap.add_argument("--queries", help="comma-separated subset of query ids (e.g. q01,q06)")
     ap.add_argument("--out", type=Path, help="results directory (default bench/results/<suite>-sf<N>)")
-    ap.add_argument("--data-dir", type=Path, help="where generated data is kept "
-                    "(default ~/.cache/cirro/bench-data; reused by later runs)")
+    ap.add_argument("--data-dir", type=Path,
+                    default=Path(os.environ.get("HOME", "/root")) / ".cache/cirro/bench-data",
+                    help="where generated data is kept (default ~/.cache/cirro/bench-data; reused by later runs)")
     ap.add_argument("--fresh", action="store_true", help="ignore earlier results in --out instead of resuming")
     ap.add_argument("--drop-caches", action="store_true", help="empty the page cache before each cold run (root)")
     ap.add_argument("--no-probe", action="store_true", help="skip the memory-bandwidth probe")
@@ -73,8 +74,7 @@ def main(argv=None):
         if unknown:
             sys.exit(f"cirro bench: no such queries in {args.suite}: {', '.join(sorted(unknown))}")
         queries = [q for q in queries if q.id in wanted]
-    root = (args.data_dir or Path(os.environ.get("HOME", "/root")) / ".cache/cirro/bench-data") / \
-        f"{args.suite}-sf{sf_label}"
+    root = args.data_dir / f"{args.suite}-sf{sf_label}"
     cirro_data, tables, facts = data.prepare(suite, make_tables, args.sf, root, args.cirro, args.threads)
     ctx = engines.Context(tables, args.threads, root, args.cirro, cirro_data)
     state = runner.run_suite(args, suite, queries, ctx, facts, out)

@@ -87,7 +87,7 @@ def run_suite(args, suite, queries, ctx, facts, out):
     state_path = out / "results.json"
     state = load_state(state_path, _config(args, names), args.fresh)
     state.update({"command": " ".join(args.argv), "machine": machine(), "data": facts,
-                  "timeout_seconds": args.timeout, "suite_info": {"x_label": suite.x_label}})
+                  "timeout_seconds": args.timeout})
     state["query_meta"] = {q.id: {"series": q.series, "x": q.x, "x_label": q.x_label, "sql": q.sql}
                           for q in queries}
     state.setdefault("started", time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -28,8 +28,6 @@ class Suite:
     load: str = None
     # scan-bound queries for the physical-limit probe: {query id: {table: [columns]}}
     scan_bound: dict = None
-    # the x axis of scaling curves
-    x_label: str = None
 
 
 def _label(n):
@@ -149,10 +147,8 @@ SUITES = {
             "dwdate": ["d_datekey", "d_year", "d_yearmonthnum", "d_weeknuminyear"]}
         for q in ("q1.1", "q1.2", "q1.3")
     }), None, ssb_queries),
-    "joins": (Suite("joins", x_label="rows per table (2-table join) / tables in the chain"),
-              joins_tables, joins_queries),
-    "aggregation": (Suite("aggregation", x_label="rows (230 groups) / dimensions grouped (drill-down)"),
-                    aggregation_tables, aggregation_queries),
+    "joins": (Suite("joins"), joins_tables, joins_queries),
+    "aggregation": (Suite("aggregation"), aggregation_tables, aggregation_queries),
 }
 
 

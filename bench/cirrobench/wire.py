@@ -38,10 +38,6 @@ from .report import COLORS  # noqa: E402
 from .runner import machine  # noqa: E402
 
 
-def _data_root(args):
-    return args.data_dir or Path(os.environ.get("HOME", "/root")) / ".cache/cirro/bench-data"
-
-
 def main(args, out):
     if not args.cirro or not Path(args.cirro).exists():
         sys.exit("cirro bench: the cirro binary is unknown: run through `cirro bench` or pass --cirro")
@@ -78,7 +74,7 @@ def run_dml(args):
     import dml_bench  # bench/dml_bench.py, on PYTHONPATH
 
     rows = int(round(100_000_000 * args.sf))
-    work = _data_root(args) / f"dml-sf{args.sf:g}"
+    work = args.data_dir / f"dml-sf{args.sf:g}"
     doc = dml_bench.run(rows, args.threads, args.cirro, work, rounds_wanted=10)
     shutil.rmtree(work, ignore_errors=True)
     doc.update(suite="dml", sf=args.sf)

@@ -229,6 +229,26 @@ async fn bootstrap(catalog: &Catalog) -> Result<()> {
     Ok(())
 }
 
+/// Bind `host:port` (port 0 picks a free one); returns the listener and the
+/// address it got.
+async fn listen(
+    host: &str,
+    port: u16,
+    what: &str,
+) -> Result<(TcpListener, std::net::SocketAddr), CirroError> {
+    let address = format!("{host}:{port}");
+    let listener = TcpListener::bind(&address).await.map_err(|e| {
+        CirroError::new(
+            SqlState::IO_ERROR,
+            format!("cannot listen on {address}{what}: {e}"),
+        )
+    })?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| CirroError::io(e.to_string()))?;
+    Ok((listener, local))
+}
+
 /// Run the server until interrupted (Ctrl-C or SIGTERM).
 pub async fn serve(config: ServerConfig) -> Result<()> {
     let root = StorageRoot::open(&config.data)?;
@@ -266,26 +286,9 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         sessions: Mutex::new(HashMap::new()),
         compat: PostgresCompatibilityParser::new(),
     });
-    let address = format!("{}:{}", config.listen, config.pg_port);
-    let listener = TcpListener::bind(&address).await.map_err(|e| {
-        CirroError::new(
-            SqlState::IO_ERROR,
-            format!("cannot listen on {address}: {e}"),
-        )
-    })?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| CirroError::io(e.to_string()))?;
-    let flight_address = format!("{}:{}", config.listen, config.flight_port);
-    let flight_listener = TcpListener::bind(&flight_address).await.map_err(|e| {
-        CirroError::new(
-            SqlState::IO_ERROR,
-            format!("cannot listen on {flight_address} (Flight SQL): {e}"),
-        )
-    })?;
-    let flight_local = flight_listener
-        .local_addr()
-        .map_err(|e| CirroError::io(e.to_string()))?;
+    let (listener, local) = listen(&config.listen, config.pg_port, "").await?;
+    let (flight_listener, flight_local) =
+        listen(&config.listen, config.flight_port, " (Flight SQL)").await?;
     let mut flight = tonic::transport::Server::builder();
     if let Some((cert, key)) = &config.tls {
         let read = |path: &str| {
