@@ -98,6 +98,7 @@ class DuckDB:
         self.version = duckdb.__version__
         self.con = duckdb.connect(path)
         self.con.execute(f"SET threads = {ctx.threads}")
+        self.con.execute("SET enable_progress_bar = false")  # it would draw on the harness's output
         self.attach(ctx)
 
     def attach(self, ctx):
