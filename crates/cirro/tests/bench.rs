@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::{DataDir, cirro_bin};
+use common::{DataDir, cirro_bin, sql_ok_at};
 
 fn bench_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench")
@@ -130,20 +130,9 @@ fn tpch_end_to_end_with_peers_and_a_wrong_result_caught() {
     // Cirro now reads other data than the peers: its lineitem changes (new
     // files; the Parquet files the peers read stay as they were).
     let cirro_data = data_dir.join("tpch-sf0.01/cirro");
-    let update = Command::new(cirro_bin())
-        .arg("--data")
-        .arg(&cirro_data)
-        .args([
-            "sql",
-            "-c",
-            "UPDATE lineitem SET l_quantity = l_quantity + 1 WHERE l_orderkey < 1000",
-        ])
-        .output()
-        .expect("update");
-    assert!(
-        update.status.success(),
-        "{}",
-        String::from_utf8_lossy(&update.stderr)
+    sql_ok_at(
+        &cirro_data,
+        "UPDATE lineitem SET l_quantity = l_quantity + 1 WHERE l_orderkey < 1000",
     );
     let mut args = vec!["tpch"];
     args.extend(common);

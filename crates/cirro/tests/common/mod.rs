@@ -25,6 +25,36 @@ pub fn shared_dir() -> PathBuf {
     shared.canonicalize().expect("canonical shared path")
 }
 
+/// `cirro --data DATA`, without the environment that would point it
+/// elsewhere or crash it.
+pub fn command_at(data: &Path) -> Command {
+    let mut command = Command::new(cirro_bin());
+    command
+        .arg("--data")
+        .arg(data)
+        .env_remove("CIRRO_DATA")
+        .env_remove("CIRRO_CRASH_POINT");
+    command
+}
+
+/// Run `cirro sql -c SQL`, which must succeed, on the data location `data`;
+/// returns stdout.
+pub fn sql_ok_at(data: &Path, sql: &str) -> String {
+    let out = command_at(data)
+        .arg("sql")
+        .arg("-c")
+        .arg(sql)
+        .output()
+        .expect("run cirro");
+    assert!(
+        out.status.success(),
+        "cirro sql failed for {sql}:\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A data location in a fresh temporary directory.
 pub struct DataDir {
     pub dir: tempfile::TempDir,
@@ -45,13 +75,7 @@ impl DataDir {
     }
 
     pub fn command(&self) -> Command {
-        let mut command = Command::new(cirro_bin());
-        command
-            .arg("--data")
-            .arg(self.path())
-            .env_remove("CIRRO_DATA")
-            .env_remove("CIRRO_CRASH_POINT");
-        command
+        command_at(self.path())
     }
 
     /// Run `cirro sql -c SQL` with extra arguments, returning the raw output.
@@ -63,14 +87,7 @@ impl DataDir {
 
     /// Run SQL that must succeed; returns stdout.
     pub fn sql_ok(&self, sql: &str) -> String {
-        let out = self.sql_output(sql, &[]);
-        assert!(
-            out.status.success(),
-            "cirro sql failed for {sql}:\nstdout: {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        sql_ok_at(self.path(), sql)
     }
 
     /// Run a query and return its CSV rows (header first), `|`-separated.
