@@ -89,6 +89,32 @@ public class JdbcCheck {
             }
             conn.setAutoCommit(true);
 
+            // Parameters never become SQL text: an injection attempt, bound
+            // through a server-side prepared statement (prepareThreshold=1
+            // on the URL), is stored verbatim and the table survives.
+            String injection = "'); DROP TABLE jdbc_items; --";
+            try (PreparedStatement ps = conn.prepareStatement("INSERT INTO jdbc_items (id, name) VALUES (?, ?)")) {
+                for (int i = 0; i < 3; i++) {
+                    ps.setLong(1, 1000 + i);
+                    ps.setString(2, injection);
+                    check(ps.executeUpdate(), 1, "INSERT with an injection attempt");
+                }
+            }
+            try (PreparedStatement ps = conn.prepareStatement("SELECT name FROM jdbc_items WHERE id = ?")) {
+                ps.setLong(1, 1002);
+                try (ResultSet rs = ps.executeQuery()) {
+                    rs.next();
+                    check(rs.getString(1), injection, "injection text read back verbatim");
+                }
+            }
+            try (Statement st = conn.createStatement()) {
+                st.executeUpdate("DELETE FROM jdbc_items WHERE id >= 1000");
+                try (ResultSet rs = st.executeQuery("SELECT count(*) FROM jdbc_items")) {
+                    rs.next();
+                    check(rs.getLong(1), 50L, "jdbc_items survives");
+                }
+            }
+
             // Errors carry their SQLSTATE.
             try (Statement st = conn.createStatement()) {
                 st.executeQuery("SELECT * FROM no_such_table");

@@ -16,7 +16,9 @@
 pub mod providers;
 pub mod state;
 pub mod users;
+pub mod versions;
 
 pub use providers::{CirroCatalogList, PAST_VERSION_PREFIX, SessionTables, ViewPlanner};
 pub use state::{Catalog, CatalogState, DEFAULT_DATABASE, DEFAULT_SCHEMA, TableEntry, ViewEntry};
 pub use users::{Privilege, ScramVerifier, UserEntry};
+pub use versions::{FileVersions, MemoryVersions, VersionStore};

@@ -6,15 +6,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use cirro_common::limits::{CATALOG_COMMIT_RETRIES_MAX, CATALOG_VERSIONS_KEPT};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::{CirroTable, StorageRoot};
-use futures::TryStreamExt;
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::users::{Grants, UserEntry};
+use crate::versions::{FileVersions, VersionStore};
 
 pub const DEFAULT_DATABASE: &str = "cirro";
 pub const DEFAULT_SCHEMA: &str = "public";
-const CATALOG_DIR: &str = "_catalog";
 const FORMAT_VERSION: u32 = 1;
 
 /// One immutable version of the catalog.
@@ -144,17 +142,11 @@ impl SchemaEntry {
 #[derive(Debug)]
 pub struct Catalog {
     root: StorageRoot,
+    /// The catalog's versions and which is current (files on `root` today).
+    versions: Arc<dyn VersionStore>,
     current: RwLock<Arc<CatalogState>>,
     /// Opened tables by location, reused while their Delta version is unchanged.
     open_tables: Mutex<HashMap<String, CirroTable>>,
-}
-
-fn version_path(version: u64) -> String {
-    format!("{CATALOG_DIR}/v{version:020}.json")
-}
-
-fn parse_version(name: &str) -> Option<u64> {
-    name.strip_prefix('v')?.strip_suffix(".json")?.parse().ok()
 }
 
 pub fn now_ms() -> i64 {
@@ -165,8 +157,15 @@ impl Catalog {
     /// Open the catalog of `root`, creating the initial version (database
     /// `cirro`, schema `public`) on a new data location.
     pub async fn open(root: StorageRoot) -> Result<Arc<Self>> {
+        let versions = Arc::new(FileVersions::new(root.clone()));
+        Self::open_with(root, versions).await
+    }
+
+    /// Open the catalog of `root` whose versions `versions` keeps.
+    pub async fn open_with(root: StorageRoot, versions: Arc<dyn VersionStore>) -> Result<Arc<Self>> {
         let catalog = Arc::new(Self {
             root,
+            versions,
             current: RwLock::new(Arc::new(CatalogState::initial())),
             open_tables: Mutex::new(HashMap::new()),
         });
@@ -201,19 +200,8 @@ impl Catalog {
         }
     }
 
-    async fn latest_version(&self) -> Result<u64> {
-        let prefix = self.root.path(CATALOG_DIR);
-        let objects: Vec<_> = self.root.store().list(Some(&prefix)).try_collect().await?;
-        Ok(objects
-            .iter()
-            .filter_map(|o| o.location.filename().and_then(parse_version))
-            .max()
-            .unwrap_or(0))
-    }
-
     async fn read_version(&self, version: u64) -> Result<CatalogState> {
-        let path = self.root.path(&version_path(version));
-        let bytes = self.root.store().get(&path).await?.bytes().await?;
+        let bytes = self.versions.read(version).await?;
         let state: CatalogState = serde_json::from_slice(&bytes)?;
         if state.format > FORMAT_VERSION {
             return Err(CirroError::unsupported(format!(
@@ -223,8 +211,7 @@ impl Catalog {
         }
         if state.version != version {
             return Err(CirroError::internal(format!(
-                "catalog file {} holds version {}",
-                version_path(version),
+                "catalog version {version} holds version {}",
                 state.version
             )));
         }
@@ -233,7 +220,7 @@ impl Catalog {
 
     /// Read the latest catalog version if another process committed one.
     pub async fn refresh(&self) -> Result<Arc<CatalogState>> {
-        let latest = self.latest_version().await?;
+        let latest = self.versions.latest().await?;
         if latest > self.snapshot().version {
             let state = self.read_version(latest).await?;
             self.set_current(state);
@@ -253,25 +240,11 @@ impl Catalog {
             change(&mut next)?;
             next.version = base.version + 1;
             let body = serde_json::to_vec_pretty(&next)?;
-            let path = self.root.path(&version_path(next.version));
-            let options = PutOptions {
-                mode: PutMode::Create,
-                ..Default::default()
-            };
-            match self
-                .root
-                .store()
-                .put_opts(&path, PutPayload::from(body), options)
-                .await
-            {
-                Ok(_) => {
-                    let version = next.version;
-                    self.set_current(next);
-                    self.remove_old_versions(version).await;
-                    return Ok(self.snapshot());
-                }
-                Err(object_store::Error::AlreadyExists { .. }) => continue,
-                Err(e) => return Err(e.into()),
+            if self.versions.create(next.version, body.into()).await? {
+                let version = next.version;
+                self.set_current(next);
+                self.remove_old_versions(version).await;
+                return Ok(self.snapshot());
             }
         }
         Err(CirroError::new(
@@ -284,10 +257,8 @@ impl Catalog {
         if latest <= CATALOG_VERSIONS_KEPT {
             return;
         }
-        let old = latest - CATALOG_VERSIONS_KEPT;
-        let path = self.root.path(&version_path(old));
-        // Best effort: one old version per commit keeps the directory bounded.
-        let _ = self.root.store().delete(&path).await;
+        // Best effort: one old version per commit keeps the store bounded.
+        self.versions.remove(latest - CATALOG_VERSIONS_KEPT).await;
     }
 
     /// A new directory for table `name`, relative to the data location.

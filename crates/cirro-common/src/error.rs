@@ -39,6 +39,7 @@ impl SqlState {
     pub const UNDEFINED_COLUMN: SqlState = SqlState("42703");
     pub const UNDEFINED_FUNCTION: SqlState = SqlState("42883");
     pub const UNDEFINED_TABLE: SqlState = SqlState("42P01");
+    pub const UNDEFINED_PARAMETER: SqlState = SqlState("42P02");
     pub const UNDEFINED_OBJECT: SqlState = SqlState("42704");
     pub const DUPLICATE_OBJECT: SqlState = SqlState("42710");
     pub const INVALID_AUTHORIZATION: SqlState = SqlState("28000");

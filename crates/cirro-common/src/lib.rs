@@ -4,5 +4,7 @@
 
 pub mod error;
 pub mod limits;
+pub mod privilege;
 
 pub use error::{CirroError, Result, SqlState};
+pub use privilege::Privilege;

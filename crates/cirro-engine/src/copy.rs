@@ -1,6 +1,9 @@
-//! `COPY table FROM 'path' (FORMAT csv|parquet, DELIMITER 'c', HEADER true|false, NULL 's')`.
+//! COPY run by the engine: `COPY table FROM 'path' (FORMAT csv|parquet, …)`
+//! (a file on the server), the INSERT behind `COPY … FROM STDIN`, and the
+//! query behind `COPY … TO STDOUT`. The statements are parsed by `cirro-sql`
+//! (`parsers/copy.rs`).
 //!
-//! The file is read by DataFusion's CSV or Parquet reader (parallel, streaming)
+//! A file is read by DataFusion's CSV or Parquet reader (parallel, streaming)
 //! with the table's column types, and written with the same path as INSERT: all
 //! rows or none. CSV files whose lines end in the delimiter (dbgen's `.tbl`
 //! files: `a|b|c|`) are recognised by their first line and read as such.
@@ -25,345 +28,15 @@ use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, cast, lit,
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
-use datafusion::sql::planner::{IdentNormalizer, object_name_to_table_reference};
-use datafusion::sql::sqlparser::ast::{
-    CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget, Statement,
-};
-use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
-use datafusion::sql::sqlparser::parser::Parser;
+use cirro_sql::{CopyFrom, CopyIn, CopyOutSource, FileFormat as Format};
 use deltalake::protocol::SaveMode;
 use futures::{StreamExt, stream};
 
-use crate::copy_text::{CopyParser, TextFormat};
-use crate::{Engine, Outcome, aborted};
+use crate::copy_text::CopyParser;
+use crate::txn::aborted;
+use crate::{Engine, Outcome};
 
 const TRAILING_COLUMN: &str = "__cirro_trailing_delimiter";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Format {
-    Csv,
-    Parquet,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct CopyFrom {
-    table: TableReference,
-    path: String,
-    format: Format,
-    delimiter: u8,
-    header: bool,
-    null: Option<String>,
-    quote: Option<u8>,
-    escape: Option<u8>,
-}
-
-fn first_word(sql: &str) -> String {
-    crate::split::split_statements(sql)
-        .first()
-        .map(|s| {
-            s.split_whitespace()
-                .next()
-                .unwrap_or("")
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_default()
-}
-
-fn single_byte(c: char, what: &str) -> Result<u8> {
-    u8::try_from(c as u32)
-        .ok()
-        .filter(|b| b.is_ascii())
-        .ok_or_else(|| {
-            CirroError::new(
-                SqlState::INVALID_PARAMETER_VALUE,
-                format!("COPY {what} must be a single ASCII character"),
-            )
-        })
-}
-
-/// The options of a COPY statement as written (new and legacy syntax).
-#[derive(Debug, Default)]
-struct GivenOptions {
-    format: Option<String>,
-    delimiter: Option<u8>,
-    header: bool,
-    null: Option<String>,
-    quote: Option<u8>,
-    escape: Option<u8>,
-}
-
-fn given_options(
-    options: Vec<CopyOption>,
-    legacy_options: Vec<CopyLegacyOption>,
-) -> Result<GivenOptions> {
-    let mut given = GivenOptions::default();
-    let refused = |what: &dyn std::fmt::Display| {
-        CirroError::unsupported(format!("COPY option {what} is not supported"))
-    };
-    for option in options {
-        match option {
-            CopyOption::Format(name) => given.format = Some(name.value.to_ascii_lowercase()),
-            CopyOption::Delimiter(c) => given.delimiter = Some(single_byte(c, "delimiter")?),
-            CopyOption::Header(h) => given.header = h,
-            CopyOption::Null(s) => given.null = Some(s),
-            CopyOption::Quote(c) => given.quote = Some(single_byte(c, "quote")?),
-            CopyOption::Escape(c) => given.escape = Some(single_byte(c, "escape")?),
-            CopyOption::Encoding(e)
-                if e.eq_ignore_ascii_case("utf8") || e.eq_ignore_ascii_case("utf-8") => {}
-            other => return Err(refused(&other)),
-        }
-    }
-    for option in legacy_options {
-        match option {
-            CopyLegacyOption::Delimiter(c) => given.delimiter = Some(single_byte(c, "delimiter")?),
-            CopyLegacyOption::Null(s) => given.null = Some(s),
-            CopyLegacyOption::Binary => given.format = Some("binary".to_string()),
-            CopyLegacyOption::Csv(csv) => {
-                given.format = Some("csv".to_string());
-                for o in csv {
-                    match o {
-                        CopyLegacyCsvOption::Header => given.header = true,
-                        CopyLegacyCsvOption::Quote(c) => {
-                            given.quote = Some(single_byte(c, "quote")?)
-                        }
-                        CopyLegacyCsvOption::Escape(c) => {
-                            given.escape = Some(single_byte(c, "escape")?)
-                        }
-                        other => return Err(refused(&other)),
-                    }
-                }
-            }
-            CopyLegacyOption::Header => given.header = true,
-            other => return Err(refused(&other)),
-        }
-    }
-    Ok(given)
-}
-
-/// The parts of a `COPY` statement, or None for any other statement.
-struct CopyParts {
-    source: CopySource,
-    to: bool,
-    target: CopyTarget,
-    given: GivenOptions,
-}
-
-fn parse_copy(sql: &str) -> Result<Option<CopyParts>> {
-    if first_word(sql) != "copy" {
-        return Ok(None);
-    }
-    let dialect = PostgreSqlDialect {};
-    let statement = match Parser::new(&dialect)
-        .try_with_sql(sql)
-        .and_then(|mut p| p.parse_statement())
-    {
-        Ok(statement) => statement,
-        Err(_) => return Ok(None),
-    };
-    let Statement::Copy {
-        source,
-        to,
-        target,
-        options,
-        legacy_options,
-        ..
-    } = statement
-    else {
-        return Ok(None);
-    };
-    Ok(Some(CopyParts {
-        source,
-        to,
-        target,
-        given: given_options(options, legacy_options)?,
-    }))
-}
-
-/// `Some` for `COPY … FROM 'file'`; `None` for anything else (including
-/// `COPY … TO 'file'`, which DataFusion runs).
-pub(crate) fn parse_copy_from(sql: &str) -> Result<Option<CopyFrom>> {
-    let Some(CopyParts {
-        source,
-        to: false,
-        target,
-        given,
-    }) = parse_copy(sql)?
-    else {
-        return Ok(None);
-    };
-    let CopySource::Table {
-        table_name,
-        columns,
-    } = source
-    else {
-        return Err(CirroError::new(
-            SqlState::SYNTAX_ERROR,
-            "COPY FROM needs a table",
-        ));
-    };
-    if !columns.is_empty() {
-        return Err(CirroError::unsupported(
-            "COPY FROM a file with a column list is not supported yet; the file must hold every column",
-        ));
-    }
-    let path = match target {
-        CopyTarget::File { filename } => filename,
-        CopyTarget::Stdin => {
-            return Err(CirroError::unsupported(
-                "COPY FROM STDIN needs a client connection (cirro serve, psql's \\copy)",
-            ));
-        }
-        other => {
-            return Err(CirroError::unsupported(format!(
-                "COPY FROM {other} is not supported"
-            )));
-        }
-    };
-    let format = match given.format.as_deref() {
-        None | Some("csv" | "text") => Format::Csv,
-        Some("parquet") => Format::Parquet,
-        Some(other) => {
-            return Err(CirroError::unsupported(format!(
-                "COPY format \"{other}\" is not supported (csv, parquet)"
-            )));
-        }
-    };
-    if format == Format::Parquet && given.delimiter.is_some() {
-        return Err(CirroError::new(
-            SqlState::INVALID_PARAMETER_VALUE,
-            "DELIMITER is only for FORMAT csv",
-        ));
-    }
-    Ok(Some(CopyFrom {
-        table: object_name_to_table_reference(table_name, true)?,
-        path,
-        format,
-        delimiter: given.delimiter.unwrap_or(b','),
-        header: given.header,
-        null: given.null,
-        quote: given.quote,
-        escape: given.escape,
-    }))
-}
-
-/// A copy whose data a client connection carries.
-#[derive(Debug, Clone)]
-pub enum ClientCopy {
-    /// `COPY table [(columns)] FROM STDIN`: rows the client sends.
-    In(CopyIn),
-    /// `COPY table|(query) TO STDOUT`: the rows of `query`, sent to the client.
-    Out { query: String, format: TextFormat },
-}
-
-/// `COPY table [(columns)] FROM STDIN`.
-#[derive(Debug, Clone)]
-pub struct CopyIn {
-    table: TableReference,
-    /// Columns the data holds, in order (empty: all of the table's).
-    columns: Vec<String>,
-    pub format: TextFormat,
-}
-
-fn text_format(given: &GivenOptions) -> Result<TextFormat> {
-    let mut format = match given.format.as_deref() {
-        None | Some("text") => TextFormat::text(),
-        Some("csv") => TextFormat::csv(),
-        Some(other) => {
-            return Err(CirroError::unsupported(format!(
-                "COPY FORMAT {other} over a client connection is not supported (text, csv)"
-            )));
-        }
-    };
-    if let Some(delimiter) = given.delimiter {
-        if delimiter == b'\n' || delimiter == b'\r' || !format.csv && delimiter == b'\\' {
-            return Err(CirroError::new(
-                SqlState::INVALID_PARAMETER_VALUE,
-                "COPY delimiter cannot be newline, carriage return or (in text format) backslash",
-            ));
-        }
-        format.delimiter = delimiter;
-    }
-    if let Some(null) = &given.null {
-        format.null = null.clone();
-    }
-    format.header = given.header;
-    if given.quote.is_some() || given.escape.is_some() {
-        if !format.csv {
-            return Err(CirroError::new(
-                SqlState::FEATURE_NOT_SUPPORTED,
-                "COPY QUOTE and ESCAPE are only for FORMAT csv",
-            ));
-        }
-        format.quote = given.quote.unwrap_or(format.quote);
-        format.escape = given.escape.unwrap_or(format.quote);
-    }
-    if format.csv && format.delimiter == format.quote {
-        return Err(CirroError::new(
-            SqlState::INVALID_PARAMETER_VALUE,
-            "COPY delimiter and quote must be different",
-        ));
-    }
-    Ok(format)
-}
-
-/// `Some` for `COPY … FROM STDIN` and `COPY … TO STDOUT`; `None` for any
-/// other statement (file copies included).
-pub fn parse_client_copy(sql: &str) -> Result<Option<ClientCopy>> {
-    let Some(parts) = parse_copy(sql)? else {
-        return Ok(None);
-    };
-    match (parts.to, &parts.target) {
-        (false, CopyTarget::Stdin) => {}
-        (true, CopyTarget::Stdout) => {}
-        _ => return Ok(None),
-    }
-    let format = text_format(&parts.given)?;
-    match (parts.to, parts.source) {
-        (
-            false,
-            CopySource::Table {
-                table_name,
-                columns,
-            },
-        ) => Ok(Some(ClientCopy::In(CopyIn {
-            table: object_name_to_table_reference(table_name, true)?,
-            columns: columns
-                .into_iter()
-                .map(|c| IdentNormalizer::new(true).normalize(c))
-                .collect(),
-            format,
-        }))),
-        (false, CopySource::Query(_)) => Err(CirroError::new(
-            SqlState::SYNTAX_ERROR,
-            "COPY FROM needs a table",
-        )),
-        (true, CopySource::Query(query)) => Ok(Some(ClientCopy::Out {
-            query: query.to_string(),
-            format,
-        })),
-        (
-            true,
-            CopySource::Table {
-                table_name,
-                columns,
-            },
-        ) => {
-            let list = if columns.is_empty() {
-                "*".to_string()
-            } else {
-                columns
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            Ok(Some(ClientCopy::Out {
-                query: format!("SELECT {list} FROM {table_name}"),
-                format,
-            }))
-        }
-    }
-}
 
 /// Whether the first line of a local file ends in the delimiter with one field
 /// more than the table has (dbgen's `a|b|c|`).
@@ -440,6 +113,32 @@ pub(crate) async fn copy_from(engine: &Engine, copy: CopyFrom) -> Result<Outcome
         .map(|b| b.map_err(CirroError::from));
     let rows = write_stream(table.delta(), stored, stream, SaveMode::Append).await?;
     Ok(Outcome::command(format!("COPY {rows}")))
+}
+
+/// The rows `COPY … TO STDOUT` sends: a table's (some of its columns) or a
+/// query's, privileges checked as for a SELECT.
+pub(crate) async fn copy_out(engine: &Engine, source: CopyOutSource) -> Result<Outcome> {
+    match source {
+        CopyOutSource::Query(query) => {
+            engine
+                .run_sql(datafusion::sql::parser::Statement::Statement(Box::new(
+                    datafusion::sql::sqlparser::ast::Statement::Query(query),
+                )))
+                .await
+        }
+        CopyOutSource::Table { table, columns } => {
+            let frame = engine.context().table(table).await?;
+            let frame = if columns.is_empty() {
+                frame
+            } else {
+                let names: Vec<&str> = columns.iter().map(String::as_str).collect();
+                frame.select_columns(&names)?
+            };
+            let plan = frame.logical_plan().clone();
+            engine.check_plan(&plan)?;
+            engine.execute_plan(plan).await
+        }
+    }
 }
 
 /// A plain delimited file, as COPY reads it.
@@ -751,48 +450,12 @@ impl Engine {
             *stream = Some(Box::pin(RecordBatchStreamAdapter::new(text, batches)));
         }
         match self.execute_plan(plan).await? {
-            Outcome::Command { tag, notice } => Ok(Outcome::Command {
+            Outcome::Command { tag, notice, .. } => Ok(Outcome::Command {
                 tag: format!("COPY {}", tag.rsplit(' ').next().unwrap_or("0")),
                 notice,
+                reports: vec![],
             }),
             Outcome::Rows(_) => Err(CirroError::internal("COPY planned as a query")),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_copy_from_options() {
-        let copy = parse_copy_from(
-            "COPY lineitem FROM '/x/l.tbl' (FORMAT csv, DELIMITER '|', HEADER false)",
-        )
-        .expect("parses")
-        .expect("is COPY FROM");
-        assert_eq!(copy.delimiter, b'|');
-        assert!(!copy.header);
-        assert_eq!(copy.format, Format::Csv);
-        assert_eq!(copy.path, "/x/l.tbl");
-        let parquet = parse_copy_from("copy t from 'a.parquet' (format parquet)")
-            .expect("ok")
-            .expect("some");
-        assert_eq!(parquet.format, Format::Parquet);
-    }
-
-    #[test]
-    fn copy_to_and_other_statements_are_not_copy_from() {
-        assert!(parse_copy_from("COPY t TO 'x.csv'").expect("ok").is_none());
-        assert!(parse_copy_from("select 1").expect("ok").is_none());
-    }
-
-    #[test]
-    fn bad_options_are_refused() {
-        let err = parse_copy_from("COPY t FROM 'x' (FORMAT avro)").expect_err("refused");
-        assert_eq!(err.state, SqlState::FEATURE_NOT_SUPPORTED);
-        let err = parse_copy_from("COPY t FROM 'x' (FORMAT parquet, DELIMITER '|')")
-            .expect_err("refused");
-        assert_eq!(err.state, SqlState::INVALID_PARAMETER_VALUE);
     }
 }

@@ -13,45 +13,7 @@ use arrow::array::{ArrayRef, RecordBatch, StringBuilder};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cirro_common::{CirroError, Result, SqlState};
 
-/// How COPY text is laid out (PostgreSQL's `FORMAT text | csv` options).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TextFormat {
-    /// CSV (true) or PostgreSQL's text format.
-    pub csv: bool,
-    pub delimiter: u8,
-    /// The text of a NULL: `\N` in text format, the empty string in CSV.
-    pub null: String,
-    /// The first line names the columns (skipped when reading).
-    pub header: bool,
-    /// CSV only.
-    pub quote: u8,
-    /// CSV only: the character before a quote inside a quoted field.
-    pub escape: u8,
-}
-
-impl TextFormat {
-    pub fn text() -> Self {
-        Self {
-            csv: false,
-            delimiter: b'\t',
-            null: "\\N".to_string(),
-            header: false,
-            quote: b'"',
-            escape: b'"',
-        }
-    }
-
-    pub fn csv() -> Self {
-        Self {
-            csv: true,
-            delimiter: b',',
-            null: String::new(),
-            header: false,
-            quote: b'"',
-            escape: b'"',
-        }
-    }
-}
+pub use cirro_sql::TextFormat;
 
 /// Turns COPY data, in chunks cut anywhere, into batches of text columns.
 pub(crate) struct CopyParser {

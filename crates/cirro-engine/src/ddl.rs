@@ -107,7 +107,11 @@ pub(crate) async fn create_table(
     } else {
         "CREATE TABLE".to_string()
     };
-    Ok(Outcome::Command { tag, notice })
+    Ok(Outcome::Command {
+        tag,
+        notice,
+        reports: vec![],
+    })
 }
 
 /// Create table `db.schema.name` holding the rows of `data` (if any), as one

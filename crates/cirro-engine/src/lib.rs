@@ -1,17 +1,28 @@
-//! The Cirro SQL engine of one process: a DataFusion session over the Cirro
-//! catalog, and the statements DataFusion leaves to its host.
+//! The Cirro SQL engine of one session: a DataFusion session over the Cirro
+//! catalog, and the one statement handler every front end calls (the
+//! PostgreSQL and Flight SQL servers, the `cirro sql` shell).
 //!
 //! ```text
-//!  text ─► split into statements ─► for each:
-//!     COPY … FROM        → copy::copy_from (CSV / Parquet into a table)
-//!     CREATE/DROP DATABASE, CREATE VIEW   → ddl (catalog commit)
-//!     anything else      → DataFusion plans it, then
-//!         CREATE/DROP TABLE, SCHEMA, VIEW → ddl (catalog commit)
-//!         INSERT, SELECT, EXPLAIN, SET, … → DataFusion executes it
+//!  text ─► Engine::parse (cirro-sql: parsed once into a Statement)
+//!       ─► Engine::run(parsed)                    one statement, no parameters
+//!       ─► Engine::prepare(parsed) ─► Engine::execute_prepared(prepared, values)
+//!  run / execute_prepared, for each kind:
+//!     Transaction  BEGIN/COMMIT/ROLLBACK/savepoints → txn.rs (state machine)
+//!     Setting      SET/SHOW/RESET                    → settings.rs
+//!     Access       users and grants                  → access.rs
+//!     Maintenance  DESCRIBE HISTORY/OPTIMIZE/VACUUM  → maintenance.rs, history.rs
+//!     Copy         COPY FROM file / TO STDOUT         → copy.rs
+//!     Sql          AS OF resolved on the AST (time_travel.rs), then planned once:
+//!         CREATE/DROP DATABASE, CREATE VIEW, CREATE TABLE … WITH → ddl.rs / views.rs
+//!         CREATE/DROP TABLE, SCHEMA, VIEW (DDL plans)             → ddl.rs / views.rs
+//!         DELETE, UPDATE, MERGE, DML in a transaction             → dml.rs
+//!         SELECT, INSERT, EXPLAIN, COPY TO file, …                 → DataFusion executes
 //! ```
 //!
-//! Every statement refreshes the catalog first, so a process sees what other
-//! processes committed; every change is one atomic commit (see `cirro-catalog`).
+//! Every statement refreshes the catalog first, so a session sees what other
+//! processes committed; every change is one atomic commit (see
+//! `cirro-catalog`). Results are one type, [`Outcome`]: rows as an Arrow
+//! stream, or a command tag with an optional notice and settings to report.
 
 mod access;
 mod copy;
@@ -20,14 +31,20 @@ mod ddl;
 mod dml;
 mod functions;
 mod history;
-pub mod split;
+mod maintenance;
+mod pg_compat;
+mod prepared;
+mod settings;
+mod time_travel;
 mod txn;
 mod views;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cirro_catalog::{Catalog, CirroCatalogList, DEFAULT_DATABASE, DEFAULT_SCHEMA, SessionTables};
 use cirro_common::{CirroError, Result, SqlState};
+use cirro_sql::{CopyStatement, Parsed, Statement as CirroStatement, TransactionStatement};
 use cirro_storage::StorageRoot;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::context::SessionContext;
@@ -40,9 +57,11 @@ use datafusion::sql::sqlparser::ast::{CreateTableOptions, ObjectType, Statement 
 use futures::StreamExt;
 
 pub use access::bootstrap_superuser;
-pub use copy::{ClientCopy, CopyIn, parse_client_copy};
-pub use copy_text::TextFormat;
-pub use split::{is_complete, split_statements};
+pub use cirro_sql::{
+    CopyIn, CopyOutSource, SettingStatement, TextFormat, is_complete, split_statements,
+};
+pub use prepared::Prepared;
+pub use settings::SERVER_VERSION;
 
 /// How a process's engine is set up.
 #[derive(Clone, Debug, Default)]
@@ -56,14 +75,32 @@ pub struct EngineConfig {
     /// caches) to share with other sessions of the process; a new one when
     /// unset. A server shares one: each runtime's caches may hold ~70 MB.
     pub runtime: Option<Arc<RuntimeEnv>>,
+    /// How the process was started (`--data`, `--pg-port`, …): shown by
+    /// `SHOW cirro.<name>` and `SHOW ALL`, read-only.
+    pub flags: Arc<Vec<Flag>>,
+}
+
+/// One command-line flag of the process, as a read-only setting.
+#[derive(Clone, Debug)]
+pub struct Flag {
+    /// The setting's name (`cirro.pg_port`).
+    pub name: &'static str,
+    pub value: String,
+    pub description: &'static str,
 }
 
 /// What a statement produced.
 pub enum Outcome {
     /// Rows of a query, streamed.
     Rows(SendableRecordBatchStream),
-    /// A command's tag (`CREATE TABLE`, `INSERT 0 5`, …), with a notice if any.
-    Command { tag: String, notice: Option<String> },
+    /// A command's tag (`CREATE TABLE`, `INSERT 0 5`, …), with a notice if
+    /// any, and the settings whose new values the client should be told
+    /// (PostgreSQL's ParameterStatus: `(name, value)`).
+    Command {
+        tag: String,
+        notice: Option<String>,
+        reports: Vec<(String, String)>,
+    },
 }
 
 impl Outcome {
@@ -71,6 +108,7 @@ impl Outcome {
         Outcome::Command {
             tag: tag.into(),
             notice: None,
+            reports: vec![],
         }
     }
 
@@ -83,37 +121,39 @@ impl Outcome {
         Outcome::Command {
             tag: tag.into(),
             notice: skipped.then(|| notice.into()),
+            reports: vec![],
         }
     }
 }
 
-/// What a statement takes and returns, found without running it (for the
-/// extended query protocol's Describe).
-#[derive(Debug, Clone)]
-pub struct Description {
-    /// The type of each parameter `$1 … $n`, where it can be inferred.
-    pub params: Vec<Option<arrow::datatypes::DataType>>,
-    /// The columns of the rows it returns; None for a command.
-    pub schema: Option<arrow::datatypes::SchemaRef>,
+/// A session's counts of parser runs and plannings (`SHOW cirro.parses`,
+/// `SHOW cirro.plans`): tests assert with them that a statement is parsed
+/// once and a prepared statement planned once.
+#[derive(Debug, Default)]
+struct Counters {
+    parses: AtomicU64,
+    plans: AtomicU64,
 }
 
-/// The highest `$n` placeholder in `sql` (0 when there is none).
-pub fn placeholder_count(sql: &str) -> usize {
-    use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
-    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
-    Tokenizer::new(&PostgreSqlDialect {}, sql)
-        .tokenize()
-        .map(|tokens| {
-            tokens
-                .iter()
-                .filter_map(|t| match t {
-                    Token::Placeholder(p) => p.strip_prefix('$')?.parse::<usize>().ok(),
-                    _ => None,
-                })
-                .max()
-                .unwrap_or(0)
-        })
-        .unwrap_or(0)
+/// 42P02 for a `$n` where the statement cannot take parameters.
+fn no_parameter(n: usize) -> CirroError {
+    CirroError::new(
+        SqlState::UNDEFINED_PARAMETER,
+        format!("there is no parameter ${n}"),
+    )
+}
+
+/// Whether `statement` ends a transaction (the only statements a failed
+/// transaction accepts).
+fn ends_transaction(statement: &CirroStatement) -> bool {
+    matches!(
+        statement,
+        CirroStatement::Transaction(
+            TransactionStatement::Commit { .. }
+                | TransactionStatement::Rollback { .. }
+                | TransactionStatement::RollbackTo(_)
+        )
+    )
 }
 
 /// DataFusion reports a NULL in a NOT NULL column by its internal column name
@@ -159,38 +199,7 @@ fn name_not_null_column(err: CirroError, input: &LogicalPlan, table: &str) -> Ci
     }
 }
 
-/// The error of a statement in a transaction an earlier error aborted.
-fn aborted() -> CirroError {
-    CirroError::new(
-        SqlState::IN_FAILED_SQL_TRANSACTION,
-        "current transaction is aborted, commands ignored until end of transaction block",
-    )
-}
-
-#[derive(Clone, Copy)]
-enum Savepoint {
-    Set,
-    Release,
-    RollbackTo,
-}
-
-/// A transaction taken out of its engine for an await; returned to it on
-/// drop, marked failed, if the holder did not return it.
-struct HeldTransaction<'a> {
-    engine: &'a Engine,
-    txn: Option<txn::Transaction>,
-}
-
-impl Drop for HeldTransaction<'_> {
-    fn drop(&mut self) {
-        if let Some(mut txn) = self.txn.take() {
-            txn.aborted = true;
-            self.engine.put_txn(txn);
-        }
-    }
-}
-
-/// The engine: one catalog, one DataFusion session.
+/// The engine of one session: one catalog, one DataFusion session.
 pub struct Engine {
     catalog: Arc<Catalog>,
     /// The session's view of the databases (DataFusion's catalog list).
@@ -198,10 +207,14 @@ pub struct Engine {
     ctx: SessionContext,
     /// Tables pinned by the open transaction, if any.
     session: Arc<SessionTables>,
-    /// The open transaction, if any (BEGIN … COMMIT).
-    txn: std::sync::Mutex<Option<txn::Transaction>>,
+    /// The transaction (see `txn.rs`).
+    txn: std::sync::Mutex<txn::TxnState>,
     /// The user the session runs as; None for the local shell (see `access`).
     user: Option<String>,
+    /// The session's changes to the PostgreSQL settings.
+    settings: settings::Settings,
+    counters: Counters,
+    flags: Arc<Vec<Flag>>,
 }
 
 impl Drop for Engine {
@@ -252,8 +265,11 @@ impl Engine {
             catalogs: list,
             ctx,
             session,
-            txn: std::sync::Mutex::new(None),
+            txn: std::sync::Mutex::new(txn::TxnState::Idle),
             user,
+            settings: settings::Settings::default(),
+            counters: Counters::default(),
+            flags: Arc::clone(&config.flags),
         }
     }
 
@@ -265,254 +281,112 @@ impl Engine {
         &self.ctx
     }
 
-    /// Whether a transaction is open (BEGIN without COMMIT/ROLLBACK yet).
-    pub fn in_transaction(&self) -> bool {
-        self.txn.lock().map(|t| t.is_some()).unwrap_or(false)
+    /// Parse one statement (see `cirro_sql::parse`); the session counts the
+    /// parser runs.
+    /// A statement that does not parse fails the open transaction when its
+    /// error is reported (by the caller, or by [`Engine::execute`]).
+    pub fn parse(&self, sql: &str) -> Result<Parsed> {
+        let parsed = cirro_sql::parse(sql)?;
+        self.counters
+            .parses
+            .fetch_add(parsed.parses, Ordering::Relaxed);
+        Ok(parsed)
     }
 
-    /// Whether the open transaction has failed (only ROLLBACK is accepted).
-    pub fn transaction_aborted(&self) -> bool {
-        self.txn
-            .lock()
-            .map(|t| t.as_ref().is_some_and(|t| t.aborted))
-            .unwrap_or(false)
-    }
-
-    fn take_txn(&self) -> Option<txn::Transaction> {
-        self.txn.lock().ok().and_then(|mut t| t.take())
-    }
-
-    fn put_txn(&self, txn: txn::Transaction) {
-        if let Ok(mut t) = self.txn.lock() {
-            *t = Some(txn);
-        }
-    }
-
-    /// Run one statement (no terminating semicolon needed).
+    /// Parse and run one statement (no terminating semicolon needed).
     ///
     /// The future is boxed (and `Send`), so servers can hold it across
     /// their own generic async code.
     pub fn execute<'a>(&'a self, sql: &'a str) -> futures::future::BoxFuture<'a, Result<Outcome>> {
-        Box::pin(self.execute_inner(sql))
+        Box::pin(async move {
+            let parsed = self.parse(sql).inspect_err(|_| self.fail_transaction())?;
+            self.run(parsed).await
+        })
     }
 
-    async fn execute_inner(&self, sql: &str) -> Result<Outcome> {
-        let result = self.execute_statement(sql).await;
-        if result.is_err() {
-            self.fail_transaction();
+    /// Run one parsed statement without parameters: the handler behind the
+    /// shell, the PostgreSQL simple query protocol and Flight SQL statements.
+    /// An error fails the open transaction.
+    pub fn run(&self, parsed: Parsed) -> futures::future::BoxFuture<'_, Result<Outcome>> {
+        Box::pin(async move {
+            let result = self
+                .run_statement(parsed.statement, parsed.placeholders)
+                .await;
+            if result.is_err() {
+                self.fail_transaction();
+            }
+            result
+        })
+    }
+
+    async fn run_statement(&self, statement: CirroStatement, placeholders: usize) -> Result<Outcome> {
+        if self.transaction_aborted() && !ends_transaction(&statement) {
+            return Err(txn::aborted());
         }
-        result
-    }
-
-    /// Describe one statement without running it: its parameter types and,
-    /// for a statement that returns rows, their columns. Errors in the
-    /// statement (syntax, missing tables) are reported here, as PostgreSQL
-    /// reports them at Parse.
-    pub fn describe<'a>(
-        &'a self,
-        sql: &'a str,
-    ) -> futures::future::BoxFuture<'a, Result<Description>> {
-        Box::pin(self.describe_inner(sql))
-    }
-
-    async fn describe_inner(&self, sql: &str) -> Result<Description> {
-        let count = placeholder_count(sql);
-        let unknown = |schema| Description {
-            params: vec![None; count],
-            schema,
-        };
-        if access::parse(sql)?.is_some() {
-            return Ok(unknown(None));
-        }
-        if let Some(statement) = history::parse_maintenance(sql)? {
-            return Ok(unknown(Some(history::result_schema(&statement))));
+        if placeholders > 0 {
+            return Err(no_parameter(1));
         }
         self.catalog.refresh().await?;
-        let rewritten = history::rewrite_time_travel(self, sql).await?;
-        if copy::parse_copy_from(&rewritten)?.is_some() {
-            return Ok(unknown(None));
-        }
-        let state = self.ctx.state();
-        let dialect = state.config().options().sql_parser.dialect;
-        let statement = state.sql_to_statement(&rewritten, &dialect)?;
-        let (returns_rows, plannable) = match &statement {
-            DfStatement::Statement(inner) => match inner.as_ref() {
-                SqlStatement::Query(_)
-                | SqlStatement::Explain { .. }
-                | SqlStatement::ExplainTable { .. }
-                | SqlStatement::ShowVariable { .. }
-                | SqlStatement::ShowTables { .. }
-                | SqlStatement::ShowColumns { .. }
-                | SqlStatement::ShowFunctions { .. } => (true, true),
-                SqlStatement::Insert(_)
-                | SqlStatement::Update(_)
-                | SqlStatement::Delete(_)
-                | SqlStatement::Merge(_) => (false, true),
-                _ => (false, false),
-            },
-            DfStatement::Explain(_) => (true, true),
-            _ => (false, false),
-        };
-        if !plannable {
-            return Ok(unknown(None));
-        }
-        let plan = state.statement_to_plan(statement).await?;
-        let types = plan.get_parameter_types()?;
-        let params = (1..=count.max(types.len()))
-            .map(|i| types.get(&format!("${i}")).cloned().flatten())
-            .collect();
-        let schema = returns_rows.then(|| Arc::new(plan.schema().as_arrow().clone()));
-        Ok(Description { params, schema })
-    }
-
-    /// Mark the open transaction failed: a statement failed or was cancelled
-    /// part-way (the client saw an error, so the transaction must not commit).
-    pub fn fail_transaction(&self) {
-        if let Ok(mut guard) = self.txn.lock()
-            && let Some(txn) = guard.as_mut()
-        {
-            txn.aborted = true;
-        }
-    }
-
-    async fn begin(&self) -> Result<Outcome> {
-        if self.in_transaction() {
-            return Ok(Outcome::with_notice(
-                "BEGIN",
-                "there is already a transaction in progress",
-            ));
-        }
-        self.session.begin();
-        self.put_txn(txn::Transaction::default());
-        Ok(Outcome::command("BEGIN"))
-    }
-
-    async fn end_transaction(&self, commit: bool) -> Result<Outcome> {
-        let tag = if commit { "COMMIT" } else { "ROLLBACK" };
-        let Some(txn) = self.take_txn() else {
-            return Ok(Outcome::with_notice(
-                tag,
-                "there is no transaction in progress",
-            ));
-        };
-        self.session.end();
-        if commit && !txn.aborted {
-            txn.commit().await?;
-            Ok(Outcome::command("COMMIT"))
-        } else {
-            txn.rollback().await;
-            Ok(Outcome::command("ROLLBACK"))
-        }
-    }
-
-    /// SAVEPOINT, RELEASE SAVEPOINT and ROLLBACK TO SAVEPOINT.
-    async fn savepoint(
-        &self,
-        what: Savepoint,
-        name: &datafusion::sql::sqlparser::ast::Ident,
-    ) -> Result<Outcome> {
-        let name = datafusion::sql::planner::IdentNormalizer::new(true).normalize(name.clone());
-        let tag = match what {
-            Savepoint::Set => "SAVEPOINT",
-            Savepoint::Release => "RELEASE",
-            Savepoint::RollbackTo => "ROLLBACK",
-        };
-        let Some(txn) = self.take_txn() else {
-            return Err(CirroError::new(
-                SqlState::NO_ACTIVE_SQL_TRANSACTION,
-                format!("{tag} can only be used in transaction blocks"),
-            ));
-        };
-        // An aborted transaction only gets here for ROLLBACK TO (see
-        // `execute_statement`), which ends the aborted state.
-        let mut held = HeldTransaction {
-            engine: self,
-            txn: Some(txn),
-        };
-        let result = match (what, held.txn.as_mut()) {
-            (_, None) => Err(CirroError::internal(
-                "the transaction ended during a statement",
-            )),
-            (Savepoint::Set, Some(txn)) => {
-                txn.savepoint(&name);
-                Ok(None)
+        match statement {
+            CirroStatement::Empty => Ok(Outcome::command("")),
+            CirroStatement::Transaction(statement) => self.run_transaction(statement).await,
+            CirroStatement::Setting(statement) => self.run_setting(statement).await,
+            CirroStatement::Access(statement) => {
+                self.check_transaction_allows("CREATE/ALTER/DROP USER, GRANT and REVOKE")?;
+                self.execute_access(statement).await
             }
-            (Savepoint::Release, Some(txn)) => txn.release(&name).map(|_| None),
-            (Savepoint::RollbackTo, Some(txn)) => txn.rollback_to(&name).await,
-        };
-        if let Some(txn) = held.txn.take() {
-            self.put_txn(txn);
+            CirroStatement::Maintenance(statement) => {
+                maintenance::run_maintenance(self, statement).await
+            }
+            CirroStatement::Copy(CopyStatement::FromFile(copy)) => {
+                self.check_transaction_allows("COPY")?;
+                self.require_superuser("COPY … FROM a file on the server")?;
+                copy::copy_from(self, copy).await
+            }
+            CirroStatement::Copy(CopyStatement::FromStdin(_)) => Err(CirroError::unsupported(
+                "COPY FROM STDIN needs a client connection (cirro serve, psql's \\copy)",
+            )),
+            CirroStatement::Copy(CopyStatement::ToStdout { source, .. }) => {
+                copy::copy_out(self, source).await
+            }
+            CirroStatement::Sql(statement) => self.run_sql(*statement).await,
         }
-        if let Some((location, view)) = result? {
-            self.session.set(&location, view);
-        }
-        Ok(Outcome::command(tag))
     }
 
-    /// Refuse what a transaction cannot hold.
-    pub(crate) fn check_transaction_allows(&self, what: &str) -> Result<()> {
-        if self.in_transaction() {
-            return Err(CirroError::unsupported(format!(
-                "{what} cannot run inside a transaction block; COMMIT or ROLLBACK first"
-            )));
+    /// Plan a statement: SQL to a logical plan (counted, see [`Counters`]).
+    pub(crate) async fn plan(&self, statement: DfStatement) -> Result<LogicalPlan> {
+        self.counters.plans.fetch_add(1, Ordering::Relaxed);
+        Ok(self.ctx.state().statement_to_plan(statement).await?)
+    }
+
+    /// Rows of a batch computed by the engine (SHOW, maintenance results).
+    pub(crate) async fn batch_rows(&self, batch: arrow::array::RecordBatch) -> Result<Outcome> {
+        let frame = self.ctx.read_batch(batch)?;
+        Ok(Outcome::Rows(frame.execute_stream().await?))
+    }
+
+    /// Refuse DDL in a transaction.
+    fn check_ddl_allowed(&self, statement: &SqlStatement) -> Result<()> {
+        if matches!(
+            statement,
+            SqlStatement::CreateView(_)
+                | SqlStatement::CreateDatabase { .. }
+                | SqlStatement::Drop { .. }
+                | SqlStatement::CreateTable(_)
+                | SqlStatement::CreateSchema { .. }
+                | SqlStatement::AlterTable(_)
+        ) {
+            self.check_transaction_allows("DDL")?;
         }
         Ok(())
     }
 
-    async fn execute_statement(&self, sql: &str) -> Result<Outcome> {
-        if self.transaction_aborted() {
-            let state = self.ctx.state();
-            let dialect = state.config().options().sql_parser.dialect;
-            let ends = matches!(
-                state.sql_to_statement(sql, &dialect),
-                Ok(DfStatement::Statement(ref inner)) if matches!(
-                    inner.as_ref(),
-                    SqlStatement::Commit { .. } | SqlStatement::Rollback { .. }
-                )
-            );
-            if !ends {
-                return Err(aborted());
-            }
-        }
-        self.catalog.refresh().await?;
-        if let Some(statement) = access::parse(sql)? {
-            self.check_transaction_allows("CREATE/ALTER/DROP USER, GRANT and REVOKE")?;
-            return self.execute_access(statement).await;
-        }
-        if let Some(statement) = history::parse_maintenance(sql)? {
-            return history::run_maintenance(self, statement).await;
-        }
-        let rewritten = history::rewrite_time_travel(self, sql).await?;
-        let sql = rewritten.as_str();
-        if let Some(copy) = copy::parse_copy_from(sql)? {
-            self.check_transaction_allows("COPY")?;
-            self.require_superuser("COPY … FROM a file on the server")?;
-            return copy::copy_from(self, copy).await;
-        }
-        let state = self.ctx.state();
-        let dialect = state.config().options().sql_parser.dialect;
-        let statement = state.sql_to_statement(sql, &dialect)?;
+    /// Run a statement DataFusion parsed: the DDL Cirro runs from the AST,
+    /// or plan it and run the plan.
+    pub(crate) async fn run_sql(&self, mut statement: DfStatement) -> Result<Outcome> {
         if let DfStatement::Statement(inner) = &statement {
-            if matches!(
-                inner.as_ref(),
-                SqlStatement::CreateView(_)
-                    | SqlStatement::CreateDatabase { .. }
-                    | SqlStatement::Drop { .. }
-                    | SqlStatement::CreateTable(_)
-                    | SqlStatement::CreateSchema { .. }
-                    | SqlStatement::AlterTable(_)
-            ) {
-                self.check_transaction_allows("DDL")?;
-            }
+            self.check_ddl_allowed(inner)?;
             match inner.as_ref() {
-                SqlStatement::StartTransaction { .. } => return self.begin().await,
-                SqlStatement::Commit { chain: false, .. } => {
-                    return self.end_transaction(true).await;
-                }
-                SqlStatement::Rollback {
-                    chain: false,
-                    savepoint: None,
-                } => return self.end_transaction(false).await,
                 SqlStatement::Drop {
                     object_type: ObjectType::Database,
                     if_exists,
@@ -540,10 +414,10 @@ impl Engine {
                     let options = ddl::table_options(&create.table_options)?;
                     let mut stripped = create.clone();
                     stripped.table_options = CreateTableOptions::None;
-                    let plan = state
-                        .statement_to_plan(DfStatement::Statement(Box::new(
-                            SqlStatement::CreateTable(stripped),
-                        )))
+                    let plan = self
+                        .plan(DfStatement::Statement(Box::new(SqlStatement::CreateTable(
+                            stripped,
+                        ))))
                         .await?;
                     self.check_plan(&plan)?;
                     return match plan {
@@ -555,30 +429,16 @@ impl Engine {
                         )),
                     };
                 }
-                SqlStatement::Savepoint { name } => {
-                    return self.savepoint(Savepoint::Set, name).await;
-                }
-                SqlStatement::ReleaseSavepoint { name } => {
-                    return self.savepoint(Savepoint::Release, name).await;
-                }
-                SqlStatement::Rollback {
-                    chain: false,
-                    savepoint: Some(name),
-                } => return self.savepoint(Savepoint::RollbackTo, name).await,
-                SqlStatement::Commit { .. } | SqlStatement::Rollback { .. } => {
-                    return Err(CirroError::unsupported(
-                        "COMMIT AND CHAIN and ROLLBACK AND CHAIN are not supported",
-                    ));
-                }
                 _ => {}
             }
         }
-        let plan = state.statement_to_plan(statement).await?;
+        time_travel::resolve_time_travel(self, &mut statement).await?;
+        let plan = self.plan(statement).await?;
         self.check_plan(&plan)?;
         self.execute_plan(plan).await
     }
 
-    async fn execute_plan(&self, plan: LogicalPlan) -> Result<Outcome> {
+    pub(crate) async fn execute_plan(&self, plan: LogicalPlan) -> Result<Outcome> {
         // EXPLAIN of DELETE/UPDATE/MERGE shows the query Cirro runs for it;
         // EXPLAIN ANALYZE would change the table.
         let explained = match &plan {
@@ -729,17 +589,13 @@ impl Engine {
                 ..
             }
         );
-        let Some(txn) = self.take_txn() else {
+        // The transaction is put back even if this future is dropped
+        // part-way (a cancelled statement): then it is marked failed.
+        let Some(mut held) = self.hold_transaction() else {
             prepared.change.discard().await;
             return Err(CirroError::internal(
                 "the transaction ended during a statement",
             ));
-        };
-        // Put the transaction back even if this future is dropped part-way
-        // (a cancelled statement): then it is marked failed, not lost.
-        let mut held = HeldTransaction {
-            engine: self,
-            txn: Some(txn),
         };
         let staged = match held.txn.as_mut() {
             Some(txn) => {
@@ -750,10 +606,8 @@ impl Engine {
                 "the transaction ended during a statement",
             )),
         };
-        if let Some(txn) = held.txn.take() {
-            self.put_txn(txn);
-        }
         let view = staged?;
+        held.put_back();
         self.session.set(&location, view);
         Ok(outcome)
     }

@@ -22,12 +22,34 @@
 //! writes a second table fails with 0A000. DDL and COPY inside a transaction
 //! fail with 0A000 too. As in PostgreSQL, after an error the transaction is
 //! aborted: statements fail with 25P02 until ROLLBACK (COMMIT then rolls back).
+//!
+//! A session's transaction is one state machine ([`TxnState`]):
+//!
+//! ```text
+//!                 BEGIN                         a statement fails or is cancelled
+//!   ┌──────┐ ───────────────► ┌────────────┐ ──────────────────────────► ┌────────┐
+//!   │ Idle │                  │ InProgress │                             │ Failed │
+//!   └──────┘ ◄─────────────── └────────────┘ ◄────────────────────────── └────────┘
+//!      ▲     COMMIT (one Delta    │   ▲          ROLLBACK TO savepoint        │
+//!      │     commit) | ROLLBACK   └───┘                                      │
+//!      │                    DML (staged), SAVEPOINT,                         │
+//!      │                    RELEASE, ROLLBACK TO                             │
+//!      └──────────────────────────────────────────────────────────────────── ┘
+//!                 COMMIT (rolls back) | ROLLBACK: staged files removed
+//! ```
+//!
+//! In `Failed` every statement but COMMIT, ROLLBACK and ROLLBACK TO fails
+//! with 25P02. BEGIN in a transaction and COMMIT/ROLLBACK outside one are
+//! accepted with a notice, as in PostgreSQL.
 
 use cirro_common::{CirroError, Result, SqlState};
+use cirro_sql::TransactionStatement;
 use cirro_storage::CirroTable;
 use cirro_storage::mutate::{Change, commit_difference, remove_paths};
 use deltalake::protocol::DeltaOperation;
 use object_store::path::Path;
+
+use crate::{Engine, Outcome};
 
 /// The one table a transaction writes.
 pub(crate) struct WrittenTable {
@@ -54,8 +76,16 @@ struct Savepoint {
 #[derive(Default)]
 pub(crate) struct Transaction {
     pub written: Option<WrittenTable>,
-    pub aborted: bool,
     savepoints: Vec<Savepoint>,
+}
+
+/// Where a session's transaction stands (see the module docs).
+#[derive(Default)]
+pub(crate) enum TxnState {
+    #[default]
+    Idle,
+    InProgress(Transaction),
+    Failed(Transaction),
 }
 
 fn no_savepoint(name: &str) -> CirroError {
@@ -139,7 +169,6 @@ impl Transaction {
             .rposition(|s| s.name == name)
             .ok_or_else(|| no_savepoint(name))?;
         self.savepoints.truncate(at + 1);
-        self.aborted = false;
         let saved = self.savepoints[at].written.clone();
         let Some(written) = self.written.as_mut() else {
             return Ok(None);
@@ -161,13 +190,6 @@ impl Transaction {
     /// Commit the transaction's changes (one Delta commit). On failure the
     /// files it wrote are removed and the table is unchanged.
     pub async fn commit(self) -> Result<()> {
-        if self.aborted {
-            self.rollback().await;
-            return Err(CirroError::new(
-                SqlState::IN_FAILED_SQL_TRANSACTION,
-                "the transaction was aborted by an earlier error and has been rolled back",
-            ));
-        }
         let Some(written) = self.written else {
             return Ok(());
         };
@@ -225,6 +247,215 @@ fn dv_file_name(descriptor: &deltalake::kernel::DeletionVectorDescriptor) -> Opt
     cirro_storage::dv::file_path(descriptor)
         .ok()
         .map(|p| p.to_string())
+}
+
+/// The error of a statement in a transaction an earlier error aborted.
+pub(crate) fn aborted() -> CirroError {
+    CirroError::new(
+        SqlState::IN_FAILED_SQL_TRANSACTION,
+        "current transaction is aborted, commands ignored until end of transaction block",
+    )
+}
+
+/// A transaction taken out of its engine for an await; returned to it on
+/// drop, marked failed, if the holder did not return it.
+pub(crate) struct HeldTransaction<'a> {
+    engine: &'a Engine,
+    pub(crate) txn: Option<Transaction>,
+}
+
+impl Drop for HeldTransaction<'_> {
+    fn drop(&mut self) {
+        if let Some(txn) = self.txn.take() {
+            self.engine.set_txn(TxnState::Failed(txn));
+        }
+    }
+}
+
+impl HeldTransaction<'_> {
+    /// Give the transaction back, in progress.
+    pub(crate) fn put_back(mut self) {
+        if let Some(txn) = self.txn.take() {
+            self.engine.set_txn(TxnState::InProgress(txn));
+        }
+    }
+}
+
+impl Engine {
+    fn set_txn(&self, state: TxnState) {
+        if let Ok(mut t) = self.txn.lock() {
+            *t = state;
+        }
+    }
+
+    fn take_state(&self) -> TxnState {
+        self.txn
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default()
+    }
+
+    /// Whether a transaction is open (BEGIN without COMMIT/ROLLBACK yet).
+    pub fn in_transaction(&self) -> bool {
+        self.txn
+            .lock()
+            .map(|t| !matches!(*t, TxnState::Idle))
+            .unwrap_or(false)
+    }
+
+    /// Whether the open transaction has failed (only ROLLBACK is accepted).
+    pub fn transaction_aborted(&self) -> bool {
+        self.txn
+            .lock()
+            .map(|t| matches!(*t, TxnState::Failed(_)))
+            .unwrap_or(false)
+    }
+
+    /// Mark the open transaction failed: a statement failed or was cancelled
+    /// part-way (the client saw an error, so the transaction must not commit).
+    pub fn fail_transaction(&self) {
+        if let Ok(mut t) = self.txn.lock() {
+            *t = match std::mem::take(&mut *t) {
+                TxnState::InProgress(txn) => TxnState::Failed(txn),
+                other => other,
+            };
+        }
+    }
+
+    /// Take the transaction in progress out for an await (None outside one
+    /// or when it failed). Dropping the holder marks it failed.
+    pub(crate) fn hold_transaction(&self) -> Option<HeldTransaction<'_>> {
+        match self.take_state() {
+            TxnState::InProgress(txn) => Some(HeldTransaction {
+                engine: self,
+                txn: Some(txn),
+            }),
+            other => {
+                self.set_txn(other);
+                None
+            }
+        }
+    }
+
+    /// Refuse what a transaction cannot hold.
+    pub(crate) fn check_transaction_allows(&self, what: &str) -> Result<()> {
+        if self.in_transaction() {
+            return Err(CirroError::unsupported(format!(
+                "{what} cannot run inside a transaction block; COMMIT or ROLLBACK first"
+            )));
+        }
+        Ok(())
+    }
+
+    /// BEGIN, COMMIT, ROLLBACK and savepoints.
+    pub(crate) async fn run_transaction(&self, statement: TransactionStatement) -> Result<Outcome> {
+        match statement {
+            TransactionStatement::Begin => {
+                if self.in_transaction() {
+                    return Ok(Outcome::with_notice(
+                        "BEGIN",
+                        "there is already a transaction in progress",
+                    ));
+                }
+                self.session.begin();
+                self.set_txn(TxnState::InProgress(Transaction::default()));
+                Ok(Outcome::command("BEGIN"))
+            }
+            TransactionStatement::Commit { chain: false } => self.end_transaction(true).await,
+            TransactionStatement::Rollback { chain: false } => self.end_transaction(false).await,
+            TransactionStatement::Commit { chain: true }
+            | TransactionStatement::Rollback { chain: true } => Err(CirroError::unsupported(
+                "COMMIT AND CHAIN and ROLLBACK AND CHAIN are not supported",
+            )),
+            TransactionStatement::Savepoint(name) => self.savepoint(SavepointOp::Set, &name).await,
+            TransactionStatement::Release(name) => {
+                self.savepoint(SavepointOp::Release, &name).await
+            }
+            TransactionStatement::RollbackTo(name) => {
+                self.savepoint(SavepointOp::RollbackTo, &name).await
+            }
+        }
+    }
+
+    async fn end_transaction(&self, commit: bool) -> Result<Outcome> {
+        let tag = if commit { "COMMIT" } else { "ROLLBACK" };
+        let (txn, failed) = match self.take_state() {
+            TxnState::Idle => {
+                return Ok(Outcome::with_notice(
+                    tag,
+                    "there is no transaction in progress",
+                ));
+            }
+            TxnState::InProgress(txn) => (txn, false),
+            TxnState::Failed(txn) => (txn, true),
+        };
+        self.session.end();
+        if commit && !failed {
+            txn.commit().await?;
+            Ok(Outcome::command("COMMIT"))
+        } else {
+            txn.rollback().await;
+            Ok(Outcome::command("ROLLBACK"))
+        }
+    }
+
+    /// SAVEPOINT, RELEASE SAVEPOINT and ROLLBACK TO SAVEPOINT.
+    async fn savepoint(&self, what: SavepointOp, name: &str) -> Result<Outcome> {
+        let tag = match what {
+            SavepointOp::Set => "SAVEPOINT",
+            SavepointOp::Release => "RELEASE",
+            SavepointOp::RollbackTo => "ROLLBACK",
+        };
+        // ROLLBACK TO is the one savepoint statement a failed transaction
+        // takes: it ends the failed state.
+        let txn = match self.take_state() {
+            TxnState::InProgress(txn) => txn,
+            TxnState::Failed(txn) if matches!(what, SavepointOp::RollbackTo) => txn,
+            TxnState::Failed(txn) => {
+                self.set_txn(TxnState::Failed(txn));
+                return Err(aborted());
+            }
+            TxnState::Idle => {
+                return Err(CirroError::new(
+                    SqlState::NO_ACTIVE_SQL_TRANSACTION,
+                    format!("{tag} can only be used in transaction blocks"),
+                ));
+            }
+        };
+        let mut held = HeldTransaction {
+            engine: self,
+            txn: Some(txn),
+        };
+        let result = match (what, held.txn.as_mut()) {
+            (_, None) => Err(CirroError::internal(
+                "the transaction ended during a statement",
+            )),
+            (SavepointOp::Set, Some(txn)) => {
+                txn.savepoint(name);
+                Ok(None)
+            }
+            (SavepointOp::Release, Some(txn)) => txn.release(name).map(|_| None),
+            (SavepointOp::RollbackTo, Some(txn)) => txn.rollback_to(name).await,
+        };
+        match result {
+            Ok(view) => {
+                held.put_back();
+                if let Some((location, view)) = view {
+                    self.session.set(&location, view);
+                }
+                Ok(Outcome::command(tag))
+            }
+            // `held` marks the transaction failed when dropped.
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum SavepointOp {
+    Set,
+    Release,
+    RollbackTo,
 }
 
 #[cfg(test)]

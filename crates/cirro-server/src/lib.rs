@@ -13,9 +13,6 @@
 //! Sessions share one [`Catalog`]; each has its own engine (settings,
 //! transaction, pinned tables), so connections never block each other.
 
-mod auth;
-mod compat;
-mod copy;
 mod flight;
 mod pg;
 mod session;
@@ -32,7 +29,6 @@ use cirro_common::{CirroError, Result, SqlState};
 use cirro_engine::EngineConfig;
 use cirro_storage::StorageRoot;
 use datafusion::execution::runtime_env::RuntimeEnv;
-use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
 use pgwire::api::auth::DefaultServerParameterProvider;
 use pgwire::api::cancel::CancelHandler;
 use pgwire::api::{ClientInfo, ErrorHandler, PgWireServerHandlers, RandomPidSecretKeyGenerator};
@@ -71,7 +67,6 @@ pub(crate) struct Shared {
     pids: RandomPidSecretKeyGenerator,
     /// Running sessions by backend pid, for CancelRequest.
     sessions: Mutex<HashMap<i32, (Vec<u8>, Weak<Canceller>)>>,
-    compat: PostgresCompatibilityParser,
 }
 
 /// Unregisters a session from the cancel registry when its connection ends.
@@ -122,7 +117,7 @@ impl PgWireServerHandlers for Connection {
     }
 
     fn startup_handler(&self) -> Arc<impl pgwire::api::auth::StartupHandler> {
-        Arc::new(auth::ScramStartup::new(
+        Arc::new(pg::auth::ScramStartup::new(
             Arc::clone(&self.shared),
             Arc::clone(&self.canceller),
         ))
@@ -265,7 +260,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         ));
     }
     let mut parameters = DefaultServerParameterProvider::default();
-    parameters.server_version = session::SERVER_VERSION.to_string();
+    parameters.server_version = cirro_engine::SERVER_VERSION.to_string();
     parameters.time_zone = "UTC".to_string();
     parameters.date_style = "ISO, MDY".to_string();
     let shared = Arc::new(Shared {
@@ -284,7 +279,6 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         parameters: Arc::new(parameters),
         pids: RandomPidSecretKeyGenerator::default(),
         sessions: Mutex::new(HashMap::new()),
-        compat: PostgresCompatibilityParser::new(),
     });
     let (listener, local) = listen(&config.listen, config.pg_port, "").await?;
     let (flight_listener, flight_local) =
@@ -332,7 +326,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     );
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
-    let query = Arc::new(pg::QueryHandler::new(Arc::clone(&shared)));
+    let query = Arc::new(pg::QueryHandler::new());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| CirroError::io(e.to_string()))?;
     loop {

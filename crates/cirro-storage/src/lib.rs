@@ -14,6 +14,7 @@ pub mod mutate;
 pub mod options;
 pub mod root;
 pub mod schema;
+mod stores;
 pub mod table;
 pub mod write;
 

@@ -1,12 +1,11 @@
 //! The data location: where databases, tables and the catalog live.
 //!
-//! `--data` takes a local path (the default `./cirro-data`) or a `file://` URL.
-//! HDFS and S3 URLs come with cluster mode.
+//! `--data` takes a local path (the default `./cirro-data`) or a URL; which
+//! URL schemes work, and how their object stores are made, is `stores.rs`.
 
 use std::sync::Arc;
 
 use cirro_common::{CirroError, Result, SqlState};
-use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
@@ -39,27 +38,8 @@ impl StorageRoot {
             Url::from_directory_path(&absolute)
                 .map_err(|_| CirroError::io(format!("bad data directory {}", absolute.display())))?
         };
-        match url.scheme() {
-            "file" => {
-                let local = url
-                    .to_file_path()
-                    .map_err(|_| CirroError::io(format!("bad file URL {url}")))?;
-                std::fs::create_dir_all(&local).map_err(|e| {
-                    CirroError::io(format!("cannot create {}: {e}", local.display()))
-                })?;
-                let mut url = url;
-                if !url.path().ends_with('/') {
-                    url.set_path(&format!("{}/", url.path()));
-                }
-                Ok(Self {
-                    url,
-                    store: Arc::new(LocalFileSystem::new()),
-                })
-            }
-            other => Err(CirroError::unsupported(format!(
-                "data location scheme '{other}' is not supported yet (use a local path or file://)"
-            ))),
-        }
+        let (url, store) = crate::stores::open(url)?;
+        Ok(Self { url, store })
     }
 
     /// URL of the root, ending in `/`.

@@ -16,7 +16,7 @@ mod shell;
 use std::process::ExitCode;
 
 use cirro_common::CirroError;
-use cirro_engine::{Engine, EngineConfig};
+use cirro_engine::{Engine, EngineConfig, Flag};
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
@@ -168,9 +168,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// The flags of this process, as read-only settings (`SHOW cirro.*`).
+fn flags(cli: &Cli) -> Vec<Flag> {
+    let flag = |name, value: String, description| Flag {
+        name,
+        value,
+        description,
+    };
+    let mut flags = vec![
+        flag("cirro.data", cli.data.clone(), "data location (--data, CIRRO_DATA)"),
+        flag(
+            "cirro.threads",
+            cli.threads.map(|t| t.to_string()).unwrap_or_else(|| "all cores".into()),
+            "threads for query execution (--threads, CIRRO_THREADS)",
+        ),
+    ];
+    if let Command::Serve(args) = &cli.command {
+        flags.extend([
+            flag("cirro.listen", args.listen.clone(), "address the server listens on (--listen, CIRRO_LISTEN)"),
+            flag("cirro.pg_port", args.pg_port.to_string(), "PostgreSQL protocol port (--pg-port, CIRRO_PG_PORT)"),
+            flag("cirro.flight_port", args.flight_port.to_string(), "Arrow Flight SQL port (--flight-port, CIRRO_FLIGHT_PORT)"),
+            flag("cirro.tls", (args.tls_cert.is_some()).to_string(), "TLS with --tls-cert and --tls-key"),
+            flag("cirro.require_tls", args.require_tls.to_string(), "refuse connections without TLS (--require-tls)"),
+        ]);
+    }
+    flags
+}
+
 async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
     let config = EngineConfig {
         target_partitions: cli.threads,
+        flags: std::sync::Arc::new(flags(&cli)),
         ..Default::default()
     };
     if let Command::Bench { args } = &cli.command {

@@ -138,7 +138,7 @@ async fn execute_and_print(engine: &Engine, writer: &ResultWriter, sql: &str) ->
                 writeln!(out, "{summary}").map_err(|e| CirroError::io(e.to_string()))?;
             }
         }
-        Outcome::Command { tag, notice } => {
+        Outcome::Command { tag, notice, .. } => {
             if let Some(notice) = notice {
                 eprintln!("NOTICE: {notice}");
             }

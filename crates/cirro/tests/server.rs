@@ -5,166 +5,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use common::compare::{compare, is_ordered};
-use common::{DataDir, cirro_bin, shared_dir};
-
-const PASSWORD: &str = "s3cret-Pw";
-
-/// Start `cirro serve` on `data` with `args` and CIRRO_PASSWORD=`password`;
-/// returns the process, its PostgreSQL and Flight SQL ports and the line
-/// announcing the PostgreSQL port.
-fn spawn_serve(data: &Path, args: &[&str], password: &str) -> (Child, u16, u16, String) {
-    let mut child = Command::new(cirro_bin())
-        .args(["--data", data.to_str().expect("utf8 path")])
-        .args([
-            "--threads",
-            "2",
-            "serve",
-            "--pg-port",
-            "0",
-            "--flight-port",
-            "0",
-        ])
-        .args(args)
-        .env("CIRRO_PASSWORD", password)
-        .env_remove("CIRRO_USER")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start cirro serve");
-    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut port_in = |expected: &str| {
-        let mut line = String::new();
-        stdout
-            .read_line(&mut line)
-            .expect("read the listening line");
-        assert!(line.contains(expected), "{line:?}");
-        let port = line
-            .split_whitespace()
-            .find_map(|w| w.rsplit(':').next().and_then(|p| p.parse().ok()))
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        (port, line)
-    };
-    let (pg_port, line) = port_in("PostgreSQL");
-    let (flight_port, _) = port_in("Flight SQL");
-    (child, pg_port, flight_port, line)
-}
-
-/// A running `cirro serve`, killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-    flight_port: u16,
-    data: DataDir,
-}
-
-impl Server {
-    fn start() -> Self {
-        Self::start_on(DataDir::new())
-    }
-
-    fn start_on(data: DataDir) -> Self {
-        let (child, port, flight_port, _) = spawn_serve(data.path(), &[], PASSWORD);
-        Server {
-            child,
-            port,
-            flight_port,
-            data,
-        }
-    }
-
-    fn conninfo(&self, user: &str) -> String {
-        format!(
-            "host=127.0.0.1 port={} user={user} dbname=cirro sslmode=disable",
-            self.port
-        )
-    }
-
-    /// psql with `args`, as `user` with `password`.
-    fn psql(&self, user: &str, password: &str, args: &[&str]) -> Output {
-        Command::new("psql")
-            .arg(self.conninfo(user))
-            .args(["-X", "-v", "ON_ERROR_STOP=1"])
-            .args(args)
-            .env("PGPASSWORD", password)
-            .env("PGCONNECT_TIMEOUT", "10")
-            .output()
-            .expect("run psql (apt-get install postgresql-client)")
-    }
-
-    /// Run SQL through psql as the superuser; stdout on success.
-    fn sql(&self, sql: &str) -> String {
-        self.psql_ok(&["-At", "-c", sql])
-    }
-
-    /// Run SQL that must fail as the superuser; the verbose error (with its
-    /// SQLSTATE).
-    fn sql_err(&self, sql: &str) -> String {
-        let out = self.psql("cirro", PASSWORD, &["-v", "VERBOSITY=verbose", "-c", sql]);
-        assert!(!out.status.success(), "{sql} succeeded");
-        stderr(&out)
-    }
-
-    /// psql as the superuser with `args`; stdout on success.
-    fn psql_ok(&self, args: &[&str]) -> String {
-        let out = self.psql("cirro", PASSWORD, args);
-        let sql = args.join(" ");
-        assert!(
-            out.status.success(),
-            "psql -c {sql:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Run one check of `pg_client.py` against this server; it must pass.
-    fn python_check(&self, check: &str) {
-        let dsn = format!("{} password={PASSWORD}", self.conninfo("cirro"));
-        python_ok("pg_client.py", &[&dsn, check]);
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Run `script` of `tests/interop` with `args`; it must succeed and print a
-/// line starting with "ok". Returns what it printed.
-fn python_ok(script: &str, args: &[&str]) -> String {
-    let out = Command::new(python())
-        .arg(interop_dir().join(script))
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("run {script}: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success() && stdout.lines().any(|l| l.starts_with("ok")),
-        "{script} {args:?} failed:\n{stdout}\n{}",
-        stderr(&out)
-    );
-    stdout
-}
-
-fn python() -> PathBuf {
-    std::env::var_os("CIRRO_TEST_PYTHON")
-        .map(PathBuf::from)
-        .expect("CIRRO_TEST_PYTHON is not set: run the tests with scripts/test.sh")
-}
-
-fn interop_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::server::{PASSWORD, Server, interop_dir, python_ok, spawn_serve, stderr};
+use common::{DataDir, shared_dir};
 
 #[test]
 fn psql_queries_describe_and_errors() {
@@ -510,7 +355,7 @@ fn jdbc_metadata_prepared_statements_batches_and_types() {
     let jar = std::env::var_os("CIRRO_TEST_JDBC_JAR")
         .expect("CIRRO_TEST_JDBC_JAR is not set: run the tests with scripts/test.sh");
     let url = format!(
-        "jdbc:postgresql://127.0.0.1:{}/cirro?sslmode=disable",
+        "jdbc:postgresql://127.0.0.1:{}/cirro?sslmode=disable&prepareThreshold=1",
         server.port
     );
     let out = Command::new("java")

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod compare;
+pub mod server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -15,6 +15,7 @@ use arrow_pg::encoder::{Encoder, encode_value};
 use async_trait::async_trait;
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_engine::{CopyIn, Outcome, TextFormat};
+use cirro_sql::{CopyStatement, Parsed, Statement};
 use datafusion::execution::SendableRecordBatchStream;
 use futures::{Sink, SinkExt, StreamExt};
 use pgwire::api::copy::CopyHandler;
@@ -45,7 +46,7 @@ struct ActiveCopy {
     sender: Option<mpsc::Sender<Chunk>>,
     insert: JoinHandle<Result<Outcome>>,
     /// Statements after the COPY in the same query message.
-    rest: Vec<String>,
+    rest: Vec<Result<Parsed>>,
 }
 
 /// The connection's COPY FROM STDIN, if one is in progress. Kept in the
@@ -60,17 +61,25 @@ pub(crate) async fn start_copy_in<C>(
     client: &mut C,
     session: &Arc<Session>,
     copy: CopyIn,
-    rest: Vec<String>,
+    rest: Vec<Result<Parsed>>,
 ) -> PgWireResult<()>
 where
     C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
     C::Error: Debug,
     PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
 {
-    if rest
-        .iter()
-        .any(|sql| matches!(cirro_engine::parse_client_copy(sql), Ok(Some(_))))
-    {
+    let client_copy = |p: &Result<Parsed>| {
+        matches!(
+            p,
+            Ok(Parsed {
+                statement: Statement::Copy(
+                    CopyStatement::FromStdin(_) | CopyStatement::ToStdout { .. }
+                ),
+                ..
+            })
+        )
+    };
+    if rest.iter().any(client_copy) {
         return Err(to_pg(CirroError::unsupported(
             "a query message may hold one COPY FROM STDIN or TO STDOUT, after which no other COPY",
         )));

@@ -1,27 +1,32 @@
 //! The PostgreSQL protocol front end: simple and extended queries over a
-//! session's engine.
+//! session's engine. This folder owns only the protocol: logins
+//! (`auth.rs`), COPY's data transfer (`copy.rs`), and here the mapping of
+//! query messages onto the engine's handler.
 //!
-//! Every statement runs through [`Engine::execute`], whichever protocol
-//! carries it, so DML, transactions, maintenance and privileges behave as in
-//! the shell. The extended protocol's parameters are bound by rendering each
-//! decoded value as a typed SQL literal in place of its `$n` (the tokenizer
-//! finds the placeholders, so text inside strings and comments is never
-//! touched); Describe plans the statement without running it.
+//! ```text
+//!  Query(text)   split once ─► Engine::parse each ─► Engine::run ─► rows | tag
+//!  Parse(text)   Engine::parse ─► Engine::prepare (planned once, typed $n)
+//!  Bind(values)  decoded by the announced parameter types (arrow-pg)
+//!  Execute       Engine::execute_prepared(values) ─► rows | tag
+//! ```
+//!
+//! Bound values reach the plan as typed values (DataFusion's parameter
+//! values), never as SQL text.
+
+pub(crate) mod auth;
+pub(crate) mod copy;
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use arrow::datatypes::SchemaRef;
 use arrow_pg::datatypes::df::deserialize_parameters_with_server_types;
 use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type};
 use async_trait::async_trait;
 use cirro_common::{CirroError, SqlState};
-use cirro_engine::{ClientCopy, Engine, Outcome, split_statements};
+use cirro_engine::{Engine, Outcome, Prepared, split_statements};
+use cirro_sql::{CopyStatement, Parsed, Statement};
 use datafusion::execution::SendableRecordBatchStream;
-use datafusion::logical_expr::Expr;
-use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
-use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
-use datafusion::sql::unparser::Unparser;
+use datafusion::scalar::ScalarValue;
 use futures::stream::{self, BoxStream};
 use futures::{Sink, SinkExt, StreamExt};
 use pgwire::api::portal::{Format, Portal};
@@ -39,17 +44,15 @@ use pgwire::messages::simplequery::Query;
 use pgwire::messages::startup::ParameterStatus;
 use pgwire::types::format::FormatOptions;
 
-use crate::session::{Session, SettingOutcome, parse_setting, setting_schema};
-use crate::{Shared, compat, copy};
+use crate::session::Session;
 
 /// A statement as the extended protocol keeps it between Parse and Execute.
 #[derive(Clone, Debug)]
-pub(crate) struct Prepared {
-    sql: String,
-    /// Parameter types reported in ParameterDescription.
+pub(crate) struct PgStatement {
+    prepared: Arc<Prepared>,
+    /// Parameter types reported in ParameterDescription (and by which Bind's
+    /// values are decoded).
     params: Vec<Type>,
-    /// Columns of the rows it returns (None: a command).
-    schema: Option<SchemaRef>,
 }
 
 pub(crate) fn to_pg(error: CirroError) -> PgWireError {
@@ -60,11 +63,13 @@ pub(crate) fn to_pg(error: CirroError) -> PgWireError {
     )))
 }
 
-/// The non-empty statements of a query text.
-fn statements_of(text: &str) -> Vec<String> {
+/// The non-empty statements of a query text, each parsed (split once, each
+/// statement parsed once; a parse error is reported when its turn comes).
+fn statements_of(session: &Session, text: &str) -> Vec<cirro_common::Result<Parsed>> {
     split_statements(text)
         .into_iter()
         .filter(|s| !s.trim().trim_matches(';').trim().is_empty())
+        .map(|s| session.engine.parse(&s))
         .collect()
 }
 
@@ -78,92 +83,15 @@ pub(crate) fn session_of<C: ClientInfo>(client: &C) -> PgWireResult<Arc<Session>
     })
 }
 
-/// What one statement produced, before it is sent.
-pub(crate) enum Ran {
-    Rows(SendableRecordBatchStream),
-    Command {
-        tag: String,
-        notice: Option<String>,
-        reports: Vec<(String, String)>,
-    },
-}
-
 pub(crate) struct QueryHandler {
-    shared: Arc<Shared>,
     parser: Arc<StatementParser>,
 }
 
 impl QueryHandler {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
-            parser: Arc::new(StatementParser {
-                shared: Arc::clone(&shared),
-            }),
-            shared,
+            parser: Arc::new(StatementParser),
         }
-    }
-}
-
-/// Rewrite what PostgreSQL clients send to their catalogs (psql's `\d`,
-/// JDBC's metadata, BI tools) into SQL DataFusion plans; other statements
-/// pass unchanged.
-fn pg_compatible(shared: &Shared, sql: &str) -> String {
-    let lower = sql.to_ascii_lowercase();
-    let touches_catalog = [
-        "pg_",
-        "::reg",
-        "information_schema",
-        "current_",
-        "operator(",
-        "collate",
-        "any(",
-        "all(",
-    ]
-    .iter()
-    .any(|needle| lower.contains(needle));
-    if !touches_catalog {
-        return sql.to_string();
-    }
-    match shared.compat.parse(sql) {
-        Ok(statements) if statements.len() == 1 => {
-            let statement = statements.into_iter().next().map(|s| {
-                let mut s = shared.compat.rewrite(s);
-                compat::rewrite_catalog_query(&mut s);
-                s
-            });
-            match statement {
-                Some(statement @ datafusion::sql::sqlparser::ast::Statement::Query(_)) => {
-                    statement.to_string()
-                }
-                _ => sql.to_string(),
-            }
-        }
-        _ => sql.to_string(),
-    }
-}
-
-pub(crate) async fn run(shared: &Shared, session: &Session, sql: &str) -> Result<Ran, CirroError> {
-    if let Some(setting) = parse_setting(sql)? {
-        return match session.run_setting(setting)? {
-            (SettingOutcome::Tag(tag), reports) => Ok(Ran::Command {
-                tag: tag.to_string(),
-                notice: None,
-                reports,
-            }),
-            (SettingOutcome::Rows(batch), _) => {
-                let frame = session.engine.context().read_batch(batch)?;
-                Ok(Ran::Rows(frame.execute_stream().await?))
-            }
-        };
-    }
-    let sql = pg_compatible(shared, sql);
-    match session.engine.execute(&sql).await? {
-        Outcome::Rows(stream) => Ok(Ran::Rows(stream)),
-        Outcome::Command { tag, notice } => Ok(Ran::Command {
-            tag,
-            notice,
-            reports: vec![],
-        }),
     }
 }
 
@@ -276,7 +204,7 @@ impl QueryHandler {
         &self,
         client: &mut C,
         session: &Arc<Session>,
-        statements: Vec<String>,
+        statements: Vec<cirro_common::Result<Parsed>>,
     ) -> PgWireResult<Flow>
     where
         C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
@@ -285,22 +213,24 @@ impl QueryHandler {
     {
         let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
         let mut statements = statements.into_iter();
-        while let Some(sql) = statements.next() {
+        while let Some(parsed) = statements.next() {
             let timeout = session.statement_timeout();
             let result = {
                 let work = async {
-                    match cirro_engine::parse_client_copy(&sql).map_err(to_pg)? {
-                        Some(ClientCopy::In(copy)) => {
+                    let parsed = parsed.map_err(to_pg)?;
+                    match parsed.statement {
+                        Statement::Copy(CopyStatement::FromStdin(copy)) => {
                             let rest = statements.by_ref().collect();
                             copy::start_copy_in(client, session, copy, rest).await?;
                             return Ok(Flow::CopyIn);
                         }
-                        Some(ClientCopy::Out { query, format }) => {
-                            match run(&self.shared, session, &query).await.map_err(to_pg)? {
-                                Ran::Rows(stream) => {
+                        Statement::Copy(CopyStatement::ToStdout { ref format, .. }) => {
+                            let format = format.clone();
+                            match session.engine.run(parsed).await.map_err(to_pg)? {
+                                Outcome::Rows(stream) => {
                                     copy::send_copy_out(client, stream, &format).await?;
                                 }
-                                Ran::Command { .. } => {
+                                Outcome::Command { .. } => {
                                     return Err(to_pg(CirroError::new(
                                         SqlState::WRONG_OBJECT_TYPE,
                                         "COPY TO STDOUT needs a table or a query that returns rows",
@@ -308,8 +238,8 @@ impl QueryHandler {
                                 }
                             }
                         }
-                        None => match run(&self.shared, session, &sql).await.map_err(to_pg)? {
-                            Ran::Rows(stream) => {
+                        _ => match session.engine.run(parsed).await.map_err(to_pg)? {
+                            Outcome::Rows(stream) => {
                                 let response = query_response(
                                     session,
                                     stream,
@@ -318,7 +248,7 @@ impl QueryHandler {
                                 )?;
                                 send_query_response(client, response, true).await?;
                             }
-                            Ran::Command {
+                            Outcome::Command {
                                 tag,
                                 notice,
                                 reports,
@@ -372,7 +302,7 @@ impl SimpleQueryHandler for QueryHandler {
         let session = session_of(client)?;
         client.set_state(PgWireConnectionState::QueryInProgress);
         session.canceller.reset();
-        let statements = statements_of(&query.query);
+        let statements = statements_of(&session, &query.query);
         if statements.is_empty() {
             client
                 .feed(PgWireBackendMessage::EmptyQueryResponse(
@@ -407,28 +337,29 @@ impl SimpleQueryHandler for QueryHandler {
     }
 }
 
-pub(crate) struct StatementParser {
-    shared: Arc<Shared>,
-}
+pub(crate) struct StatementParser;
 
 #[async_trait]
 impl QueryParser for StatementParser {
-    type Statement = Prepared;
+    type Statement = PgStatement;
 
     async fn parse_sql<C>(
         &self,
         client: &C,
         sql: &str,
         types: &[Option<Type>],
-    ) -> PgWireResult<Option<Prepared>>
+    ) -> PgWireResult<Option<PgStatement>>
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
         let session = session_of(client)?;
-        let statements = statements_of(sql);
-        let sql = match statements.as_slice() {
+        let pieces: Vec<String> = split_statements(sql)
+            .into_iter()
+            .filter(|s| !s.trim().trim_matches(';').trim().is_empty())
+            .collect();
+        let sql = match pieces.as_slice() {
             [] => return Ok(None),
-            [one] => one.clone(),
+            [one] => one,
             _ => {
                 return Err(to_pg(CirroError::new(
                     SqlState::SYNTAX_ERROR,
@@ -436,17 +367,9 @@ impl QueryParser for StatementParser {
                 )));
             }
         };
-        let (inferred, schema) = match parse_setting(&sql).map_err(to_pg)? {
-            Some(setting) => (vec![], setting_schema(&setting)),
-            None => {
-                let described = session
-                    .engine
-                    .describe(&pg_compatible(&self.shared, &sql))
-                    .await
-                    .map_err(to_pg)?;
-                (described.params, described.schema)
-            }
-        };
+        let parsed = session.engine.parse(sql).map_err(to_pg)?;
+        let prepared = session.engine.prepare(parsed).await.map_err(to_pg)?;
+        let inferred = prepared.placeholder_types();
         let count = inferred.len().max(types.len());
         let params = (0..count)
             .map(|i| {
@@ -463,23 +386,22 @@ impl QueryParser for StatementParser {
                     .unwrap_or(Type::TEXT)
             })
             .collect();
-        Ok(Some(Prepared {
-            sql,
+        Ok(Some(PgStatement {
+            prepared: Arc::new(prepared),
             params,
-            schema,
         }))
     }
 
-    fn get_parameter_types(&self, statement: &Prepared) -> PgWireResult<Vec<Type>> {
+    fn get_parameter_types(&self, statement: &PgStatement) -> PgWireResult<Vec<Type>> {
         Ok(statement.params.clone())
     }
 
     fn get_result_schema(
         &self,
-        statement: &Prepared,
+        statement: &PgStatement,
         format: Option<&Format>,
     ) -> PgWireResult<Vec<FieldInfo>> {
-        match &statement.schema {
+        match statement.prepared.schema() {
             Some(schema) => Ok(arrow_schema_to_pg_fields(
                 schema,
                 format.unwrap_or(&Format::UnifiedText),
@@ -490,74 +412,28 @@ impl QueryParser for StatementParser {
     }
 }
 
-/// `portal`'s statement with every `$n` replaced by its bound value.
-fn bind(portal: &Portal<Prepared>) -> PgWireResult<String> {
-    let prepared = &portal.statement.statement;
+/// The values bound to `portal`'s parameters, decoded by their announced
+/// types.
+fn bound_values(portal: &Portal<PgStatement>) -> PgWireResult<Vec<ScalarValue>> {
+    let statement = &portal.statement.statement;
     if portal.parameter_len() == 0 {
-        return Ok(prepared.sql.clone());
+        return Ok(vec![]);
     }
-    let server_types: Vec<Option<&Type>> = prepared.params.iter().map(Some).collect();
+    let server_types: Vec<Option<&Type>> = statement.params.iter().map(Some).collect();
     let values = deserialize_parameters_with_server_types(portal, &[], &server_types)?;
-    let values = match values {
-        datafusion::common::ParamValues::List(values) => values,
-        datafusion::common::ParamValues::Map(_) => {
-            return Err(to_pg(CirroError::internal(
-                "named parameters are not supported",
-            )));
+    match values {
+        datafusion::common::ParamValues::List(values) => {
+            Ok(values.into_iter().map(|v| v.value().clone()).collect())
         }
-    };
-    let unparser = Unparser::default();
-    let mut literals = Vec::with_capacity(values.len());
-    for value in values {
-        let expr = Expr::Literal(value.value().clone(), None);
-        let literal = unparser
-            .expr_to_sql(&expr)
-            .map_err(|e| to_pg(CirroError::from(e)))?
-            .to_string();
-        literals.push(literal);
+        datafusion::common::ParamValues::Map(_) => Err(to_pg(CirroError::internal(
+            "named parameters are not supported",
+        ))),
     }
-    let tokens = Tokenizer::new(&PostgreSqlDialect {}, &prepared.sql)
-        .tokenize()
-        .map_err(|e| to_pg(CirroError::new(SqlState::SYNTAX_ERROR, e.to_string())))?;
-    let mut sql = String::with_capacity(prepared.sql.len() + 16 * literals.len());
-    for token in tokens {
-        match &token {
-            Token::Placeholder(p) if p.starts_with('$') => {
-                let index: usize = p[1..].parse().unwrap_or(0);
-                let literal = index
-                    .checked_sub(1)
-                    .and_then(|i| literals.get(i))
-                    .ok_or_else(|| {
-                        to_pg(CirroError::new(
-                            SqlState::PROTOCOL_VIOLATION,
-                            format!("there is no parameter {p}"),
-                        ))
-                    })?;
-                // A string literal stands alone (and stays a literal for the
-                // catalog rewrites, as in `CAST('pg_class' AS REGCLASS)`);
-                // anything else is parenthesized so that `-1` or a CAST
-                // cannot merge with its neighbours.
-                let plain_string =
-                    literal.len() >= 2 && literal.starts_with('\'') && literal.ends_with('\'');
-                if plain_string {
-                    sql.push(' ');
-                    sql.push_str(literal);
-                    sql.push(' ');
-                } else {
-                    sql.push('(');
-                    sql.push_str(literal);
-                    sql.push(')');
-                }
-            }
-            other => sql.push_str(&other.to_string()),
-        }
-    }
-    Ok(sql)
 }
 
 #[async_trait]
 impl ExtendedQueryHandler for QueryHandler {
-    type Statement = Prepared;
+    type Statement = PgStatement;
     type QueryParser = StatementParser;
 
     fn query_parser(&self) -> Arc<StatementParser> {
@@ -572,14 +448,14 @@ impl ExtendedQueryHandler for QueryHandler {
     async fn on_describe<C>(&self, client: &mut C, message: Describe) -> PgWireResult<()>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::PortalStore: PortalStore<Statement = PgStatement>,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         if message.target_type == TARGET_TYPE_BYTE_STATEMENT {
             let name = message.name.as_deref().unwrap_or(DEFAULT_NAME);
             if let Some(Entry::Value(stored)) = client.portal_store().get_statement(name)
-                && stored.statement.schema.is_none()
+                && stored.statement.prepared.schema().is_none()
             {
                 let described = self.do_describe_statement(client, &stored).await?;
                 client
@@ -601,29 +477,30 @@ impl ExtendedQueryHandler for QueryHandler {
     async fn do_query<C>(
         &self,
         client: &mut C,
-        portal: &Portal<Prepared>,
+        portal: &Portal<PgStatement>,
         _max_rows: usize,
     ) -> PgWireResult<Response>
     where
         C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
-        C::PortalStore: PortalStore<Statement = Prepared>,
+        C::PortalStore: PortalStore<Statement = PgStatement>,
         C::Error: Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         let session = session_of(client)?;
         session.canceller.reset();
-        let sql = bind(portal)?;
-        if cirro_engine::parse_client_copy(&sql)
-            .map_err(to_pg)?
-            .is_some()
-        {
+        let prepared = &portal.statement.statement.prepared;
+        if matches!(
+            prepared.statement(),
+            Statement::Copy(CopyStatement::FromStdin(_) | CopyStatement::ToStdout { .. })
+        ) {
             return Err(to_pg(CirroError::unsupported(
                 "COPY FROM STDIN and TO STDOUT run over the simple query protocol",
             )));
         }
+        let values = bound_values(portal)?;
         let timeout = session.statement_timeout();
         let ran = tokio::select! {
-            ran = run(&self.shared, &session, &sql) => ran,
+            ran = session.engine.execute_prepared(prepared, values) => ran,
             error = session.canceller.interrupted(timeout) => Err(error),
         };
         let ran = match ran {
@@ -634,7 +511,7 @@ impl ExtendedQueryHandler for QueryHandler {
             }
         };
         match ran {
-            Ran::Rows(stream) => {
+            Outcome::Rows(stream) => {
                 let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
                 Ok(Response::Query(query_response(
                     &session,
@@ -643,7 +520,7 @@ impl ExtendedQueryHandler for QueryHandler {
                     options,
                 )?))
             }
-            Ran::Command {
+            Outcome::Command {
                 tag,
                 notice,
                 reports,

@@ -9,7 +9,12 @@
 //!      same path as a PostgreSQL simple query; its rows wait under a ticket
 //!  DoGet(ticket) ─► the rows, streamed as Arrow IPC
 //!  DoPut(CommandStatementUpdate) ─► a statement's row count
+//!  CreatePreparedStatement ─► parsed and planned once (`prepared.rs`);
+//!      DoPut(parameters) ─► GetFlightInfo/DoGet, or DoPut(update) ─► counts
 //! ```
+//!
+//! Statements run through the engine's one handler (`Engine::run`,
+//! `Engine::execute_prepared`), as on the PostgreSQL side.
 //!
 //! Every call after the handshake carries `authorization: Bearer <token>`;
 //! the session runs as its user, so privileges are those of the PostgreSQL
@@ -32,17 +37,20 @@ use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
-    CommandGetSqlInfo, CommandStatementQuery, CommandStatementUpdate, ProstMessageExt, SqlInfo,
-    TicketStatementQuery,
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
+    ActionCreatePreparedStatementResult, CommandGetSqlInfo, CommandPreparedStatementQuery,
+    CommandPreparedStatementUpdate, CommandStatementQuery, CommandStatementUpdate,
+    DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
-    FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, Ticket,
+    Action, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse,
+    Ticket,
 };
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
 use cirro_catalog::{DEFAULT_DATABASE, ScramVerifier};
 use cirro_common::{CirroError, SqlState};
-use cirro_engine::{Engine, EngineConfig};
+use cirro_engine::{Engine, EngineConfig, Outcome};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::EmptyRecordBatchStream;
 use futures::{Stream, TryStreamExt, stream};
@@ -50,8 +58,10 @@ use prost::Message;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status, Streaming};
 
+mod prepared;
+
 use crate::Shared;
-use crate::pg::{self, Ran};
+use prepared::{FlightPrepared, PREPARED_STATEMENTS_MAX};
 use crate::session::{Canceller, Session};
 
 /// A Flight SQL session unused this long is dropped with its pending results.
@@ -65,6 +75,77 @@ struct FlightSession {
     last_used: Mutex<Instant>,
     /// Results waiting for their DoGet, by ticket handle.
     results: Mutex<HashMap<Vec<u8>, SendableRecordBatchStream>>,
+    /// Prepared statements, by handle.
+    prepared: Mutex<HashMap<Vec<u8>, Arc<FlightPrepared>>>,
+}
+
+impl FlightSession {
+    /// Keep `outcome` for its DoGet; returns the FlightInfo that names it.
+    fn pending_result(
+        &self,
+        outcome: Outcome,
+        descriptor: FlightDescriptor,
+    ) -> Result<FlightInfo, Status> {
+        let (rows, total) = match outcome {
+            Outcome::Rows(rows) => (rows, -1),
+            Outcome::Command { tag, .. } => {
+                let empty: SendableRecordBatchStream =
+                    Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty())));
+                (empty, row_count(&tag))
+            }
+        };
+        let schema = rows.schema();
+        let handle = rand::random::<[u8; 16]>().to_vec();
+        {
+            let mut results = self.results.lock().map_err(|_| poisoned())?;
+            if results.len() >= MAX_PENDING_RESULTS {
+                return Err(status(CirroError::new(
+                    SqlState::INSUFFICIENT_RESOURCES,
+                    format!(
+                        "{MAX_PENDING_RESULTS} results of this session are unread: read (DoGet) or drop them first"
+                    ),
+                )));
+            }
+            results.insert(handle.clone(), rows);
+        }
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.into(),
+        };
+        let info = flight_info(&schema, ticket.as_any(), descriptor)?;
+        Ok(info.with_total_records(total))
+    }
+
+    fn prepared(&self, handle: &[u8]) -> Result<Arc<FlightPrepared>, Status> {
+        self.prepared
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(handle)
+            .cloned()
+            .ok_or_else(|| {
+                status(CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    "no such prepared statement: it was closed or never created",
+                ))
+            })
+    }
+
+    /// Run a prepared statement once with `values`, as cancellable as any.
+    async fn execute(
+        &self,
+        prepared: &FlightPrepared,
+        values: Vec<datafusion::scalar::ScalarValue>,
+    ) -> Result<Outcome, Status> {
+        self.session.canceller.reset();
+        let timeout = self.session.statement_timeout();
+        let ran = tokio::select! {
+            ran = self.session.engine.execute_prepared(&prepared.prepared, values) => ran,
+            error = self.session.canceller.interrupted(timeout) => {
+                self.session.engine.fail_transaction();
+                Err(error)
+            }
+        };
+        ran.map_err(status)
+    }
 }
 
 pub(crate) struct FlightSql {
@@ -364,6 +445,7 @@ impl FlightSqlService for FlightSql {
                 session,
                 last_used: Mutex::new(Instant::now()),
                 results: Mutex::new(HashMap::new()),
+                prepared: Mutex::new(HashMap::new()),
             }),
         );
         let reply = HandshakeResponse {
@@ -385,36 +467,15 @@ impl FlightSqlService for FlightSql {
     ) -> Result<Response<FlightInfo>, Status> {
         let session = self.session(&request)?;
         session.session.canceller.reset();
-        let (rows, total) = match pg::run(&self.shared, &session.session, &query.query)
+        let outcome = session
+            .session
+            .engine
+            .execute(&query.query)
             .await
-            .map_err(status)?
-        {
-            Ran::Rows(rows) => (rows, -1),
-            Ran::Command { tag, .. } => {
-                let empty: SendableRecordBatchStream =
-                    Box::pin(EmptyRecordBatchStream::new(Arc::new(Schema::empty())));
-                (empty, row_count(&tag))
-            }
-        };
-        let schema = rows.schema();
-        let handle = rand::random::<[u8; 16]>().to_vec();
-        {
-            let mut results = session.results.lock().map_err(|_| poisoned())?;
-            if results.len() >= MAX_PENDING_RESULTS {
-                return Err(status(CirroError::new(
-                    SqlState::INSUFFICIENT_RESOURCES,
-                    format!(
-                        "{MAX_PENDING_RESULTS} results of this session are unread: read (DoGet) or drop them first"
-                    ),
-                )));
-            }
-            results.insert(handle.clone(), rows);
-        }
-        let ticket = TicketStatementQuery {
-            statement_handle: handle.into(),
-        };
-        let info = flight_info(&schema, ticket.as_any(), request.into_inner())?;
-        Ok(Response::new(info.with_total_records(total)))
+            .map_err(status)?;
+        Ok(Response::new(
+            session.pending_result(outcome, request.into_inner())?,
+        ))
     }
 
     async fn do_get_statement(
@@ -448,12 +509,15 @@ impl FlightSqlService for FlightSql {
     ) -> Result<i64, Status> {
         let session = self.session(&request)?;
         session.session.canceller.reset();
-        match pg::run(&self.shared, &session.session, &command.query)
+        match session
+            .session
+            .engine
+            .execute(&command.query)
             .await
             .map_err(status)?
         {
-            Ran::Command { tag, .. } => Ok(row_count(&tag)),
-            Ran::Rows(_) => Err(status(CirroError::new(
+            Outcome::Command { tag, .. } => Ok(row_count(&tag)),
+            Outcome::Rows(_) => Err(status(CirroError::new(
                 SqlState::WRONG_OBJECT_TYPE,
                 "the statement returns rows: run it as a query",
             ))),
@@ -481,6 +545,122 @@ impl FlightSqlService for FlightSql {
         let schema = builder.schema();
         let batch = builder.build().map_err(FlightError::from);
         Ok(Response::new(encode(schema, stream::iter([batch]))))
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        request: Request<Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        let session = self.session(&request)?;
+        let engine = &session.session.engine;
+        let parsed = engine.parse(&query.query).map_err(status)?;
+        let prepared = engine.prepare(parsed).await.map_err(status)?;
+        let dataset_schema = match prepared.schema() {
+            Some(schema) => prepared::schema_bytes(schema)?,
+            None => prepared::schema_bytes(&Schema::empty())?,
+        };
+        let parameter_schema = prepared::schema_bytes(&prepared::parameter_schema(&prepared))?;
+        let handle = rand::random::<[u8; 16]>().to_vec();
+        {
+            let mut all = session.prepared.lock().map_err(|_| poisoned())?;
+            if all.len() >= PREPARED_STATEMENTS_MAX {
+                return Err(status(CirroError::new(
+                    SqlState::INSUFFICIENT_RESOURCES,
+                    format!(
+                        "this session holds {PREPARED_STATEMENTS_MAX} prepared statements: close some first"
+                    ),
+                )));
+            }
+            all.insert(
+                handle.clone(),
+                Arc::new(FlightPrepared {
+                    prepared: Arc::new(prepared),
+                    rows: Mutex::new(Vec::new()),
+                }),
+            );
+        }
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: handle.into(),
+            dataset_schema,
+            parameter_schema,
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        query: ActionClosePreparedStatementRequest,
+        request: Request<Action>,
+    ) -> Result<(), Status> {
+        let session = self.session(&request)?;
+        session
+            .prepared
+            .lock()
+            .map_err(|_| poisoned())?
+            .remove(query.prepared_statement_handle.as_ref());
+        Ok(())
+    }
+
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
+        let session = self.session(&request)?;
+        let prepared = session.prepared(&query.prepared_statement_handle)?;
+        let wanted = prepared.prepared.placeholder_types().len();
+        let rows = prepared::parameter_rows(request.into_inner(), wanted).await?;
+        *prepared.rows.lock().map_err(|_| poisoned())? = rows;
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(query.prepared_statement_handle),
+        })
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let session = self.session(&request)?;
+        let prepared = session.prepared(&query.prepared_statement_handle)?;
+        let values = prepared
+            .rows
+            .lock()
+            .map_err(|_| poisoned())?
+            .last()
+            .cloned()
+            .unwrap_or_default();
+        let outcome = session.execute(&prepared, values).await?;
+        Ok(Response::new(
+            session.pending_result(outcome, request.into_inner())?,
+        ))
+    }
+
+    async fn do_put_prepared_statement_update(
+        &self,
+        query: CommandPreparedStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let session = self.session(&request)?;
+        let prepared = session.prepared(&query.prepared_statement_handle)?;
+        let wanted = prepared.prepared.placeholder_types().len();
+        let mut rows = prepared::parameter_rows(request.into_inner(), wanted).await?;
+        if rows.is_empty() {
+            rows.push(vec![]);
+        }
+        let mut total = 0;
+        for values in rows {
+            match session.execute(&prepared, values).await? {
+                Outcome::Command { tag, .. } => total += row_count(&tag).max(0),
+                Outcome::Rows(_) => {
+                    return Err(status(CirroError::new(
+                        SqlState::WRONG_OBJECT_TYPE,
+                        "the statement returns rows: run it as a query",
+                    )));
+                }
+            }
+        }
+        Ok(total)
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}

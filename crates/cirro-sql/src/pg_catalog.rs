@@ -1,5 +1,9 @@
-//! Rewrites of the catalog queries drivers send that DataFusion cannot plan
-//! as written, applied after datafusion-pg-catalog's own rules.
+//! Queries over PostgreSQL's catalogs (`pg_catalog`, `information_schema`,
+//! `::regclass`, …), as psql's `\d`, JDBC's metadata and SQLAlchemy's
+//! reflection send them: parsed by datafusion-pg-catalog's compatibility
+//! parser (PostgreSQL dialect, its token-level substitutions and AST rewrite
+//! rules) instead of the default one, then rewritten further here where
+//! DataFusion cannot plan them as written.
 //!
 //! SQLAlchemy's column reflection (and similar driver queries) looks up
 //! defaults, identity options and collations with correlated scalar
@@ -33,6 +37,54 @@ use datafusion::sql::sqlparser::ast::{
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::Token;
+use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+
+/// Whether a statement (its tokens, whitespace dropped) is a query that
+/// reads PostgreSQL's catalogs or uses PostgreSQL-only syntax the
+/// compatibility parser rewrites. Decided on tokens, so text inside string
+/// literals never counts.
+pub(crate) fn is_catalog_query(solid: &[Token]) -> bool {
+    let word = |i: usize| match solid.get(i) {
+        Some(Token::Word(w)) if w.quote_style.is_none() => Some(w.value.to_ascii_lowercase()),
+        Some(Token::Word(w)) => Some(w.value.clone()),
+        _ => None,
+    };
+    let starts_query = matches!(word(0).as_deref(), Some("select" | "with"))
+        || matches!(solid.first(), Some(Token::LParen));
+    if !starts_query {
+        return false;
+    }
+    (0..solid.len()).any(|i| {
+        let next_is_paren = matches!(solid.get(i + 1), Some(Token::LParen));
+        match (&solid[i], word(i).as_deref()) {
+            (Token::DoubleColon, _) => word(i + 1).is_some_and(|w| w.starts_with("reg")),
+            (_, Some(w)) => {
+                w.starts_with("pg_")
+                    || w == "information_schema"
+                    || w.starts_with("current_")
+                    || w == "collate"
+                    || (matches!(w, "operator" | "any" | "all") && next_is_paren)
+            }
+            _ => false,
+        }
+    })
+}
+
+/// Parse a catalog query (see [`is_catalog_query`]) with the compatibility
+/// parser and rewrite it. None when that parser cannot parse it or it is not
+/// one query: the caller parses it the usual way.
+pub(crate) fn parse_catalog_query(sql: &str) -> Option<Statement> {
+    static PARSER: std::sync::OnceLock<PostgresCompatibilityParser> = std::sync::OnceLock::new();
+    let parser = PARSER.get_or_init(PostgresCompatibilityParser::new);
+    let mut statements = parser.parse(sql).ok()?;
+    if statements.len() != 1 || !matches!(statements[0], Statement::Query(_)) {
+        return None;
+    }
+    let mut statement = statements.pop()?;
+    rewrite_catalog_query(&mut statement);
+    Some(statement)
+}
 
 /// Rewrite what DataFusion cannot plan in a catalog query: correlated
 /// scalar subqueries over `pg_catalog` tables (see the module docs), and the

@@ -1,0 +1,322 @@
+//! PostgreSQL compatibility for sessions of the PostgreSQL and Flight SQL
+//! front ends: the `pg_catalog` schema (datafusion-pg-catalog) and the
+//! functions drivers call (`version()`, `current_setting`, `to_regtype`,
+//! `pg_get_serial_sequence`, `pg_get_indexdef`, `json_build_object`, …).
+
+use std::sync::Arc;
+
+use arrow::array::AsArray;
+use arrow::datatypes::DataType;
+use cirro_common::{CirroError, Result};
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
+    Volatility, create_udf,
+};
+use datafusion::scalar::ScalarValue;
+use datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
+
+use crate::Engine;
+use crate::settings::{SERVER_VERSION, Settings, setting_name};
+
+impl Engine {
+    /// Give this session PostgreSQL's catalog and functions, with `database`
+    /// as the current database.
+    pub fn enable_pg_compat(&self, database: &str) -> Result<()> {
+        let ctx = self.context();
+        datafusion_pg_catalog::pg_catalog::setup_pg_catalog(ctx, database, EmptyContextProvider)
+            .map_err(|e| CirroError::from(*e))?;
+        ctx.register_udf(version_udf());
+        ctx.register_udf(to_regtype_udf());
+        ctx.register_udf(no_serial_sequence_udf());
+        ctx.register_udf(collation_is_visible_udf());
+        ctx.register_udf(no_index_definition_udf());
+        ctx.register_udf(json_build_object_udf());
+        ctx.register_udf(current_setting_udf(self.settings.clone()));
+        Ok(())
+    }
+}
+
+/// `version()` as PostgreSQL clients parse it (`PostgreSQL <major>.<minor>`).
+fn version_udf() -> ScalarUDF {
+    let text = format!(
+        "PostgreSQL {SERVER_VERSION} (Cirro {}) on x86_64-pc-linux-gnu",
+        env!("CARGO_PKG_VERSION")
+    );
+    create_udf(
+        "version",
+        vec![],
+        DataType::Utf8,
+        Volatility::Stable,
+        Arc::new(move |_args: &[ColumnarValue]| {
+            Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(text.clone()))))
+        }),
+    )
+}
+
+/// The OID of a built-in type by the names PostgreSQL accepts for it.
+fn builtin_type_oid(name: &str) -> Option<i32> {
+    let name = name.trim().to_ascii_lowercase();
+    let name = name.strip_prefix("pg_catalog.").unwrap_or(&name);
+    if let Some(element) = name.strip_suffix("[]") {
+        // The array type of each (pg_type.typarray).
+        return match builtin_type_oid(element)? {
+            16 => Some(1000),
+            17 => Some(1001),
+            20 => Some(1016),
+            21 => Some(1005),
+            23 => Some(1007),
+            25 => Some(1009),
+            700 => Some(1021),
+            701 => Some(1022),
+            1043 => Some(1015),
+            1082 => Some(1182),
+            1114 => Some(1115),
+            1184 => Some(1185),
+            1700 => Some(1231),
+            _ => None,
+        };
+    }
+    Some(match name {
+        "bool" | "boolean" => 16,
+        "bytea" => 17,
+        "char" => 18,
+        "name" => 19,
+        "int8" | "bigint" => 20,
+        "int2" | "smallint" => 21,
+        "int4" | "integer" | "int" => 23,
+        "text" => 25,
+        "oid" => 26,
+        "json" => 114,
+        "float4" | "real" => 700,
+        "float8" | "double precision" => 701,
+        "bpchar" | "character" => 1042,
+        "varchar" | "character varying" => 1043,
+        "date" => 1082,
+        "time" | "time without time zone" => 1083,
+        "timestamp" | "timestamp without time zone" => 1114,
+        "timestamptz" | "timestamp with time zone" => 1184,
+        "interval" => 1186,
+        "numeric" | "decimal" => 1700,
+        "uuid" => 2950,
+        "jsonb" => 3802,
+        _ => return None,
+    })
+}
+
+/// `to_regtype(name)`: the type's OID, or NULL for a type Cirro does not
+/// have (drivers probe for extension types such as hstore this way).
+fn to_regtype_udf() -> ScalarUDF {
+    create_udf(
+        "to_regtype",
+        vec![DataType::Utf8],
+        DataType::Int32,
+        Volatility::Stable,
+        Arc::new(|args: &[ColumnarValue]| {
+            let arrays = ColumnarValue::values_to_arrays(args)?;
+            let names = arrays[0].as_string::<i32>();
+            let oids: arrow::array::Int32Array = names
+                .iter()
+                .map(|name| name.and_then(builtin_type_oid))
+                .collect();
+            Ok(ColumnarValue::Array(Arc::new(oids)))
+        }),
+    )
+}
+
+/// `pg_get_serial_sequence(table, column)`: NULL, as Cirro has no
+/// sequences (SQLAlchemy's column reflection asks).
+fn no_serial_sequence_udf() -> ScalarUDF {
+    create_udf(
+        "pg_get_serial_sequence",
+        vec![DataType::Utf8, DataType::Utf8],
+        DataType::Utf8,
+        Volatility::Stable,
+        Arc::new(|_args: &[ColumnarValue]| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None)))),
+    )
+}
+
+/// `current_setting(name [, missing_ok])`: the session's value of a setting,
+/// as SHOW gives it; an unknown name is 42704, or NULL when missing_ok.
+fn current_setting_udf(settings: Settings) -> ScalarUDF {
+    let lookup = move |args: ScalarFunctionArgs| {
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let names = arrays[0].as_string::<i32>();
+        let missing_ok = arrays.get(1).map(|a| a.as_boolean().clone());
+        let mut values = arrow::array::StringBuilder::new();
+        for (i, name) in names.iter().enumerate() {
+            let Some(name) = name else {
+                values.append_null();
+                continue;
+            };
+            match setting_name(name) {
+                Ok(known) => values.append_value(settings.get(known)),
+                Err(_) if missing_ok.as_ref().is_some_and(|m| m.value(i)) => values.append_null(),
+                Err(e) => {
+                    return Err(datafusion::error::DataFusionError::External(Box::new(e)));
+                }
+            }
+        }
+        Ok(ColumnarValue::Array(Arc::new(values.finish())))
+    };
+    TextFunction::udf(
+        "current_setting",
+        Signature::one_of(
+            vec![
+                TypeSignature::Exact(vec![DataType::Utf8]),
+                TypeSignature::Exact(vec![DataType::Utf8, DataType::Boolean]),
+            ],
+            Volatility::Stable,
+        ),
+        lookup,
+    )
+}
+
+/// `pg_get_indexdef(index [, column, pretty])`: NULL, as for an unknown
+/// index: Cirro tables have no indexes, and the pg_index rows are
+/// PostgreSQL's own (SQLAlchemy's index reflection plans a call to it).
+fn no_index_definition_udf() -> ScalarUDF {
+    TextFunction::udf(
+        "pg_get_indexdef",
+        Signature::variadic_any(Volatility::Stable),
+        |_args: ScalarFunctionArgs| Ok(ColumnarValue::Scalar(ScalarValue::Utf8(None))),
+    )
+}
+
+type TextBody =
+    dyn Fn(ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> + Send + Sync;
+
+/// A function returning text, with any signature (`create_udf` takes only
+/// exact argument types) and a body that may hold state.
+struct TextFunction {
+    name: &'static str,
+    signature: Signature,
+    body: Arc<TextBody>,
+}
+
+impl TextFunction {
+    fn udf(
+        name: &'static str,
+        signature: Signature,
+        body: impl Fn(ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue>
+        + Send
+        + Sync
+        + 'static,
+    ) -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            name,
+            signature,
+            body: Arc::new(body),
+        })
+    }
+}
+
+impl std::fmt::Debug for TextFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl PartialEq for TextFunction {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && Arc::ptr_eq(&self.body, &other.body)
+    }
+}
+
+impl Eq for TextFunction {}
+
+impl std::hash::Hash for TextFunction {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+impl ScalarUDFImpl for TextFunction {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> datafusion::error::Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: ScalarFunctionArgs,
+    ) -> datafusion::error::Result<ColumnarValue> {
+        (self.body)(args)
+    }
+}
+
+/// `pg_collation_is_visible(oid)`: true (one schema of collations).
+fn collation_is_visible_udf() -> ScalarUDF {
+    create_udf(
+        "pg_collation_is_visible",
+        vec![DataType::Int32],
+        DataType::Boolean,
+        Volatility::Stable,
+        Arc::new(|_args: &[ColumnarValue]| {
+            Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
+        }),
+    )
+}
+
+/// `json_build_object(key, value, …)` as JSON text (SQLAlchemy's column
+/// reflection builds identity and collation details with it).
+fn json_build_object_udf() -> ScalarUDF {
+    TextFunction::udf(
+        "json_build_object",
+        Signature::variadic_any(Volatility::Immutable),
+        json_build_object,
+    )
+}
+
+fn json_build_object(args: ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> {
+    if args.args.len() % 2 != 0 {
+        return Err(datafusion::error::DataFusionError::Execution(
+            "argument list must have even number of elements".to_string(),
+        ));
+    }
+    let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+    let rows = args.number_rows;
+    let mut out = arrow::array::StringBuilder::new();
+    for row in 0..rows {
+        let mut object = serde_json::Map::new();
+        for pair in arrays.chunks(2) {
+            let key = ScalarValue::try_from_array(&pair[0], row)?;
+            let value = ScalarValue::try_from_array(&pair[1], row)?;
+            let value = match value {
+                v if v.is_null() => serde_json::Value::Null,
+                ScalarValue::Boolean(Some(b)) => serde_json::Value::Bool(b),
+                v if v.data_type().is_numeric() => {
+                    serde_json::from_str(&v.to_string()).unwrap_or(serde_json::Value::Null)
+                }
+                v => serde_json::Value::String(v.to_string()),
+            };
+            let key = if key.is_null() {
+                String::new()
+            } else {
+                key.to_string()
+            };
+            object.insert(key, value);
+        }
+        out.append_value(serde_json::Value::Object(object).to_string());
+    }
+    Ok(ColumnarValue::Array(Arc::new(out.finish())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_names_resolve_to_builtin_oids() {
+        assert_eq!(builtin_type_oid("integer"), Some(23));
+        assert_eq!(builtin_type_oid("pg_catalog.INT8"), Some(20));
+        assert_eq!(builtin_type_oid("text[]"), Some(1009));
+        assert_eq!(builtin_type_oid("hstore"), None);
+    }
+}

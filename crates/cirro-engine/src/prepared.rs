@@ -1,0 +1,536 @@
+//! Prepared statements with typed parameters: planned once, executed many
+//! times with different values (the PostgreSQL extended protocol's
+//! Parse/Bind/Execute, Flight SQL's prepared statements).
+//!
+//! ```text
+//!  prepare(parsed)   AS OF resolved, SQL → logical plan with placeholders ($1 …),
+//!                    their types inferred from where they stand (k = $1: k's type)
+//!  execute(values)   catalog version unchanged?  yes: reuse the plan
+//!                                               no:  plan the statement again
+//!                    each Cirro table scan gets the table's current snapshot
+//!                    values cast to the placeholders' types (PostgreSQL's
+//!                    implicit casts: an int4 for a BIGINT, text for a date)
+//!                    plan.with_param_values(values) → privileges → run
+//! ```
+//!
+//! Values go into the plan as literals (DataFusion's parameter values), never
+//! into SQL text. A plan holds the table snapshots it was planned with, so
+//! every execution swaps each scan's table for the current one (a cheap
+//! rewrite; a transaction's pinned view where one is open). A DROP/CREATE of
+//! a table, a new view or a GRANT changes the catalog version, and the
+//! statement is planned again. Plans that read views are planned at every
+//! execution (a view's plan holds its own snapshots).
+//!
+//! Statements Cirro runs itself (SET, COPY, transactions, …) and DDL keep no
+//! plan: executing them runs them as [`Engine::run`] does, and a `$n` in them
+//! is refused (42P02).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use arrow::datatypes::{DataType, SchemaRef};
+use cirro_catalog::PAST_VERSION_PREFIX;
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_sql::{Parsed, Statement as CirroStatement};
+use cirro_storage::CirroTable;
+use datafusion::catalog::TableProvider;
+use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
+use datafusion::common::TableReference;
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::logical_expr::{LogicalPlan, TableType};
+use datafusion::scalar::ScalarValue;
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+
+use crate::{Engine, Outcome, ends_transaction, no_parameter, txn};
+
+/// A statement prepared for execution with parameters.
+pub struct Prepared {
+    statement: CirroStatement,
+    /// The type each placeholder `$1 … $n` takes where it stands (None:
+    /// anything goes, as in `SELECT $1`).
+    placeholder_types: Vec<Option<DataType>>,
+    /// The columns of the rows it returns (None: a command).
+    schema: Option<SchemaRef>,
+    /// The plan, for statements that keep one.
+    plan: Option<Mutex<CachedPlan>>,
+}
+
+struct CachedPlan {
+    plan: LogicalPlan,
+    /// The catalog version it was planned against.
+    catalog_version: u64,
+    /// Whether it reads a view (then it is planned at every execution).
+    reads_views: bool,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("placeholder_types", &self.placeholder_types)
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Prepared {
+    /// The type of each placeholder where it could be inferred.
+    pub fn placeholder_types(&self) -> &[Option<DataType>] {
+        &self.placeholder_types
+    }
+
+    /// The columns of the rows it returns (None: a command).
+    pub fn schema(&self) -> Option<&SchemaRef> {
+        self.schema.as_ref()
+    }
+
+    pub fn statement(&self) -> &CirroStatement {
+        &self.statement
+    }
+}
+
+/// Whether a statement keeps its plan between executions, and whether it
+/// returns rows.
+fn keeps_plan(statement: &DfStatement) -> Option<bool> {
+    match statement {
+        DfStatement::Statement(inner) => match inner.as_ref() {
+            SqlStatement::Query(_)
+            | SqlStatement::Explain { .. }
+            | SqlStatement::ExplainTable { .. }
+            | SqlStatement::ShowTables { .. }
+            | SqlStatement::ShowColumns { .. }
+            | SqlStatement::ShowFunctions { .. } => Some(true),
+            SqlStatement::Insert(_)
+            | SqlStatement::Update(_)
+            | SqlStatement::Delete(_)
+            | SqlStatement::Merge(_) => Some(false),
+            _ => None,
+        },
+        DfStatement::Explain(_) => Some(true),
+        _ => None,
+    }
+}
+
+/// Whether a provider is a view (its plan is inlined when optimized).
+fn is_view(provider: &Arc<dyn TableProvider>) -> bool {
+    provider.table_type() == TableType::View
+}
+
+/// `value` as a value of `to`, cast as PostgreSQL casts a parameter to the
+/// type of the place it stands in: text parses (22P02 when it cannot), a
+/// number widens or must fit (22003).
+fn cast_parameter(value: ScalarValue, to: &DataType, index: usize) -> Result<ScalarValue> {
+    if &value.data_type() == to {
+        return Ok(value);
+    }
+    let from = value.data_type();
+    value.cast_to(to).map_err(|e| {
+        let state = if matches!(from, DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8)
+        {
+            SqlState::INVALID_TEXT_REPRESENTATION
+        } else if from.is_numeric() && to.is_numeric() {
+            SqlState::NUMERIC_VALUE_OUT_OF_RANGE
+        } else {
+            SqlState::DATATYPE_MISMATCH
+        };
+        CirroError::new(
+            state,
+            format!("parameter ${index} ({from}) cannot be used as {to}: {e}"),
+        )
+    })
+}
+
+impl Engine {
+    /// Prepare a statement: plan it once (see the module docs). Errors in
+    /// the statement (syntax, missing tables, privileges) are reported here,
+    /// as PostgreSQL reports them at Parse.
+    pub fn prepare(&self, parsed: Parsed) -> futures::future::BoxFuture<'_, Result<Prepared>> {
+        Box::pin(async move {
+            let result = self.prepare_inner(parsed).await;
+            if result.is_err() {
+                self.fail_transaction();
+            }
+            result
+        })
+    }
+
+    async fn prepare_inner(&self, parsed: Parsed) -> Result<Prepared> {
+        if self.transaction_aborted() && !ends_transaction(&parsed.statement) {
+            return Err(txn::aborted());
+        }
+        let snapshot = self.catalog.refresh().await?;
+        let Parsed {
+            statement,
+            placeholders,
+            ..
+        } = parsed;
+        let unplanned = |schema| Prepared {
+            statement: statement.clone(),
+            placeholder_types: vec![None; placeholders],
+            schema,
+            plan: None,
+        };
+        let returns_rows = match &statement {
+            CirroStatement::Sql(sql) => keeps_plan(sql),
+            _ => None,
+        };
+        let Some(returns_rows) = returns_rows else {
+            if placeholders > 0 {
+                return Err(no_parameter(1));
+            }
+            let schema = match &statement {
+                CirroStatement::Setting(setting) => crate::settings::setting_schema(setting),
+                CirroStatement::Maintenance(m) => Some(crate::history::result_schema(m)),
+                _ => None,
+            };
+            return Ok(unplanned(schema));
+        };
+        let (plan, reads_views) = self.plan_prepared(&statement).await?;
+        let types = plan.get_parameter_types()?;
+        let placeholder_types = (1..=placeholders)
+            .map(|i| types.get(&format!("${i}")).cloned().flatten())
+            .collect();
+        let schema = returns_rows.then(|| Arc::new(plan.schema().as_arrow().clone()));
+        Ok(Prepared {
+            statement,
+            placeholder_types,
+            schema,
+            plan: Some(Mutex::new(CachedPlan {
+                plan,
+                catalog_version: snapshot.version,
+                reads_views,
+            })),
+        })
+    }
+
+    /// Plan a statement that keeps its plan; says whether it reads views.
+    async fn plan_prepared(&self, statement: &CirroStatement) -> Result<(LogicalPlan, bool)> {
+        let CirroStatement::Sql(sql) = statement else {
+            return Err(CirroError::internal("only SQL statements keep a plan"));
+        };
+        let mut sql = sql.as_ref().clone();
+        crate::time_travel::resolve_time_travel(self, &mut sql).await?;
+        let plan = self.plan(sql).await?;
+        self.check_plan(&plan)?;
+        let mut reads_views = false;
+        plan.apply_with_subqueries(|node| {
+            if let LogicalPlan::TableScan(scan) = node
+                && let Ok(provider) = source_as_provider(&scan.source)
+                && is_view(&provider)
+            {
+                reads_views = true;
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok((plan, reads_views))
+    }
+
+    /// Execute a prepared statement with `values` for its placeholders.
+    /// An error fails the open transaction.
+    pub fn execute_prepared<'a>(
+        &'a self,
+        prepared: &'a Prepared,
+        values: Vec<ScalarValue>,
+    ) -> futures::future::BoxFuture<'a, Result<Outcome>> {
+        Box::pin(async move {
+            let result = self.execute_prepared_inner(prepared, values).await;
+            if result.is_err() {
+                self.fail_transaction();
+            }
+            result
+        })
+    }
+
+    async fn execute_prepared_inner(
+        &self,
+        prepared: &Prepared,
+        values: Vec<ScalarValue>,
+    ) -> Result<Outcome> {
+        let wanted = prepared.placeholder_types.len();
+        if values.len() != wanted {
+            return Err(CirroError::new(
+                SqlState::PROTOCOL_VIOLATION,
+                format!(
+                    "bind message supplies {} parameters, but prepared statement requires {wanted}",
+                    values.len()
+                ),
+            ));
+        }
+        let Some(cached) = &prepared.plan else {
+            return self.run_statement(prepared.statement.clone(), 0).await;
+        };
+        if self.transaction_aborted() {
+            return Err(txn::aborted());
+        }
+        let values = values
+            .into_iter()
+            .zip(&prepared.placeholder_types)
+            .enumerate()
+            .map(|(i, (value, to))| match to {
+                Some(to) => cast_parameter(value, to, i + 1),
+                None => Ok(value),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let snapshot = self.catalog.refresh().await?;
+        let reuse = cached
+            .lock()
+            .ok()
+            .filter(|c| c.catalog_version == snapshot.version && !c.reads_views)
+            .map(|c| c.plan.clone());
+        let plan = match reuse {
+            Some(plan) => self.with_current_tables(plan).await?,
+            None => {
+                let (plan, reads_views) = self.plan_prepared(&prepared.statement).await?;
+                if let Ok(mut c) = cached.lock() {
+                    *c = CachedPlan {
+                        plan: plan.clone(),
+                        catalog_version: snapshot.version,
+                        reads_views,
+                    };
+                }
+                plan
+            }
+        };
+        let plan = plan.with_param_values(values)?;
+        self.check_plan(&plan)?;
+        self.execute_plan(plan).await
+    }
+
+    /// `plan` with every Cirro table it scans or changes swapped for the
+    /// table's current snapshot (or the open transaction's view of it).
+    /// Past versions (time travel) keep theirs.
+    async fn with_current_tables(&self, plan: LogicalPlan) -> Result<LogicalPlan> {
+        let mut names: Vec<TableReference> = Vec::new();
+        plan.apply_with_subqueries(|node| {
+            let (name, source) = match node {
+                LogicalPlan::TableScan(scan) => (&scan.table_name, &scan.source),
+                LogicalPlan::Dml(dml) => (&dml.table_name, &dml.target),
+                _ => return Ok(TreeNodeRecursion::Continue),
+            };
+            let is_cirro = source_as_provider(source)
+                .is_ok_and(|p| (p.as_ref() as &dyn std::any::Any).is::<CirroTable>());
+            if is_cirro && !name.table().starts_with(PAST_VERSION_PREFIX) {
+                names.push(name.clone());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        if names.is_empty() {
+            return Ok(plan);
+        }
+        let mut current: HashMap<TableReference, Arc<dyn TableProvider>> = HashMap::new();
+        for name in names {
+            if current.contains_key(&name) {
+                continue;
+            }
+            let (db, schema, table) = self.resolve(&name);
+            let provider = self
+                .ctx
+                .table_provider(TableReference::full(db, schema, table))
+                .await?;
+            current.insert(name, provider);
+        }
+        let plan = plan.transform_up_with_subqueries(|node| {
+            Ok(match node {
+                LogicalPlan::TableScan(mut scan) => match current.get(&scan.table_name) {
+                    Some(provider) => {
+                        scan.source = provider_as_source(Arc::clone(provider));
+                        Transformed::yes(LogicalPlan::TableScan(scan))
+                    }
+                    None => Transformed::no(LogicalPlan::TableScan(scan)),
+                },
+                LogicalPlan::Dml(mut dml) => match current.get(&dml.table_name) {
+                    Some(provider) => {
+                        dml.target = provider_as_source(Arc::clone(provider));
+                        Transformed::yes(LogicalPlan::Dml(dml))
+                    }
+                    None => Transformed::no(LogicalPlan::Dml(dml)),
+                },
+                other => Transformed::no(other),
+            })
+        })?;
+        Ok(plan.data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::AsArray;
+    use cirro_common::SqlState;
+    use datafusion::scalar::ScalarValue;
+    use futures::TryStreamExt;
+
+    use crate::{Engine, EngineConfig, Outcome};
+
+    async fn rows(outcome: Outcome) -> Vec<String> {
+        let Outcome::Rows(stream) = outcome else {
+            panic!("not rows");
+        };
+        let batches: Vec<_> = stream.try_collect().await.expect("rows");
+        batches
+            .iter()
+            .flat_map(|b| {
+                let column = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Utf8)
+                    .expect("cast");
+                column
+                    .as_string::<i32>()
+                    .iter()
+                    .map(|v| v.unwrap_or("NULL").to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn plans(engine: &Engine) -> u64 {
+        engine
+            .counters
+            .plans
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn run(engine: &Engine, sql: &str) -> Outcome {
+        engine.execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn planned_once_reads_current_data_and_replans_after_ddl() {
+        let dir = tempfile::tempdir().expect("dir");
+        let engine = Engine::open(dir.path().to_str().expect("utf8"), EngineConfig::default())
+            .await
+            .expect("open");
+        run(&engine, "CREATE TABLE pt (k BIGINT NOT NULL, v VARCHAR)").await;
+        run(
+            &engine,
+            "INSERT INTO pt SELECT value, 'v' || value FROM generate_series(1, 300)",
+        )
+        .await;
+        let parsed = engine.parse("SELECT v FROM pt WHERE k = $1").expect("parse");
+        let prepared = engine.prepare(parsed).await.expect("prepare");
+        assert_eq!(
+            prepared.placeholder_types(),
+            &[Some(arrow::datatypes::DataType::Int64)]
+        );
+        let before = plans(&engine);
+        for i in 0..1000i32 {
+            let key = i % 300 + 1;
+            // An int4 value for the BIGINT placeholder: cast as PostgreSQL does.
+            let got = rows(
+                engine
+                    .execute_prepared(&prepared, vec![ScalarValue::Int32(Some(key))])
+                    .await
+                    .expect("execute"),
+            )
+            .await;
+            assert_eq!(got, vec![format!("v{key}")]);
+        }
+        assert_eq!(plans(&engine), before, "1,000 executions planned nothing");
+        // Rows written since are read: every scan takes the current snapshot.
+        run(&engine, "INSERT INTO pt VALUES (1000, 'new')").await;
+        let text = ScalarValue::Utf8(Some("1000".into()));
+        let outcome = engine.execute_prepared(&prepared, vec![text]).await;
+        assert_eq!(rows(outcome.expect("execute")).await, vec!["new"]);
+        // ... also inside a transaction, which sees its own changes.
+        run(&engine, "BEGIN").await;
+        run(&engine, "DELETE FROM pt WHERE k = 1000").await;
+        let outcome = engine
+            .execute_prepared(&prepared, vec![ScalarValue::Int64(Some(1000))])
+            .await;
+        assert!(rows(outcome.expect("execute")).await.is_empty());
+        run(&engine, "ROLLBACK").await;
+        // A table dropped and created anew: planned again, new rows.
+        let planned = plans(&engine);
+        run(&engine, "DROP TABLE pt").await;
+        run(&engine, "CREATE TABLE pt (k BIGINT NOT NULL, v VARCHAR)").await;
+        run(&engine, "INSERT INTO pt VALUES (1, 'recreated')").await;
+        let after_ddl = plans(&engine);
+        assert!(after_ddl > planned);
+        let outcome = engine
+            .execute_prepared(&prepared, vec![ScalarValue::Int64(Some(1))])
+            .await;
+        assert_eq!(rows(outcome.expect("execute")).await, vec!["recreated"]);
+        assert_eq!(plans(&engine), after_ddl + 1, "planned again once");
+        // Bad values: clear errors, and the session goes on.
+        let err = engine
+            .execute_prepared(&prepared, vec![ScalarValue::Utf8(Some("seven".into()))])
+            .await
+            .err()
+            .expect("not a number");
+        assert_eq!(err.state, SqlState::INVALID_TEXT_REPRESENTATION);
+        let err = engine
+            .execute_prepared(&prepared, vec![])
+            .await
+            .err()
+            .expect("too few");
+        assert_eq!(err.state, SqlState::PROTOCOL_VIOLATION);
+        let err = engine
+            .execute_prepared(
+                &prepared,
+                vec![ScalarValue::Int64(Some(1)), ScalarValue::Int64(Some(2))],
+            )
+            .await
+            .err()
+            .expect("too many");
+        assert_eq!(err.state, SqlState::PROTOCOL_VIOLATION);
+        let err = engine
+            .execute_prepared(&prepared, vec![ScalarValue::Float64(Some(1e30))])
+            .await
+            .err()
+            .expect("out of range");
+        assert_eq!(err.state, SqlState::NUMERIC_VALUE_OUT_OF_RANGE);
+        // A placeholder where none may stand.
+        let parsed = engine.parse("SET application_name = $1").expect("parse");
+        let err = engine.prepare(parsed).await.err().expect("refused");
+        assert_eq!(err.state, SqlState::UNDEFINED_PARAMETER);
+        let err = engine.execute("SELECT $1").await.err().expect("no values");
+        assert_eq!(err.state, SqlState::UNDEFINED_PARAMETER);
+        let outcome = engine
+            .execute_prepared(&prepared, vec![ScalarValue::Int64(Some(1))])
+            .await;
+        assert_eq!(rows(outcome.expect("execute")).await, vec!["recreated"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn prepared_dml_and_time_travel() {
+        let dir = tempfile::tempdir().expect("dir");
+        let engine = Engine::open(dir.path().to_str().expect("utf8"), EngineConfig::default())
+            .await
+            .expect("open");
+        run(&engine, "CREATE TABLE t (id INT NOT NULL, s VARCHAR, d DATE)").await;
+        let parsed = engine.parse("INSERT INTO t VALUES ($1, $2, $3)").expect("parse");
+        let insert = engine.prepare(parsed).await.expect("prepare");
+        let injection = "'); DROP TABLE t; --";
+        for (id, day) in [(1, "2024-02-29"), (2, "2024-03-01")] {
+            let values = vec![
+                ScalarValue::Int64(Some(id)),
+                ScalarValue::Utf8(Some(injection.into())),
+                ScalarValue::Utf8(Some(day.into())),
+            ];
+            match engine.execute_prepared(&insert, values).await.expect("insert") {
+                Outcome::Command { tag, .. } => assert_eq!(tag, "INSERT 0 1"),
+                Outcome::Rows(_) => panic!("rows"),
+            }
+        }
+        let got = rows(run(&engine, "SELECT s FROM t WHERE d = DATE '2024-02-29'").await).await;
+        assert_eq!(got, vec![injection]);
+        let parsed = engine
+            .parse("UPDATE t SET s = $1 WHERE id = $2")
+            .expect("parse");
+        let update = engine.prepare(parsed).await.expect("prepare");
+        let values = vec![
+            ScalarValue::Utf8(Some("changed".into())),
+            ScalarValue::Int32(Some(2)),
+        ];
+        engine.execute_prepared(&update, values).await.expect("update");
+        // Version 1 is the first INSERT: one row, still the original text.
+        let parsed = engine
+            .parse("SELECT count(*) FROM t VERSION AS OF 1 WHERE s = $1")
+            .expect("parse");
+        let past = engine.prepare(parsed).await.expect("prepare");
+        let outcome = engine
+            .execute_prepared(&past, vec![ScalarValue::Utf8(Some(injection.into()))])
+            .await;
+        assert_eq!(rows(outcome.expect("execute")).await, vec!["1"]);
+        let got = rows(run(&engine, "SELECT s FROM t ORDER BY id").await).await;
+        assert_eq!(got, vec![injection, "changed"]);
+    }
+}

@@ -1,0 +1,316 @@
+//! Session settings: the PostgreSQL ones clients set and read (`SET
+//! DateStyle`, `SHOW server_version`, `current_setting(…)`, ParameterStatus
+//! reports), Cirro's own (`cirro.*`), and DataFusion's (`datafusion.*`, kept
+//! by DataFusion). `SHOW ALL` lists all three; `docs/configuration.md`
+//! documents them.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow::array::{ArrayRef, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_sql::SettingStatement;
+
+use crate::{Engine, Outcome};
+
+/// The server_version clients see: PostgreSQL 16's protocol and catalog.
+pub const SERVER_VERSION: &str = "16.6";
+
+/// Settings clients set and read, with their defaults. Only these are
+/// accepted (42704 otherwise); `datafusion.*` settings go to the engine.
+const SETTINGS: &[(&str, &str)] = &[
+    ("application_name", ""),
+    ("bytea_output", "hex"),
+    ("client_encoding", "UTF8"),
+    ("client_min_messages", "notice"),
+    ("datestyle", "ISO, MDY"),
+    ("default_table_access_method", "heap"),
+    ("default_transaction_isolation", "repeatable read"),
+    ("default_transaction_read_only", "off"),
+    ("extra_float_digits", "1"),
+    ("integer_datetimes", "on"),
+    ("intervalstyle", "postgres"),
+    ("lc_messages", "C"),
+    ("lc_monetary", "C"),
+    ("lc_numeric", "C"),
+    ("lc_time", "C"),
+    ("max_identifier_length", "63"),
+    ("search_path", "\"$user\", public"),
+    ("server_encoding", "UTF8"),
+    ("server_version", SERVER_VERSION),
+    ("server_version_num", "160006"),
+    ("standard_conforming_strings", "on"),
+    ("statement_timeout", "0"),
+    ("timezone", "UTC"),
+    ("transaction_isolation", "repeatable read"),
+    ("transaction_read_only", "off"),
+];
+
+/// Settings whose changes PostgreSQL reports to the client (GUC_REPORT).
+const REPORTED: &[(&str, &str)] = &[
+    ("application_name", "application_name"),
+    ("client_encoding", "client_encoding"),
+    ("datestyle", "DateStyle"),
+    ("intervalstyle", "IntervalStyle"),
+    ("standard_conforming_strings", "standard_conforming_strings"),
+    ("timezone", "TimeZone"),
+];
+
+/// A session's changes to the SETTINGS defaults.
+#[derive(Clone, Default)]
+pub(crate) struct Settings(Arc<Mutex<BTreeMap<&'static str, String>>>);
+
+impl Settings {
+    /// The value in force of a known setting.
+    pub(crate) fn get(&self, name: &'static str) -> String {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|s| s.get(name).cloned())
+            .or_else(|| {
+                SETTINGS
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.to_string())
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Cirro's read-only session counters, shown by `SHOW cirro.<name>`.
+pub(crate) const COUNTERS: &[(&str, &str)] = &[
+    ("cirro.parses", "times a parser ran over a statement of this session"),
+    ("cirro.plans", "statements of this session planned (SQL to a logical plan)"),
+];
+
+pub(crate) fn setting_name(name: &str) -> Result<&'static str> {
+    let lower = name.to_ascii_lowercase();
+    SETTINGS
+        .iter()
+        .find(|(n, _)| *n == lower)
+        .map(|(n, _)| *n)
+        .ok_or_else(|| {
+            CirroError::new(
+                SqlState::UNDEFINED_OBJECT,
+                format!("unrecognized configuration parameter \"{name}\""),
+            )
+        })
+}
+
+/// A statement_timeout value: milliseconds, or a number with a unit.
+pub(crate) fn parse_timeout(value: &str) -> Result<Duration> {
+    let text = value.trim().to_ascii_lowercase();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let bad = || {
+        CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            format!("invalid value for parameter \"statement_timeout\": \"{value}\""),
+        )
+    };
+    let number: f64 = number.parse().map_err(|_| bad())?;
+    let ms = match unit.trim() {
+        "" | "ms" => number,
+        "s" => number * 1e3,
+        "min" => number * 60e3,
+        "h" => number * 3600e3,
+        "d" => number * 86_400e3,
+        _ => return Err(bad()),
+    };
+    if !(0.0..=i32::MAX as f64).contains(&ms) {
+        return Err(bad());
+    }
+    Ok(Duration::from_millis(ms as u64))
+}
+
+impl Engine {
+    /// The statement timeout in force (None: no limit).
+    pub fn statement_timeout(&self) -> Option<Duration> {
+        parse_timeout(&self.settings.get("statement_timeout"))
+            .ok()
+            .filter(|d| !d.is_zero())
+    }
+
+    /// A read-only setting: a counter or a flag of the process.
+    fn read_only_value(&self, name: &str) -> Option<String> {
+        use std::sync::atomic::Ordering;
+        match name {
+            "cirro.parses" => Some(self.counters.parses.load(Ordering::Relaxed).to_string()),
+            "cirro.plans" => Some(self.counters.plans.load(Ordering::Relaxed).to_string()),
+            _ => self
+                .flags
+                .iter()
+                .find(|f| f.name == name)
+                .map(|f| f.value.clone()),
+        }
+    }
+
+    /// The value of a setting as SHOW gives it, or 42704.
+    pub(crate) fn setting_value(&self, name: &str) -> Result<String> {
+        if let Some(value) = self.read_only_value(name) {
+            return Ok(value);
+        }
+        Ok(self.settings.get(setting_name(name)?))
+    }
+
+    /// Run a SET/SHOW/RESET; changes of reported settings come back as the
+    /// command's `reports` (ParameterStatus on the PostgreSQL protocol).
+    pub(crate) async fn run_setting(&self, statement: SettingStatement) -> Result<Outcome> {
+        let reported = |name: &str, value: String| {
+            REPORTED
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, shown)| (shown.to_string(), value))
+        };
+        let command = |tag: &str, reports: Vec<(String, String)>| Outcome::Command {
+            tag: tag.to_string(),
+            notice: None,
+            reports,
+        };
+        match statement {
+            SettingStatement::Set(name, value) => {
+                if self.read_only_value(&name).is_some() {
+                    return Err(read_only(&name));
+                }
+                let name = setting_name(&name)?;
+                let value = checked_value(name, value)?;
+                if let Ok(mut settings) = self.settings.0.lock() {
+                    settings.insert(name, value.clone());
+                }
+                Ok(command("SET", reported(name, value).into_iter().collect()))
+            }
+            SettingStatement::Reset(name) => {
+                let name = name.map(|n| setting_name(&n)).transpose()?;
+                let mut report = Vec::new();
+                if let Ok(mut settings) = self.settings.0.lock() {
+                    let names: Vec<&'static str> = match name {
+                        Some(n) => vec![n],
+                        None => settings.keys().copied().collect(),
+                    };
+                    for n in names {
+                        settings.remove(n);
+                        let default = SETTINGS
+                            .iter()
+                            .find(|(s, _)| *s == n)
+                            .map(|(_, v)| v.to_string())
+                            .unwrap_or_default();
+                        report.extend(reported(n, default));
+                    }
+                }
+                Ok(command("RESET", report))
+            }
+            SettingStatement::Show(name) => {
+                let value = self.setting_value(&name)?;
+                let schema = Arc::new(Schema::new(vec![Field::new(&name, DataType::Utf8, false)]));
+                let column: ArrayRef = Arc::new(StringArray::from(vec![value]));
+                self.batch_rows(RecordBatch::try_new(schema, vec![column])?).await
+            }
+            SettingStatement::ShowAll => {
+                let mut rows: Vec<(String, String, String)> = SETTINGS
+                    .iter()
+                    .map(|(n, _)| (n.to_string(), self.settings.get(n), String::new()))
+                    .collect();
+                for (name, description) in COUNTERS {
+                    let value = self.read_only_value(name).unwrap_or_default();
+                    rows.push((name.to_string(), value, description.to_string()));
+                }
+                for flag in self.flags.iter() {
+                    rows.push((
+                        flag.name.to_string(),
+                        flag.value.clone(),
+                        flag.description.to_string(),
+                    ));
+                }
+                let state = self.context().state();
+                for entry in state.config().options().entries() {
+                    rows.push((
+                        entry.key,
+                        entry.value.unwrap_or_default(),
+                        entry.description.to_string(),
+                    ));
+                }
+                let column = |f: fn(&(String, String, String)) -> &str| -> ArrayRef {
+                    Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
+                };
+                let columns = vec![column(|r| &r.0), column(|r| &r.1), column(|r| &r.2)];
+                self.batch_rows(RecordBatch::try_new(show_all_schema(), columns)?)
+                    .await
+            }
+            SettingStatement::TransactionMode => Ok(command("SET", vec![])),
+        }
+    }
+}
+
+fn read_only(name: &str) -> CirroError {
+    CirroError::new(
+        SqlState::INSUFFICIENT_PRIVILEGE,
+        format!("parameter \"{name}\" cannot be changed"),
+    )
+}
+
+/// The value to keep for `SET name = value`, or why it is refused.
+fn checked_value(name: &'static str, value: String) -> Result<String> {
+    match name {
+        "statement_timeout" => {
+            parse_timeout(&value)?;
+            Ok(value)
+        }
+        "client_encoding" => {
+            let v = value.to_ascii_uppercase().replace('-', "");
+            if v != "UTF8" && v != "UNICODE" {
+                return Err(CirroError::unsupported(format!(
+                    "client_encoding {value} is not supported: the server speaks UTF8"
+                )));
+            }
+            Ok("UTF8".to_string())
+        }
+        "server_version"
+        | "server_version_num"
+        | "server_encoding"
+        | "integer_datetimes"
+        | "max_identifier_length" => Err(read_only(name)),
+        _ => Ok(value),
+    }
+}
+
+fn show_all_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("name", DataType::Utf8, false),
+        Field::new("setting", DataType::Utf8, false),
+        Field::new("description", DataType::Utf8, false),
+    ]))
+}
+
+/// The columns a SET/SHOW/RESET returns (None: a command).
+pub(crate) fn setting_schema(statement: &SettingStatement) -> Option<SchemaRef> {
+    match statement {
+        SettingStatement::Show(name) => Some(Arc::new(Schema::new(vec![Field::new(
+            name,
+            DataType::Utf8,
+            false,
+        )]))),
+        SettingStatement::ShowAll => Some(show_all_schema()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_take_units() {
+        assert_eq!(
+            parse_timeout("1500").expect("ms"),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(parse_timeout("2s").expect("s"), Duration::from_secs(2));
+        assert!(parse_timeout("soon").is_err());
+        assert!(setting_name("no_such_thing").is_err());
+        assert_eq!(setting_name("DateStyle").expect("known"), "datestyle");
+    }
+}

@@ -1,0 +1,284 @@
+//! Cirro's SQL front door: split a script into statements once
+//! ([`split_statements`]), then parse each statement once ([`parse`]) into a
+//! [`Statement`]: Cirro's own kinds (COPY, SET/SHOW, users and grants,
+//! OPTIMIZE/VACUUM/DESCRIBE HISTORY, transactions) each by its own parser in
+//! `parsers/`, everything else by DataFusion's parser into sqlparser's AST.
+//!
+//! ```text
+//!  text ─► split_statements ─► for each statement:
+//!     tokenize once (CirroDialect) ─► first word decides:
+//!        SET/SHOW/RESET            → parsers/setting.rs
+//!        CREATE/ALTER/DROP USER, GRANT, REVOKE → parsers/access.rs
+//!        DESCRIBE HISTORY, OPTIMIZE, VACUUM → parsers/maintenance.rs
+//!        COPY … FROM | TO STDOUT   → parsers/copy.rs (sqlparser's COPY)
+//!        BEGIN, COMMIT, ROLLBACK, SAVEPOINT, … → parsers/transaction.rs
+//!        a query over pg_catalog   → pg_catalog.rs (datafusion-pg-catalog)
+//!        anything else             → DataFusion's parser, on the same tokens
+//! ```
+//!
+//! Time travel (`FROM t VERSION AS OF 3`) is part of the AST (see
+//! `dialect.rs`); the engine resolves it. Parameters (`$1`) stay placeholders
+//! in the AST: their values never become SQL text.
+//!
+//! Every run of a parser over a statement is counted ([`Parsed::parses`],
+//! and [`parse_count`] for the process), so tests can assert that a
+//! statement was parsed exactly once on its way.
+
+pub mod dialect;
+mod parsers;
+mod pg_catalog;
+pub mod split;
+pub mod statement;
+mod words;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cirro_common::{CirroError, Result, SqlState};
+use datafusion::sql::parser::DFParserBuilder;
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
+
+pub use dialect::CirroDialect;
+pub use split::{is_blank, is_complete, split_statements};
+pub use statement::*;
+
+/// Parser runs in this process (see [`parse_count`]).
+static PARSES: AtomicU64 = AtomicU64::new(0);
+
+/// How deep the parser may recurse (nested expressions and subqueries):
+/// DataFusion's default.
+const PARSER_RECURSION_DEPTH_MAX: usize = 50;
+
+thread_local! {
+    /// Parser runs on this thread: parsing is synchronous, so the difference
+    /// across one [`parse`] call is that call's count.
+    static THREAD_PARSES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+pub(crate) fn count_parse() {
+    PARSES.fetch_add(1, Ordering::Relaxed);
+    THREAD_PARSES.with(|c| c.set(c.get() + 1));
+}
+
+/// How many times a parser ran over a statement in this process.
+pub fn parse_count() -> u64 {
+    PARSES.load(Ordering::Relaxed)
+}
+
+fn tokenize(sql: &str) -> Result<Vec<TokenWithSpan>> {
+    Tokenizer::new(&CirroDialect, sql)
+        .tokenize_with_location()
+        .map_err(|e| CirroError::new(SqlState::SYNTAX_ERROR, format!("syntax error: {e}")))
+}
+
+/// The tokens that carry meaning: no whitespace or comments, no trailing
+/// semicolons.
+fn solid_tokens(tokens: &[TokenWithSpan]) -> Vec<Token> {
+    let mut solid: Vec<Token> = tokens
+        .iter()
+        .map(|t| &t.token)
+        .filter(|t| !matches!(t, Token::Whitespace(_) | Token::EOF))
+        .cloned()
+        .collect();
+    while solid.last() == Some(&Token::SemiColon) {
+        solid.pop();
+    }
+    solid
+}
+
+/// The highest `$n` among the tokens.
+fn placeholders(solid: &[Token]) -> usize {
+    solid
+        .iter()
+        .filter_map(|t| match t {
+            Token::Placeholder(p) => p.strip_prefix('$')?.parse::<usize>().ok(),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Parse one statement (a trailing semicolon is allowed; several statements
+/// are a 42601 error: split scripts with [`split_statements`] first).
+pub fn parse(sql: &str) -> Result<Parsed> {
+    let before = THREAD_PARSES.with(|c| c.get());
+    let mut parsed = parse_statement(sql)?;
+    parsed.parses = THREAD_PARSES.with(|c| c.get()) - before;
+    Ok(parsed)
+}
+
+fn parse_statement(sql: &str) -> Result<Parsed> {
+    let tokens = tokenize(sql)?;
+    let solid = solid_tokens(&tokens);
+    let placeholders = placeholders(&solid);
+    let parsed = |statement| {
+        Ok(Parsed {
+            statement,
+            placeholders,
+            parses: 0,
+        })
+    };
+    let first = match solid.first() {
+        None => return parsed(Statement::Empty),
+        Some(Token::Word(w)) if w.quote_style.is_none() => w.value.to_ascii_lowercase(),
+        Some(_) => String::new(),
+    };
+    let own = match first.as_str() {
+        "set" | "show" | "reset" => parsers::setting::parse(&solid)?.map(Statement::Setting),
+        "create" | "alter" | "drop" | "grant" | "revoke" => {
+            parsers::access::parse(&solid)?.map(Statement::Access)
+        }
+        "describe" | "desc" | "optimize" | "vacuum" => {
+            parsers::maintenance::parse(&solid)?.map(Statement::Maintenance)
+        }
+        "begin" | "start" | "commit" | "end" | "rollback" | "abort" | "savepoint" | "release" => {
+            parsers::transaction::parse(&solid)?.map(Statement::Transaction)
+        }
+        "copy" => {
+            let statement = match parsers::copy::parse(&tokens, &solid)? {
+                Some(copy) => Statement::Copy(copy),
+                None => Statement::Sql(Box::new(parse_datafusion(tokens)?)),
+            };
+            return parsed(statement);
+        }
+        _ => None,
+    };
+    if let Some(statement) = own {
+        count_parse();
+        return parsed(statement);
+    }
+    if pg_catalog::is_catalog_query(&solid) {
+        count_parse();
+        if let Some(statement) = pg_catalog::parse_catalog_query(sql) {
+            return parsed(Statement::Sql(Box::new(
+                datafusion::sql::parser::Statement::Statement(Box::new(statement)),
+            )));
+        }
+    }
+    parsed(Statement::Sql(Box::new(parse_datafusion(tokens)?)))
+}
+
+/// DataFusion's parser over the statement's tokens.
+fn parse_datafusion(tokens: Vec<TokenWithSpan>) -> Result<datafusion::sql::parser::Statement> {
+    count_parse();
+    let mut parser = DFParserBuilder::new(tokens)
+        .with_dialect(&CirroDialect)
+        .with_recursion_limit(PARSER_RECURSION_DEPTH_MAX)
+        .build()?;
+    let mut statements = parser.parse_statements()?;
+    match (statements.pop_front(), statements.is_empty()) {
+        (Some(statement), true) => Ok(statement),
+        (None, _) => Err(CirroError::internal("a statement parsed into nothing")),
+        (Some(_), false) => Err(CirroError::new(
+            SqlState::SYNTAX_ERROR,
+            "cannot insert multiple commands into a prepared statement",
+        )),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use datafusion::sql::sqlparser::ast::{
+        SetExpr, Statement as SqlStatement, TableFactor, TableVersion,
+    };
+
+    /// The solid tokens of `sql`, as the kind parsers get them.
+    pub(crate) fn solid(sql: &str) -> Vec<Token> {
+        solid_tokens(&tokenize(sql).expect("tokenize"))
+    }
+
+    #[test]
+    fn one_parser_run_per_statement() {
+        for sql in [
+            "SELECT 1",
+            "INSERT INTO t VALUES ($1, 'a;b')",
+            "UPDATE t SET a = 1 WHERE b = $2",
+            "MERGE INTO t USING s ON t.a = s.a WHEN MATCHED THEN DELETE",
+            "COPY t FROM '/x.csv' (FORMAT csv)",
+            "COPY t TO '/x.parquet'",
+            "SET statement_timeout = 10",
+            "SET datafusion.execution.batch_size = 10",
+            "SELECT * FROM t VERSION AS OF 3",
+            "SELECT relname FROM pg_catalog.pg_class",
+            "BEGIN",
+            "VACUUM t",
+        ] {
+            let before = parse_count();
+            assert_eq!(parse(sql).expect(sql).parses, 1, "{sql}");
+            assert!(parse_count() > before);
+        }
+    }
+
+    #[test]
+    fn statements_of_each_kind() {
+        let kind = |sql: &str| parse(sql).expect(sql).statement;
+        assert!(matches!(kind("  -- nothing\n"), Statement::Empty));
+        assert!(matches!(kind("show all;"), Statement::Setting(_)));
+        assert!(matches!(kind("show tables"), Statement::Sql(_)));
+        assert!(matches!(kind("grant select on t to u"), Statement::Access(_)));
+        assert!(matches!(kind("drop table t"), Statement::Sql(_)));
+        assert!(matches!(kind("describe history t"), Statement::Maintenance(_)));
+        assert!(matches!(kind("describe t"), Statement::Sql(_)));
+        assert!(matches!(kind("commit"), Statement::Transaction(_)));
+        assert!(matches!(
+            kind("copy t (a, b) from stdin with (format csv)"),
+            Statement::Copy(CopyStatement::FromStdin(_))
+        ));
+        assert!(matches!(
+            kind("copy (select 1) to stdout"),
+            Statement::Copy(CopyStatement::ToStdout { .. })
+        ));
+        assert!(matches!(kind("copy t to 'x.csv'"), Statement::Sql(_)));
+        assert_eq!(parse("select $1 + $12").expect("parse").placeholders, 12);
+        let err = parse("select 1; select 2").expect_err("two statements");
+        assert_eq!(err.state, SqlState::SYNTAX_ERROR);
+        let err = parse("select 'unterminated").expect_err("bad token");
+        assert_eq!(err.state, SqlState::SYNTAX_ERROR);
+    }
+
+    #[test]
+    fn time_travel_is_in_the_ast() {
+        let parsed = parse("SELECT * FROM s.t VERSION AS OF 7 AS old").expect("parse");
+        let Some(SqlStatement::Query(query)) = parsed.statement.sql() else {
+            panic!("not a query");
+        };
+        let SetExpr::Select(select) = query.body.as_ref() else {
+            panic!("not a select");
+        };
+        let TableFactor::Table { version, alias, .. } = &select.from[0].relation else {
+            panic!("not a table");
+        };
+        assert!(matches!(version, Some(TableVersion::VersionAsOf(_))));
+        assert_eq!(alias.as_ref().map(|a| a.name.value.as_str()), Some("old"));
+        let parsed = parse("SELECT * FROM t TIMESTAMP AS OF '2024-01-01'").expect("parse");
+        assert!(format!("{:?}", parsed.statement).contains("TimestampAsOf"));
+    }
+
+    #[test]
+    fn copy_options() {
+        let copy = |sql: &str| match parse(sql).expect(sql).statement {
+            Statement::Copy(CopyStatement::FromFile(copy)) => copy,
+            other => panic!("{other:?}"),
+        };
+        let lineitem = copy("COPY lineitem FROM '/x/l.tbl' (FORMAT csv, DELIMITER '|', HEADER false)");
+        assert_eq!(lineitem.delimiter, b'|');
+        assert!(!lineitem.header);
+        assert_eq!(lineitem.format, FileFormat::Csv);
+        assert_eq!(lineitem.path, "/x/l.tbl");
+        assert_eq!(copy("copy t from 'a.parquet' (format parquet)").format, FileFormat::Parquet);
+        let err = parse("COPY t FROM 'x' (FORMAT avro)").expect_err("refused");
+        assert_eq!(err.state, SqlState::FEATURE_NOT_SUPPORTED);
+        let err = parse("COPY t FROM 'x' (FORMAT parquet, DELIMITER '|')").expect_err("refused");
+        assert_eq!(err.state, SqlState::INVALID_PARAMETER_VALUE);
+    }
+
+    #[test]
+    fn catalog_queries_go_through_the_compatibility_parser() {
+        let parsed = parse("SELECT 'x'::regclass").expect("parse");
+        assert!(matches!(parsed.statement, Statement::Sql(_)));
+        // A string that merely mentions pg_ is an ordinary query.
+        assert!(!pg_catalog::is_catalog_query(&solid("SELECT 'pg_class'")));
+        assert!(pg_catalog::is_catalog_query(&solid("select * from pg_catalog.pg_type")));
+        assert!(!pg_catalog::is_catalog_query(&solid("insert into t select current_user")));
+    }
+}

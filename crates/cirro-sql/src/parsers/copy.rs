@@ -1,0 +1,360 @@
+//! COPY in the forms Cirro runs itself:
+//! - `COPY t FROM 'path' [(FORMAT csv|parquet, DELIMITER 'c', HEADER b, NULL 's', QUOTE 'q', ESCAPE 'e')]`
+//!   (a file on the server);
+//! - `COPY t [(columns)] FROM STDIN [options]` (rows the client sends);
+//! - `COPY t [(columns)] | (query) TO STDOUT [options]` (rows sent to the client).
+//!
+//! `COPY t|(query) TO 'file' …` is DataFusion's (None here). Options take the
+//! new (`WITH (…)`) and the legacy (`WITH CSV HEADER`) syntax.
+
+use cirro_common::{CirroError, Result, SqlState};
+use datafusion::common::TableReference;
+use datafusion::sql::planner::{IdentNormalizer, object_name_to_table_reference};
+use datafusion::sql::sqlparser::ast::{
+    CopyLegacyCsvOption, CopyLegacyOption, CopyOption, CopySource, CopyTarget, Query, Statement,
+};
+use datafusion::sql::sqlparser::parser::Parser;
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan};
+
+use crate::dialect::CirroDialect;
+use crate::words::Words;
+
+/// How COPY text is laid out (PostgreSQL's `FORMAT text | csv` options).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextFormat {
+    /// CSV (true) or PostgreSQL's text format.
+    pub csv: bool,
+    pub delimiter: u8,
+    /// The text of a NULL: `\N` in text format, the empty string in CSV.
+    pub null: String,
+    /// The first line names the columns (skipped when reading).
+    pub header: bool,
+    /// CSV only.
+    pub quote: u8,
+    /// CSV only: the character before a quote inside a quoted field.
+    pub escape: u8,
+}
+
+impl TextFormat {
+    pub fn text() -> Self {
+        Self {
+            csv: false,
+            delimiter: b'\t',
+            null: "\\N".to_string(),
+            header: false,
+            quote: b'"',
+            escape: b'"',
+        }
+    }
+
+    pub fn csv() -> Self {
+        Self {
+            csv: true,
+            delimiter: b',',
+            null: String::new(),
+            header: false,
+            quote: b'"',
+            escape: b'"',
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileFormat {
+    Csv,
+    Parquet,
+}
+
+/// `COPY table FROM 'path' (…)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyFrom {
+    pub table: TableReference,
+    pub path: String,
+    pub format: FileFormat,
+    pub delimiter: u8,
+    pub header: bool,
+    pub null: Option<String>,
+    pub quote: Option<u8>,
+    pub escape: Option<u8>,
+}
+
+/// `COPY table [(columns)] FROM STDIN`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyIn {
+    pub table: TableReference,
+    /// Columns the data holds, in order (empty: all of the table's).
+    pub columns: Vec<String>,
+    pub format: TextFormat,
+}
+
+/// What `COPY … TO STDOUT` sends.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CopyOutSource {
+    Table {
+        table: TableReference,
+        /// Empty: every column.
+        columns: Vec<String>,
+    },
+    Query(Box<Query>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CopyStatement {
+    FromFile(CopyFrom),
+    FromStdin(CopyIn),
+    ToStdout {
+        source: CopyOutSource,
+        format: TextFormat,
+    },
+}
+
+/// Whether the solid tokens of a COPY are one Cirro runs: FROM anything, or
+/// TO STDOUT. Skips the source (a name with an optional column list, or a
+/// parenthesized query) without parsing it.
+fn is_cirro_copy(solid: &[Token]) -> bool {
+    let mut depth = 0usize;
+    for (i, token) in solid.iter().enumerate().skip(1) {
+        match token {
+            Token::LParen => depth += 1,
+            Token::RParen => depth = depth.saturating_sub(1),
+            Token::Word(w) if depth == 0 && w.quote_style.is_none() => {
+                if w.value.eq_ignore_ascii_case("from") {
+                    return true;
+                }
+                if w.value.eq_ignore_ascii_case("to") {
+                    let mut next = Words::new(&solid[i + 1..]);
+                    return next.keyword("stdout");
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Parse a COPY Cirro runs (None for DataFusion's `COPY … TO 'file'`).
+/// `tokens` are the statement's tokens with whitespace, `solid` without.
+pub(crate) fn parse(tokens: &[TokenWithSpan], solid: &[Token]) -> Result<Option<CopyStatement>> {
+    if !Words::new(solid).word_at(0, "copy") || !is_cirro_copy(solid) {
+        return Ok(None);
+    }
+    crate::count_parse();
+    let statement = Parser::new(&CirroDialect)
+        .with_tokens_with_locations(tokens.to_vec())
+        .parse_statement()
+        .map_err(|e| CirroError::new(SqlState::SYNTAX_ERROR, e.to_string()))?;
+    let Statement::Copy {
+        source,
+        to,
+        target,
+        options,
+        legacy_options,
+        ..
+    } = statement
+    else {
+        return Err(CirroError::internal("COPY parsed as another statement"));
+    };
+    let given = given_options(options, legacy_options)?;
+    match (to, target) {
+        (false, CopyTarget::Stdin) => {
+            let CopySource::Table {
+                table_name,
+                columns,
+            } = source
+            else {
+                return Err(needs_table());
+            };
+            Ok(Some(CopyStatement::FromStdin(CopyIn {
+                table: object_name_to_table_reference(table_name, true)?,
+                columns: columns
+                    .into_iter()
+                    .map(|c| IdentNormalizer::new(true).normalize(c))
+                    .collect(),
+                format: text_format(&given)?,
+            })))
+        }
+        (false, target) => copy_from_file(source, target, given).map(Some),
+        (true, _) => {
+            let format = text_format(&given)?;
+            let source = match source {
+                CopySource::Query(query) => CopyOutSource::Query(query),
+                CopySource::Table {
+                    table_name,
+                    columns,
+                } => CopyOutSource::Table {
+                    table: object_name_to_table_reference(table_name, true)?,
+                    columns: columns
+                        .into_iter()
+                        .map(|c| IdentNormalizer::new(true).normalize(c))
+                        .collect(),
+                },
+            };
+            Ok(Some(CopyStatement::ToStdout { source, format }))
+        }
+    }
+}
+
+fn needs_table() -> CirroError {
+    CirroError::new(SqlState::SYNTAX_ERROR, "COPY FROM needs a table")
+}
+
+fn copy_from_file(source: CopySource, target: CopyTarget, given: GivenOptions) -> Result<CopyStatement> {
+    let CopySource::Table {
+        table_name,
+        columns,
+    } = source
+    else {
+        return Err(needs_table());
+    };
+    if !columns.is_empty() {
+        return Err(CirroError::unsupported(
+            "COPY FROM a file with a column list is not supported yet; the file must hold every column",
+        ));
+    }
+    let path = match target {
+        CopyTarget::File { filename } => filename,
+        other => {
+            return Err(CirroError::unsupported(format!(
+                "COPY FROM {other} is not supported"
+            )));
+        }
+    };
+    let format = match given.format.as_deref() {
+        None | Some("csv" | "text") => FileFormat::Csv,
+        Some("parquet") => FileFormat::Parquet,
+        Some(other) => {
+            return Err(CirroError::unsupported(format!(
+                "COPY format \"{other}\" is not supported (csv, parquet)"
+            )));
+        }
+    };
+    if format == FileFormat::Parquet && given.delimiter.is_some() {
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            "DELIMITER is only for FORMAT csv",
+        ));
+    }
+    Ok(CopyStatement::FromFile(CopyFrom {
+        table: object_name_to_table_reference(table_name, true)?,
+        path,
+        format,
+        delimiter: given.delimiter.unwrap_or(b','),
+        header: given.header,
+        null: given.null,
+        quote: given.quote,
+        escape: given.escape,
+    }))
+}
+
+fn single_byte(c: char, what: &str) -> Result<u8> {
+    u8::try_from(c as u32)
+        .ok()
+        .filter(|b| b.is_ascii())
+        .ok_or_else(|| {
+            CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!("COPY {what} must be a single ASCII character"),
+            )
+        })
+}
+
+/// The options of a COPY statement as written (new and legacy syntax).
+#[derive(Debug, Default)]
+struct GivenOptions {
+    format: Option<String>,
+    delimiter: Option<u8>,
+    header: bool,
+    null: Option<String>,
+    quote: Option<u8>,
+    escape: Option<u8>,
+}
+
+fn given_options(
+    options: Vec<CopyOption>,
+    legacy_options: Vec<CopyLegacyOption>,
+) -> Result<GivenOptions> {
+    let mut given = GivenOptions::default();
+    let refused = |what: &dyn std::fmt::Display| {
+        CirroError::unsupported(format!("COPY option {what} is not supported"))
+    };
+    for option in options {
+        match option {
+            CopyOption::Format(name) => given.format = Some(name.value.to_ascii_lowercase()),
+            CopyOption::Delimiter(c) => given.delimiter = Some(single_byte(c, "delimiter")?),
+            CopyOption::Header(h) => given.header = h,
+            CopyOption::Null(s) => given.null = Some(s),
+            CopyOption::Quote(c) => given.quote = Some(single_byte(c, "quote")?),
+            CopyOption::Escape(c) => given.escape = Some(single_byte(c, "escape")?),
+            CopyOption::Encoding(e)
+                if e.eq_ignore_ascii_case("utf8") || e.eq_ignore_ascii_case("utf-8") => {}
+            other => return Err(refused(&other)),
+        }
+    }
+    for option in legacy_options {
+        match option {
+            CopyLegacyOption::Delimiter(c) => given.delimiter = Some(single_byte(c, "delimiter")?),
+            CopyLegacyOption::Null(s) => given.null = Some(s),
+            CopyLegacyOption::Binary => given.format = Some("binary".to_string()),
+            CopyLegacyOption::Csv(csv) => {
+                given.format = Some("csv".to_string());
+                for o in csv {
+                    match o {
+                        CopyLegacyCsvOption::Header => given.header = true,
+                        CopyLegacyCsvOption::Quote(c) => {
+                            given.quote = Some(single_byte(c, "quote")?)
+                        }
+                        CopyLegacyCsvOption::Escape(c) => {
+                            given.escape = Some(single_byte(c, "escape")?)
+                        }
+                        other => return Err(refused(&other)),
+                    }
+                }
+            }
+            CopyLegacyOption::Header => given.header = true,
+            other => return Err(refused(&other)),
+        }
+    }
+    Ok(given)
+}
+
+fn text_format(given: &GivenOptions) -> Result<TextFormat> {
+    let mut format = match given.format.as_deref() {
+        None | Some("text") => TextFormat::text(),
+        Some("csv") => TextFormat::csv(),
+        Some(other) => {
+            return Err(CirroError::unsupported(format!(
+                "COPY FORMAT {other} over a client connection is not supported (text, csv)"
+            )));
+        }
+    };
+    if let Some(delimiter) = given.delimiter {
+        if delimiter == b'\n' || delimiter == b'\r' || !format.csv && delimiter == b'\\' {
+            return Err(CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                "COPY delimiter cannot be newline, carriage return or (in text format) backslash",
+            ));
+        }
+        format.delimiter = delimiter;
+    }
+    if let Some(null) = &given.null {
+        format.null = null.clone();
+    }
+    format.header = given.header;
+    if given.quote.is_some() || given.escape.is_some() {
+        if !format.csv {
+            return Err(CirroError::new(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "COPY QUOTE and ESCAPE are only for FORMAT csv",
+            ));
+        }
+        format.quote = given.quote.unwrap_or(format.quote);
+        format.escape = given.escape.unwrap_or(format.quote);
+    }
+    if format.csv && format.delimiter == format.quote {
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            "COPY delimiter and quote must be different",
+        ));
+    }
+    Ok(format)
+}

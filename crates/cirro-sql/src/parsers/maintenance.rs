@@ -1,0 +1,92 @@
+//! Table maintenance the SQL dialect does not know:
+//! `DESCRIBE|DESC HISTORY t`, `OPTIMIZE t`, `VACUUM t [RETAIN n HOURS]`.
+
+use cirro_common::{CirroError, Result, SqlState};
+use datafusion::common::TableReference;
+use datafusion::sql::sqlparser::tokenizer::Token;
+
+use crate::words::{Words, syntax};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Maintenance {
+    /// `DESCRIBE HISTORY name`
+    History(TableReference),
+    /// `OPTIMIZE name`
+    Optimize(TableReference),
+    /// `VACUUM name [RETAIN n HOURS]`
+    Vacuum(TableReference, Option<u64>),
+}
+
+/// Parse `tokens` if they are a maintenance statement (None otherwise).
+pub(crate) fn parse(tokens: &[Token]) -> Result<Option<Maintenance>> {
+    let mut words = Words::new(tokens);
+    let kind = if (words.word_at(0, "describe") || words.word_at(0, "desc"))
+        && words.word_at(1, "history")
+    {
+        words.at = 2;
+        "DESCRIBE HISTORY"
+    } else if words.keyword("optimize") {
+        "OPTIMIZE"
+    } else if words.keyword("vacuum") {
+        "VACUUM"
+    } else {
+        return Ok(None);
+    };
+    let table = words
+        .table()
+        .map_err(|_| syntax(format!("syntax error: expected {kind} <table name>")))?;
+    let statement = match kind {
+        "DESCRIBE HISTORY" => Maintenance::History(table),
+        "OPTIMIZE" => Maintenance::Optimize(table),
+        _ if words.keyword("retain") => {
+            let hours = match words.peek() {
+                Some(Token::Number(n, _)) => n.parse::<u64>().map_err(|_| {
+                    CirroError::new(
+                        SqlState::INVALID_PARAMETER_VALUE,
+                        format!("RETAIN needs a whole number of hours, not {n}"),
+                    )
+                })?,
+                _ => return Err(syntax("syntax error: expected VACUUM name [RETAIN n HOURS]")),
+            };
+            words.at += 1;
+            if !(words.keyword("hours") || words.keyword("hour")) {
+                return Err(syntax("syntax error: expected VACUUM name [RETAIN n HOURS]"));
+            }
+            Maintenance::Vacuum(table, Some(hours))
+        }
+        _ => Maintenance::Vacuum(table, None),
+    };
+    if !words.is_end() {
+        return Err(syntax(format!(
+            "syntax error: expected the end of the statement after {kind} <table name>"
+        )));
+    }
+    Ok(Some(statement))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests::solid;
+
+    #[test]
+    fn parses_maintenance() {
+        let parse_sql = |sql: &str| parse(&solid(sql));
+        assert_eq!(
+            parse_sql("describe history s.T").expect("parse"),
+            Some(Maintenance::History(TableReference::partial("s", "t")))
+        );
+        assert_eq!(
+            parse_sql("VACUUM \"T\" RETAIN 0 HOURS").expect("parse"),
+            Some(Maintenance::Vacuum(TableReference::bare("T"), Some(0)))
+        );
+        assert_eq!(
+            parse_sql("optimize t").expect("parse"),
+            Some(Maintenance::Optimize(TableReference::bare("t")))
+        );
+        assert_eq!(parse_sql("DESCRIBE t").expect("parse"), None);
+        assert!(parse_sql("VACUUM t RETAIN x HOURS").is_err());
+        assert!(parse_sql("OPTIMIZE t now").is_err());
+        assert!(parse_sql("OPTIMIZE").is_err());
+    }
+}

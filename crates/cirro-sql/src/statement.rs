@@ -1,0 +1,57 @@
+//! Cirro's statement: one variant per kind Cirro runs itself, and
+//! DataFusion's statement (sqlparser's AST and DataFusion's extensions) for
+//! everything else. A statement's text is parsed into it once; everything
+//! after works on this value.
+
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+
+pub use crate::parsers::access::{AccessStatement, UserOptions};
+pub use crate::parsers::copy::{
+    CopyFrom, CopyIn, CopyOutSource, CopyStatement, FileFormat, TextFormat,
+};
+pub use crate::parsers::maintenance::Maintenance;
+pub use crate::parsers::setting::SettingStatement;
+pub use crate::parsers::transaction::TransactionStatement;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Statement {
+    /// Nothing but whitespace and comments.
+    Empty,
+    /// COPY FROM a file, FROM STDIN, TO STDOUT (`COPY … TO 'file'` is DataFusion's).
+    Copy(CopyStatement),
+    /// SET/SHOW/RESET of a session setting (`datafusion.*` ones are DataFusion's).
+    Setting(SettingStatement),
+    /// Users and privileges.
+    Access(AccessStatement),
+    /// DESCRIBE HISTORY, OPTIMIZE, VACUUM.
+    Maintenance(Maintenance),
+    /// BEGIN, COMMIT, ROLLBACK, savepoints.
+    Transaction(TransactionStatement),
+    /// Everything else: queries, DML, DDL, EXPLAIN, … as DataFusion parsed it.
+    Sql(Box<DfStatement>),
+}
+
+impl Statement {
+    /// The sqlparser statement inside, if this is one.
+    pub fn sql(&self) -> Option<&SqlStatement> {
+        match self {
+            Statement::Sql(statement) => match statement.as_ref() {
+                DfStatement::Statement(inner) => Some(inner),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// One parsed statement.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    pub statement: Statement,
+    /// The highest `$n` placeholder (0: none).
+    pub placeholders: usize,
+    /// How many times a parser ran over the text to get here (1 but for
+    /// rare fallbacks; tests assert it).
+    pub parses: u64,
+}
