@@ -25,6 +25,8 @@ def parse(argv):
     ap.add_argument("--runs", type=int, default=3, help="hot runs per query and engine (default 3)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per query run (default 300)")
     ap.add_argument("--duration", type=float, default=5, help="micro: seconds per operation and client count")
+    ap.add_argument("--baseline", help="micro: another cirro binary (an older build) measured in the same run")
+    ap.add_argument("--ops", help="micro: comma-separated subset of operations (insert-1, insert-1000, update, select, point)")
     ap.add_argument("--queries", help="comma-separated subset of query ids (e.g. q01,q06)")
     ap.add_argument("--out", type=Path, help="results directory (default bench/results/<suite>-sf<N>)")
     ap.add_argument("--data-dir", type=Path,

@@ -10,8 +10,12 @@ micro  single-row and 1,000-row-batch INSERT, UPDATE by key and point SELECT
        by key over the PostgreSQL protocol with 1, 4 and 16 concurrent
        clients, as the OSU Kudu micro-benchmarks measure them: latency p50
        and p99 and throughput, Cirro (`cirro serve`) beside PostgreSQL
-       (Debian's package, a fresh cluster). Each client has its own
-       connection (autocommit) and runs the operation for --duration seconds.
+       (Debian's package, a fresh cluster), and beside another Cirro binary
+       with --baseline PATH (an older build: before/after in one run). Each
+       client has its own connection (autocommit) and runs the operation for
+       --duration seconds, parameters bound by server-side prepared
+       statements. `point` is `SELECT v FROM pt WHERE k = $1` on a
+       200,000-row table filled by INSERT … SELECT from generate_series.
        Afterwards each table's row count must equal the preloaded rows plus
        the rows the clients were told were inserted, and every point SELECT
        must have returned its key's one row.
@@ -115,7 +119,8 @@ def dml_report(doc, out):
 
 # ---------------------------------------------------------------- micro
 
-OPS = ["insert-1", "insert-1000", "update", "select"]
+OPS = ["insert-1", "insert-1000", "update", "select", "point"]
+POINT_ROWS = 200_000
 CLIENTS = [1, 4, 16]
 
 
@@ -138,6 +143,9 @@ def _statement(op, rng, next_id, preload):
         first = next_id(1000)
         values = ", ".join(f"({i}, {i * 7}, 'n{i}')" for i in range(first, first + 1000))
         return f"INSERT INTO kv VALUES {values}", None, 1000
+    if op == "point":
+        key = rng.randrange(POINT_ROWS)
+        return "SELECT v FROM pt WHERE k = %s", (key,), key
     key = rng.randrange(preload)
     if op == "update":
         return "UPDATE kv SET v = v + 1 WHERE id = %s", (key,), 1
@@ -171,7 +179,7 @@ def _clients(dsn, op, clients, duration, id_base, preload):
                 start = time.perf_counter()
                 try:
                     cur = conn.execute(sql, params, prepare=params is not None)
-                    rows = cur.fetchall() if op == "select" else None
+                    rows = cur.fetchall() if op in ("select", "point") else None
                 except psycopg.Error as e:
                     with lock:
                         errors.append(f"{getattr(e, 'sqlstate', None)}: {str(e).splitlines()[0][:150]}")
@@ -181,6 +189,8 @@ def _clients(dsn, op, clients, duration, id_base, preload):
                     with lock:
                         inserted[0] += meta
                 elif op == "select" and (len(rows) != 1 or rows[0][0] != meta):
+                    bad_reads.append(f"key {meta}: {rows[:2]}")
+                elif op == "point" and rows != [(f"v{meta}",)]:
                     bad_reads.append(f"key {meta}: {rows[:2]}")
         with lock:
             latencies.extend(mine)
@@ -211,9 +221,14 @@ def run_micro(args):
     # under /tmp: PostgreSQL runs as `postgres`, which cannot enter /root
     work = Path(tempfile.mkdtemp(prefix="cirro-bench-micro-"))
     os.chmod(work, 0o755)
-    cirro_proc, cirro_dsn = pg_wire.start_cirro(args.cirro, work, args.threads)
+    cirro_proc, cirro_dsn = pg_wire.start_cirro(args.cirro, work / "new", args.threads)
+    procs = [cirro_proc]
+    dsns = {"cirro": cirro_dsn}
+    if args.baseline:
+        base_proc, dsns["cirro-baseline"] = pg_wire.start_cirro(args.baseline, work / "baseline", args.threads)
+        procs.append(base_proc)
     pg_handle, pg_dsn = pg_wire.start_postgres(work)
-    dsns = {"cirro": cirro_dsn, "postgresql": pg_dsn}
+    dsns["postgresql"] = pg_dsn
     failures, results = [], {}
     try:
         payload = "".join(f"{i}\t{i * 7}\tn{i}\n" for i in range(preload)).encode()
@@ -222,14 +237,19 @@ def run_micro(args):
                 conn.execute("CREATE TABLE kv (id BIGINT NOT NULL, v BIGINT, s VARCHAR)")
                 with conn.cursor().copy("COPY kv FROM STDIN") as cp:
                     cp.write(payload)
+                conn.execute("CREATE TABLE pt (k BIGINT NOT NULL, v VARCHAR)")
+                conn.execute(f"INSERT INTO pt SELECT g, 'v' || g FROM generate_series(0, {POINT_ROWS - 1}) AS g")
                 if name == "postgresql":
                     conn.execute("ALTER TABLE kv ADD PRIMARY KEY (id)")
+                    conn.execute("ALTER TABLE pt ADD PRIMARY KEY (k)")
         cells = [(op, c) for op in OPS for c in CLIENTS]
         id_base = 10**9
         from tqdm import tqdm
 
         for i, (op, clients) in enumerate(tqdm(cells, desc="micro", unit="cell", file=sys.stderr)):
             order = list(dsns) if i % 2 == 0 else list(reversed(list(dsns)))
+            if args.ops and op not in args.ops.split(","):
+                continue
             for name in order:
                 r = _clients(dsns[name], op, clients, args.duration, id_base, preload)
                 id_base += 10**8
@@ -245,11 +265,13 @@ def run_micro(args):
         with psycopg.connect(pg_dsn) as conn:
             pg_version = conn.execute("SHOW server_version").fetchone()[0]
     finally:
-        cirro_proc.terminate()
-        cirro_proc.wait(timeout=60)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=60)
         pg_wire.stop_postgres(pg_handle)
         shutil.rmtree(work, ignore_errors=True)
     return {"suite": "micro", "sf": args.sf, "threads": args.threads, "preload_rows": preload,
+            "engines": list(dsns), "baseline": args.baseline,
             "duration_s": args.duration, "results": results, "failures": failures,
             "versions": {"postgresql": pg_version, "psycopg": psycopg.__version__}}
 
@@ -269,27 +291,33 @@ def micro_report(doc, out):
     else:
         lines += ["Checks: every point SELECT returned its key's row; each table's row count equals the "
                   "preload plus every insert the clients were told succeeded.", ""]
-    lines += ["| operation | clients | Cirro p50 ms | p99 ms | ops/s | errors | PostgreSQL p50 ms | p99 ms | ops/s | "
-              "errors | throughput Cirro / PostgreSQL |", "|---|---:|" + "---:|" * 9]
+    names = doc.get("engines", ["cirro", "postgresql"])
+    if doc.get("baseline"):
+        lines += [f"`cirro-baseline` is `{doc['baseline']}`, measured in the same run.", ""]
+    lines += ["| operation | clients | engine | p50 ms | p99 ms | ops/s | errors | throughput / PostgreSQL |",
+              "|---|---:|---|---:|---:|---:|---:|---:|"]
 
     def f(v, fmt="{:.2f}"):
         return "—" if v is None else fmt.format(v)
 
     for key, r in res.items():
         op, clients = key.split("/")
-        c, p = r["cirro"], r["postgresql"]
-        ratio = c["ops_per_s"] / p["ops_per_s"] if p["ops_per_s"] else None
-        lines.append(f"| {op} | {clients} | {f(c['p50_ms'])} | {f(c['p99_ms'])} | {f(c['ops_per_s'], '{:,.0f}')} | "
-                     f"{c['errors']} | {f(p['p50_ms'])} | {f(p['p99_ms'])} | {f(p['ops_per_s'], '{:,.0f}')} | "
-                     f"{p['errors']} | {f(ratio, '{:.3f}')} |")
+        peer = r.get("postgresql", {}).get("ops_per_s")
+        for name in names:
+            if name not in r:
+                continue
+            c = r[name]
+            ratio = c["ops_per_s"] / peer if peer else None
+            lines.append(f"| {op} | {clients} | {name} | {f(c['p50_ms'])} | {f(c['p99_ms'])} | "
+                         f"{f(c['ops_per_s'], '{:,.0f}')} | {c['errors']} | {f(ratio, '{:.3f}')} |")
     errs = [(k, n, r[n]["first_error"]) for k, r in res.items() for n in r if r[n]["first_error"]]
     if errs:
         lines += ["", "First error per cell:", ""] + [f"- {k} {n}: {e}" for k, n, e in errs]
     lines += ["", "![throughput](scaling.png)"]
     fig, axes = plt.subplots(1, len(OPS), figsize=(4.5 * len(OPS), 4))
     for ax, op in zip(axes, OPS):
-        for name in ("cirro", "postgresql"):
-            xs = [c for c in CLIENTS if f"{op}/{c}" in res]
+        for name in names:
+            xs = [c for c in CLIENTS if f"{op}/{c}" in res and name in res[f"{op}/{c}"]]
             ax.plot(xs, [res[f"{op}/{c}"][name]["ops_per_s"] for c in xs], marker="o", label=name,
                     color=COLORS.get(name, "#1f77b4"))
         ax.set_title(op)

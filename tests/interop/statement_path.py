@@ -27,7 +27,9 @@ def check(got, want, what):
 
 
 def counter(conn, name):
-    return int(conn.execute(f"SHOW cirro.{name}").fetchone()[0])
+    # prepare=False: psycopg would prepare a query it sees often, and then
+    # the SHOW would not be parsed each time.
+    return int(conn.execute(f"SHOW cirro.{name}", prepare=False).fetchone()[0])
 
 
 # Each statement once; the table `pc` and the file exist. The time-travel

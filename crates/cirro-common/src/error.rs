@@ -30,6 +30,8 @@ impl SqlState {
     pub const ACTIVE_SQL_TRANSACTION: SqlState = SqlState("25001");
     pub const NO_ACTIVE_SQL_TRANSACTION: SqlState = SqlState("25P01");
     pub const SAVEPOINT_EXCEPTION: SqlState = SqlState("3B001");
+    pub const INVALID_SQL_STATEMENT_NAME: SqlState = SqlState("26000");
+    pub const DUPLICATE_PREPARED_STATEMENT: SqlState = SqlState("42P05");
     pub const IN_FAILED_SQL_TRANSACTION: SqlState = SqlState("25P02");
     pub const INVALID_CATALOG_NAME: SqlState = SqlState("3D000");
     pub const INVALID_SCHEMA_NAME: SqlState = SqlState("3F000");

@@ -215,6 +215,8 @@ pub struct Engine {
     settings: settings::Settings,
     counters: Counters,
     flags: Arc<Vec<Flag>>,
+    /// Statements PREPAREd in SQL, by name.
+    sql_prepared: std::sync::Mutex<std::collections::HashMap<String, Arc<Prepared>>>,
 }
 
 impl Drop for Engine {
@@ -270,6 +272,7 @@ impl Engine {
             settings: settings::Settings::default(),
             counters: Counters::default(),
             flags: Arc::clone(&config.flags),
+            sql_prepared: Default::default(),
         }
     }
 
@@ -323,10 +326,22 @@ impl Engine {
         if self.transaction_aborted() && !ends_transaction(&statement) {
             return Err(txn::aborted());
         }
-        if placeholders > 0 {
+        let prepare_sql = matches!(statement.sql(), Some(SqlStatement::Prepare { .. }));
+        if placeholders > 0 && !prepare_sql {
             return Err(no_parameter(1));
         }
         self.catalog.refresh().await?;
+        if let Some(SqlStatement::Prepare {
+            name, statement, ..
+        }) = statement.sql()
+        {
+            return self
+                .prepare_sql(name, statement.as_ref().clone(), placeholders)
+                .await;
+        }
+        if matches!(statement.sql(), Some(SqlStatement::Execute { .. })) {
+            return self.execute_sql(&statement).await;
+        }
         match statement {
             CirroStatement::Empty => Ok(Outcome::command("")),
             CirroStatement::Transaction(statement) => self.run_transaction(statement).await,
@@ -348,6 +363,17 @@ impl Engine {
             )),
             CirroStatement::Copy(CopyStatement::ToStdout { source, .. }) => {
                 copy::copy_out(self, source).await
+            }
+            CirroStatement::Deallocate(None) => Ok(Outcome::command("DEALLOCATE ALL")),
+            CirroStatement::Deallocate(Some(name)) => {
+                if self.forget_prepared(&name) {
+                    Ok(Outcome::command("DEALLOCATE"))
+                } else {
+                    Err(CirroError::new(
+                        SqlState::INVALID_SQL_STATEMENT_NAME,
+                        format!("prepared statement \"{name}\" does not exist"),
+                    ))
+                }
             }
             CirroStatement::Sql(statement) => self.run_sql(*statement).await,
         }

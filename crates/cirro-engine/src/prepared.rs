@@ -21,6 +21,9 @@
 //! statement is planned again. Plans that read views are planned at every
 //! execution (a view's plan holds its own snapshots).
 //!
+//! SQL's `PREPARE name AS statement`, `EXECUTE name (values)` and
+//! `DEALLOCATE name` use the same prepared statements, kept by the session.
+//!
 //! Statements Cirro runs itself (SET, COPY, transactions, …) and DDL keep no
 //! plan: executing them runs them as [`Engine::run`] does, and a `$n` in them
 //! is refused (42P02).
@@ -40,7 +43,10 @@ use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
 use datafusion::logical_expr::{LogicalPlan, TableType};
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+use datafusion::sql::planner::IdentNormalizer;
+use datafusion::sql::sqlparser::ast::{
+    Expr as SqlExpr, Ident, Parens, Query, SetExpr, Statement as SqlStatement, Values,
+};
 
 use crate::{Engine, Outcome, ends_transaction, no_parameter, txn};
 
@@ -111,6 +117,16 @@ fn keeps_plan(statement: &DfStatement) -> Option<bool> {
     }
 }
 
+/// The name of an `EXECUTE name (…)`.
+fn execute_name(statement: &CirroStatement) -> Option<String> {
+    match statement.sql() {
+        Some(SqlStatement::Execute {
+            name: Some(name), ..
+        }) => Some(IdentNormalizer::new(true).normalize(name.0.last()?.as_ident()?.clone())),
+        _ => None,
+    }
+}
+
 /// Whether a provider is a view (its plan is inlined when optimized).
 fn is_view(provider: &Arc<dyn TableProvider>) -> bool {
     provider.table_type() == TableType::View
@@ -170,6 +186,11 @@ impl Engine {
             schema,
             plan: None,
         };
+        if let Some(name) = execute_name(&statement) {
+            // `EXECUTE name (…)` returns what the named statement returns.
+            let schema = self.sql_prepared(&name)?.schema.clone();
+            return Ok(unplanned(schema));
+        }
         let returns_rows = match &statement {
             CirroStatement::Sql(sql) => keeps_plan(sql),
             _ => None,
@@ -295,6 +316,109 @@ impl Engine {
         let plan = plan.with_param_values(values)?;
         self.check_plan(&plan)?;
         self.execute_plan(plan).await
+    }
+
+    fn sql_prepared(&self, name: &str) -> Result<Arc<Prepared>> {
+        self.sql_prepared
+            .lock()
+            .ok()
+            .and_then(|p| p.get(name).cloned())
+            .ok_or_else(|| {
+                CirroError::new(
+                    SqlState::INVALID_SQL_STATEMENT_NAME,
+                    format!("prepared statement \"{name}\" does not exist"),
+                )
+            })
+    }
+
+    /// `PREPARE name AS statement`: prepared as over the protocols, kept
+    /// by the session under `name` (42P05 if taken).
+    pub(crate) async fn prepare_sql(
+        &self,
+        name: &Ident,
+        statement: SqlStatement,
+        placeholders: usize,
+    ) -> Result<Outcome> {
+        let name = IdentNormalizer::new(true).normalize(name.clone());
+        let parsed = Parsed {
+            statement: CirroStatement::Sql(Box::new(DfStatement::Statement(Box::new(statement)))),
+            placeholders,
+            parses: 0,
+        };
+        let prepared = Arc::new(self.prepare_inner(parsed).await?);
+        let mut all = self
+            .sql_prepared
+            .lock()
+            .map_err(|_| CirroError::internal("prepared statements lock poisoned"))?;
+        if all.contains_key(&name) {
+            return Err(CirroError::new(
+                SqlState::DUPLICATE_PREPARED_STATEMENT,
+                format!("prepared statement \"{name}\" already exists"),
+            ));
+        }
+        all.insert(name, prepared);
+        Ok(Outcome::command("PREPARE"))
+    }
+
+    /// `EXECUTE name (values)`: the values are computed (they may be any
+    /// expressions without columns), then the statement runs with them.
+    pub(crate) async fn execute_sql(&self, statement: &CirroStatement) -> Result<Outcome> {
+        let Some(name) = execute_name(statement) else {
+            return Err(CirroError::internal("not an EXECUTE"));
+        };
+        let Some(SqlStatement::Execute { parameters, .. }) = statement.sql() else {
+            return Err(CirroError::internal("not an EXECUTE"));
+        };
+        let prepared = self.sql_prepared(&name)?;
+        let values = self.values_of(parameters).await?;
+        // Boxed (execute_prepared): running an unplanned statement may come
+        // back here.
+        self.execute_prepared(&prepared, values).await
+    }
+
+    /// `DEALLOCATE name` of a statement PREPAREd in SQL; whether it existed.
+    pub fn forget_prepared(&self, name: &str) -> bool {
+        self.sql_prepared
+            .lock()
+            .map(|mut p| p.remove(name).is_some())
+            .unwrap_or(false)
+    }
+
+    /// The values of expressions without columns (`VALUES (e1, e2, …)`).
+    async fn values_of(&self, expressions: &[SqlExpr]) -> Result<Vec<ScalarValue>> {
+        if expressions.is_empty() {
+            return Ok(vec![]);
+        }
+        let values = Values {
+            explicit_row: false,
+            value_keyword: false,
+            rows: vec![Parens::with_empty_span(expressions.to_vec())],
+        };
+        let query = Query {
+            with: None,
+            body: Box::new(SetExpr::Values(values)),
+            order_by: None,
+            limit_clause: None,
+            fetch: None,
+            locks: vec![],
+            for_clause: None,
+            settings: None,
+            format_clause: None,
+            pipe_operators: vec![],
+        };
+        let plan = self
+            .plan(DfStatement::Statement(Box::new(SqlStatement::Query(Box::new(query)))))
+            .await?;
+        let batches = self.ctx.execute_logical_plan(plan).await?.collect().await?;
+        let batch = batches
+            .iter()
+            .find(|b| b.num_rows() > 0)
+            .ok_or_else(|| CirroError::internal("EXECUTE's values computed no row"))?;
+        batch
+            .columns()
+            .iter()
+            .map(|column| Ok(ScalarValue::try_from_array(column, 0)?))
+            .collect()
     }
 
     /// `plan` with every Cirro table it scans or changes swapped for the

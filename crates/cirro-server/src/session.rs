@@ -67,6 +67,46 @@ fn canceled() -> CirroError {
 pub(crate) struct Session {
     pub(crate) engine: Engine,
     pub(crate) canceller: Arc<Canceller>,
+    /// Prepared statements forgotten by `DEALLOCATE` (see [`Deallocated`]).
+    pub(crate) deallocated: std::sync::Mutex<Deallocated>,
+}
+
+/// What `DEALLOCATE` forgot. The protocol's statements live in pgwire's
+/// store, which a SQL statement cannot reach, so each statement carries the
+/// generation it was parsed in and is refused (26000) when a later
+/// `DEALLOCATE ALL`, or `DEALLOCATE` of its name, came after it.
+#[derive(Debug, Default)]
+pub(crate) struct Deallocated {
+    /// Generation of the next statement parsed.
+    next: u64,
+    /// Statements before this generation are gone (`DEALLOCATE ALL`).
+    all_before: u64,
+    /// Per name: statements of that name before this generation are gone.
+    names: std::collections::HashMap<String, u64>,
+}
+
+impl Deallocated {
+    /// The generation of a statement being parsed now.
+    pub(crate) fn parsed(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    pub(crate) fn forget(&mut self, name: Option<String>) {
+        match name {
+            None => {
+                self.all_before = self.next + 1;
+                self.names.clear();
+            }
+            Some(name) => {
+                self.names.insert(name, self.next + 1);
+            }
+        }
+    }
+
+    pub(crate) fn is_gone(&self, name: &str, generation: u64) -> bool {
+        generation < self.all_before || self.names.get(name).is_some_and(|g| generation < *g)
+    }
 }
 
 impl Session {
@@ -74,7 +114,11 @@ impl Session {
     /// (`database` is the current database).
     pub(crate) fn new(engine: Engine, database: &str, canceller: Arc<Canceller>) -> Result<Self> {
         engine.enable_pg_compat(database)?;
-        Ok(Self { engine, canceller })
+        Ok(Self {
+            engine,
+            canceller,
+            deallocated: std::sync::Mutex::new(Deallocated::default()),
+        })
     }
 
     /// The statement timeout in force (None: no limit).

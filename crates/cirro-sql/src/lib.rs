@@ -12,6 +12,7 @@
 //!        DESCRIBE HISTORY, OPTIMIZE, VACUUM → parsers/maintenance.rs
 //!        COPY … FROM | TO STDOUT   → parsers/copy.rs (sqlparser's COPY)
 //!        BEGIN, COMMIT, ROLLBACK, SAVEPOINT, … → parsers/transaction.rs
+//!        DEALLOCATE                → parsers/deallocate.rs
 //!        a query over pg_catalog   → pg_catalog.rs (datafusion-pg-catalog)
 //!        anything else             → DataFusion's parser, on the same tokens
 //! ```
@@ -133,6 +134,7 @@ fn parse_statement(sql: &str) -> Result<Parsed> {
         "begin" | "start" | "commit" | "end" | "rollback" | "abort" | "savepoint" | "release" => {
             parsers::transaction::parse(&solid)?.map(Statement::Transaction)
         }
+        "deallocate" => parsers::deallocate::parse(&solid)?.map(Statement::Deallocate),
         "copy" => {
             let statement = match parsers::copy::parse(&tokens, &solid)? {
                 Some(copy) => Statement::Copy(copy),

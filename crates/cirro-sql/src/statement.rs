@@ -28,6 +28,8 @@ pub enum Statement {
     Maintenance(Maintenance),
     /// BEGIN, COMMIT, ROLLBACK, savepoints.
     Transaction(TransactionStatement),
+    /// `DEALLOCATE name` (Some) or `DEALLOCATE ALL` (None).
+    Deallocate(Option<String>),
     /// Everything else: queries, DML, DDL, EXPLAIN, … as DataFusion parsed it.
     Sql(Box<DfStatement>),
 }

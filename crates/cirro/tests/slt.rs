@@ -53,6 +53,20 @@ fn error(message: impl std::fmt::Display) -> SqlError {
     SqlError(message.to_string())
 }
 
+/// An engine error as the shell prints it.
+fn cirro_error(e: impl Into<cirro_common::CirroError>) -> SqlError {
+    let e = e.into();
+    error(format!("{} (SQLSTATE {})", e.message, e.state))
+}
+
+/// A Flight SQL error: the server's message (which ends in its SQLSTATE).
+fn flight_error(e: arrow_flight::error::FlightError) -> SqlError {
+    match e {
+        arrow_flight::error::FlightError::Tonic(status) => error(status.message()),
+        other => error(other),
+    }
+}
+
 type Output = DBOutput<DefaultColumnType>;
 
 /// Rows as the shell's CSV output shows them (see the module docs).
@@ -127,14 +141,12 @@ impl sqllogictest::AsyncDB for InProcess {
         let engine = Engine::with_catalog(Arc::clone(&self.catalog), config, None);
         let mut last = DBOutput::StatementComplete(0);
         for statement in statements(sql) {
-            let outcome = engine
-                .execute(&statement)
-                .await
-                .map_err(|e| error(format!("{} (SQLSTATE {})", e.message, e.state)))?;
+            let outcome = engine.execute(&statement).await.map_err(cirro_error)?;
             last = match outcome {
                 Outcome::Rows(stream) => {
                     let schema = stream.schema();
-                    let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(error)?;
+                    let batches: Vec<RecordBatch> =
+                        stream.try_collect().await.map_err(cirro_error)?;
                     rows_of(&schema, &batches)?
                 }
                 Outcome::Command { tag, .. } => DBOutput::StatementComplete(count_of(&tag)),
@@ -260,6 +272,15 @@ fn pg_column(rows: &[tokio_postgres::Row], i: usize) -> Result<ArrayRef, SqlErro
                 .map(|t| t.map(|t| t.and_utc().timestamp_micros()))
                 .collect::<Vec<_>>(),
         )),
+        Type::TIMESTAMPTZ => Arc::new(
+            TimestampMicrosecondArray::from(
+                get::<chrono::DateTime<chrono::Utc>>(rows, i)?
+                    .into_iter()
+                    .map(|t| t.map(|t| t.timestamp_micros()))
+                    .collect::<Vec<_>>(),
+            )
+            .with_timezone("UTC"),
+        ),
         Type::BYTEA => Arc::new(BinaryArray::from(
             get::<&[u8]>(rows, i)?.into_iter().collect::<Vec<_>>(),
         )),
@@ -355,18 +376,25 @@ impl sqllogictest::AsyncDB for FlightSql {
         .await
         .map_err(error)?;
         let mut client = FlightSqlServiceClient::new(channel);
-        client.handshake("cirro", PASSWORD).await.map_err(error)?;
+        client
+            .handshake("cirro", PASSWORD)
+            .await
+            .map_err(flight_error)?;
         let mut last = DBOutput::StatementComplete(0);
         for statement in statements(sql) {
-            let info = client.execute(statement, None).await.map_err(error)?;
+            let info = client.execute(statement, None).await.map_err(flight_error)?;
             let total = info.total_records;
             let endpoints = info.endpoint.clone();
             let schema = Arc::new(info.try_decode_schema().map_err(error)?);
             let mut batches = Vec::new();
             for endpoint in endpoints {
                 let ticket = endpoint.ticket.ok_or_else(|| error("no ticket"))?;
-                let stream = client.do_get(ticket).await.map_err(error)?;
-                batches.extend(stream.try_collect::<Vec<_>>().await.map_err(error)?);
+                let stream = client.do_get(ticket).await.map_err(flight_error)?;
+                let got: Vec<RecordBatch> = stream
+                    .try_collect()
+                    .await
+                    .map_err(flight_error)?;
+                batches.extend(got);
             }
             last = if schema.fields().is_empty() {
                 DBOutput::StatementComplete(total.max(0) as u64)
@@ -420,9 +448,11 @@ fn records_and_skips(engine: &str) -> (usize, usize) {
             }
             if line.trim() == format!("skipif {engine}") {
                 skips += 1;
-                let reason = i
-                    .checked_sub(1)
-                    .and_then(|p| lines.get(p))
+                // The nearest line above that is not a condition.
+                let reason = lines[..i]
+                    .iter()
+                    .rev()
+                    .find(|l| !l.starts_with("skipif ") && !l.starts_with("onlyif "))
                     .is_some_and(|l| l.starts_with('#'));
                 assert!(
                     reason,

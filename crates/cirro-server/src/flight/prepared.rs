@@ -56,8 +56,10 @@ pub(super) async fn parameter_rows(
     stream: PeekableFlightDataStream,
     wanted: usize,
 ) -> Result<Vec<Vec<ScalarValue>>, Status> {
+    // The stream itself, not `into_inner()`: its first message (the schema,
+    // with the descriptor) was peeked at and would be lost.
     let batches: Vec<RecordBatch> =
-        FlightRecordBatchStream::new_from_flight_data(stream.into_inner().map_err(Into::into))
+        FlightRecordBatchStream::new_from_flight_data(stream.map_err(Into::into))
             .try_collect()
             .await
             .map_err(|e| {

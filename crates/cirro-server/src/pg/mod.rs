@@ -50,6 +50,8 @@ use crate::session::Session;
 #[derive(Clone, Debug)]
 pub(crate) struct PgStatement {
     prepared: Arc<Prepared>,
+    /// When it was parsed (see `session::Deallocated`).
+    generation: u64,
     /// Parameter types reported in ParameterDescription (and by which Bind's
     /// values are decoded).
     params: Vec<Type>,
@@ -238,6 +240,12 @@ impl QueryHandler {
                                 }
                             }
                         }
+                        Statement::Deallocate(name) => {
+                            let tag = deallocate(session, name);
+                            client
+                                .feed(PgWireBackendMessage::CommandComplete(Tag::new(tag).into()))
+                                .await?;
+                        }
                         _ => match session.engine.run(parsed).await.map_err(to_pg)? {
                             Outcome::Rows(stream) => {
                                 let response = query_response(
@@ -386,8 +394,14 @@ impl QueryParser for StatementParser {
                     .unwrap_or(Type::TEXT)
             })
             .collect();
+        let generation = session
+            .deallocated
+            .lock()
+            .map(|mut d| d.parsed())
+            .unwrap_or_default();
         Ok(Some(PgStatement {
             prepared: Arc::new(prepared),
+            generation,
             params,
         }))
     }
@@ -410,6 +424,19 @@ impl QueryParser for StatementParser {
             None => Ok(vec![]),
         }
     }
+}
+
+/// `DEALLOCATE name | ALL` of the protocol's prepared statements; the tag.
+fn deallocate(session: &Session, name: Option<String>) -> &'static str {
+    let all = name.is_none();
+    if let Some(name) = &name {
+        // One PREPAREd in SQL is the engine's.
+        session.engine.forget_prepared(name);
+    }
+    if let Ok(mut deallocated) = session.deallocated.lock() {
+        deallocated.forget(name);
+    }
+    if all { "DEALLOCATE ALL" } else { "DEALLOCATE" }
 }
 
 /// The values bound to `portal`'s parameters, decoded by their announced
@@ -488,7 +515,26 @@ impl ExtendedQueryHandler for QueryHandler {
     {
         let session = session_of(client)?;
         session.canceller.reset();
-        let prepared = &portal.statement.statement.prepared;
+        let statement = &portal.statement.statement;
+        let gone = session
+            .deallocated
+            .lock()
+            .map(|d| d.is_gone(&portal.statement.id, statement.generation))
+            .unwrap_or(false);
+        if gone {
+            return Err(to_pg(CirroError::new(
+                SqlState::INVALID_SQL_STATEMENT_NAME,
+                format!(
+                    "prepared statement \"{}\" does not exist",
+                    portal.statement.id
+                ),
+            )));
+        }
+        if let Statement::Deallocate(name) = statement.prepared.statement() {
+            let tag = deallocate(&session, name.clone());
+            return Ok(Response::Execution(Tag::new(tag)));
+        }
+        let prepared = &statement.prepared;
         if matches!(
             prepared.statement(),
             Statement::Copy(CopyStatement::FromStdin(_) | CopyStatement::ToStdout { .. })
