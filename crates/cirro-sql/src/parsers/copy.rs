@@ -166,10 +166,7 @@ pub(crate) fn parse(tokens: &[TokenWithSpan], solid: &[Token]) -> Result<Option<
             };
             Ok(Some(CopyStatement::FromStdin(CopyIn {
                 table: object_name_to_table_reference(table_name, true)?,
-                columns: columns
-                    .into_iter()
-                    .map(|c| IdentNormalizer::new(true).normalize(c))
-                    .collect(),
+                columns: normalized(columns),
                 format: text_format(&given)?,
             })))
         }
@@ -183,15 +180,20 @@ pub(crate) fn parse(tokens: &[TokenWithSpan], solid: &[Token]) -> Result<Option<
                     columns,
                 } => CopyOutSource::Table {
                     table: object_name_to_table_reference(table_name, true)?,
-                    columns: columns
-                        .into_iter()
-                        .map(|c| IdentNormalizer::new(true).normalize(c))
-                        .collect(),
+                    columns: normalized(columns),
                 },
             };
             Ok(Some(CopyStatement::ToStdout { source, format }))
         }
     }
+}
+
+/// Column names as DataFusion normalizes them.
+fn normalized(columns: Vec<datafusion::sql::sqlparser::ast::Ident>) -> Vec<String> {
+    columns
+        .into_iter()
+        .map(|c| IdentNormalizer::new(true).normalize(c))
+        .collect()
 }
 
 fn needs_table() -> CirroError {
