@@ -238,7 +238,7 @@ def run_micro(args):
                 with conn.cursor().copy("COPY kv FROM STDIN") as cp:
                     cp.write(payload)
                 conn.execute("CREATE TABLE pt (k BIGINT NOT NULL, v VARCHAR)")
-                conn.execute(f"INSERT INTO pt SELECT g, 'v' || g FROM generate_series(0, {POINT_ROWS - 1}) AS g")
+                conn.execute(f"INSERT INTO pt SELECT k, 'v' || k FROM generate_series(0, {POINT_ROWS - 1}) AS g(k)")
                 if name == "postgresql":
                     conn.execute("ALTER TABLE kv ADD PRIMARY KEY (id)")
                     conn.execute("ALTER TABLE pt ADD PRIMARY KEY (k)")
