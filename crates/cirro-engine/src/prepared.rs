@@ -66,7 +66,8 @@ struct CachedPlan {
     plan: LogicalPlan,
     /// The catalog version it was planned against.
     catalog_version: u64,
-    /// Whether it reads a view (then it is planned at every execution).
+    /// Whether it reads a view or shows settings or the catalog (then it
+    /// is planned at every execution: such plans hold their data).
     reads_views: bool,
 }
 
@@ -103,6 +104,8 @@ fn keeps_plan(statement: &DfStatement) -> Option<bool> {
             SqlStatement::Query(_)
             | SqlStatement::Explain { .. }
             | SqlStatement::ExplainTable { .. }
+            | SqlStatement::ShowVariable { .. }
+            | SqlStatement::ShowVariables { .. }
             | SqlStatement::ShowTables { .. }
             | SqlStatement::ShowColumns { .. }
             | SqlStatement::ShowFunctions { .. } => Some(true),
@@ -231,9 +234,20 @@ impl Engine {
         };
         let mut sql = sql.as_ref().clone();
         crate::time_travel::resolve_time_travel(self, &mut sql).await?;
+        let shows = matches!(
+            &sql,
+            DfStatement::Statement(inner) if matches!(
+                inner.as_ref(),
+                SqlStatement::ShowVariable { .. }
+                    | SqlStatement::ShowVariables { .. }
+                    | SqlStatement::ShowTables { .. }
+                    | SqlStatement::ShowColumns { .. }
+                    | SqlStatement::ShowFunctions { .. }
+            )
+        );
         let plan = self.plan(sql).await?;
         self.check_plan(&plan)?;
-        let mut reads_views = false;
+        let mut reads_views = shows;
         plan.apply_with_subqueries(|node| {
             if let LogicalPlan::TableScan(scan) = node
                 && let Ok(provider) = source_as_provider(&scan.source)

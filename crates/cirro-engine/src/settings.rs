@@ -314,3 +314,53 @@ mod tests {
         assert_eq!(setting_name("DateStyle").expect("known"), "datestyle");
     }
 }
+
+#[cfg(test)]
+mod show_all {
+    use std::sync::Arc;
+
+    use arrow::array::AsArray;
+    use futures::TryStreamExt;
+
+    use crate::{Engine, EngineConfig, Flag, Outcome};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn show_all_lists_every_kind_of_setting() {
+        let dir = tempfile::tempdir().expect("dir");
+        let config = EngineConfig {
+            flags: Arc::new(vec![Flag {
+                name: "cirro.pg_port",
+                value: "5433".into(),
+                description: "PostgreSQL protocol port",
+            }]),
+            ..EngineConfig::default()
+        };
+        let engine = Engine::open(dir.path().to_str().expect("utf8"), config)
+            .await
+            .expect("open");
+        engine.execute("SET statement_timeout = '2s'").await.expect("set");
+        let Outcome::Rows(stream) = engine.execute("SHOW ALL").await.expect("show all") else {
+            panic!("no rows");
+        };
+        let batches: Vec<_> = stream.try_collect().await.expect("rows");
+        let mut settings = std::collections::HashMap::new();
+        for batch in &batches {
+            let names = batch.column(0).as_string::<i32>();
+            let values = batch.column(1).as_string::<i32>();
+            for row in 0..batch.num_rows() {
+                settings.insert(names.value(row).to_string(), values.value(row).to_string());
+            }
+        }
+        assert_eq!(settings["statement_timeout"], "2s");
+        assert_eq!(settings["server_version"], super::SERVER_VERSION);
+        assert_eq!(settings["cirro.pg_port"], "5433");
+        assert!(settings["cirro.parses"].parse::<u64>().expect("a count") >= 2);
+        assert!(settings.contains_key("datafusion.execution.batch_size"));
+        let err = engine
+            .execute("SET cirro.pg_port = 1")
+            .await
+            .err()
+            .expect("read-only");
+        assert_eq!(err.state, cirro_common::SqlState::INSUFFICIENT_PRIVILEGE);
+    }
+}
