@@ -99,10 +99,23 @@ async fn run_piped(engine: &Engine, writer: &ResultWriter) -> Result<()> {
 /// instead of ending the process.
 async fn run_statement(engine: &Engine, writer: &ResultWriter, sql: &str) -> Result<()> {
     use futures::FutureExt;
-    match std::panic::AssertUnwindSafe(execute_and_print(engine, writer, sql))
-        .catch_unwind()
-        .await
-    {
+    let work = std::panic::AssertUnwindSafe(execute_and_print(engine, writer, sql)).catch_unwind();
+    // statement_timeout (SET statement_timeout = '2s') holds here as on the
+    // servers: the statement is dropped, which stops its work.
+    let ran = match engine.statement_timeout() {
+        Some(limit) => match tokio::time::timeout(limit, work).await {
+            Ok(ran) => ran,
+            Err(_) => {
+                engine.fail_transaction();
+                return Err(CirroError::new(
+                    SqlState::QUERY_CANCELED,
+                    "canceling statement due to statement timeout",
+                ));
+            }
+        },
+        None => work.await,
+    };
+    match ran {
         Ok(result) => result,
         Err(panic) => {
             let message = panic

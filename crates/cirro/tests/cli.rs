@@ -319,3 +319,17 @@ fn malformed_input_gives_errors_not_crashes() {
     }
     assert_eq!(common::scalar(&data, "SELECT count(*) FROM m"), "0");
 }
+
+#[test]
+fn statement_timeout_stops_a_long_statement_in_the_shell() {
+    let data = DataDir::new();
+    let started = std::time::Instant::now();
+    let err = data.sql_err(
+        "SET statement_timeout = '300ms'; SELECT count(*) FROM generate_series(1, 20000000000)",
+    );
+    assert!(err.contains("statement timeout (SQLSTATE 57014)"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // Without the setting the same session kind runs statements as before.
+    let out = data.sql_ok("SHOW statement_timeout");
+    assert!(out.contains('0'), "{out}");
+}
