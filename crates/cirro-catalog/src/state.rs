@@ -292,11 +292,10 @@ impl Catalog {
             .lock()
             .ok()
             .and_then(|m| m.get(location).cloned());
-        if let Some(table) = cached {
-            let latest = table.delta().get_latest_version().await.ok();
-            if latest.map(|v| v as i64) == Some(table.version()) {
-                return Ok(table);
-            }
+        if let Some(table) = cached
+            && is_latest(&table).await
+        {
+            return Ok(table);
         }
         let table = CirroTable::open(&url).await?;
         if let Ok(mut map) = self.open_tables.lock() {
@@ -311,6 +310,22 @@ impl Catalog {
             map.remove(location);
         }
     }
+}
+
+/// Whether `table` is the newest version of its Delta table: commit files
+/// are numbered without gaps, so it is when the next one does not exist.
+/// One metadata lookup (a `stat` on local disk) instead of listing the log,
+/// which took a third of a millisecond on every statement that names it.
+async fn is_latest(table: &CirroTable) -> bool {
+    use object_store::ObjectStoreExt;
+    let next = object_store::path::Path::from(format!(
+        "_delta_log/{:020}.json",
+        table.version() + 1
+    ));
+    matches!(
+        table.delta().object_store().head(&next).await,
+        Err(object_store::Error::NotFound { .. })
+    )
 }
 
 fn sanitize(name: &str) -> String {
