@@ -148,9 +148,22 @@ mod tests {
     /// The contract, run against every implementation.
     async fn contract(store: Arc<dyn VersionStore>) {
         assert_eq!(store.latest().await.expect("latest"), 0);
-        assert!(store.create(1, Bytes::from_static(b"one")).await.expect("create"));
-        assert!(!store.create(1, Bytes::from_static(b"other")).await.expect("race"));
-        assert_eq!(store.read(1).await.expect("read"), Bytes::from_static(b"one"));
+        assert!(
+            store
+                .create(1, Bytes::from_static(b"one"))
+                .await
+                .expect("create")
+        );
+        assert!(
+            !store
+                .create(1, Bytes::from_static(b"other"))
+                .await
+                .expect("race")
+        );
+        assert_eq!(
+            store.read(1).await.expect("read"),
+            Bytes::from_static(b"one")
+        );
         // Racing writers for one version: exactly one wins.
         let racers = (0..8).map(|i| {
             let store = Arc::clone(&store);

@@ -48,4 +48,3 @@ impl fmt::Display for Privilege {
         f.write_str(self.name())
     }
 }
-

@@ -19,12 +19,12 @@
 use cirro_catalog::TableEntry;
 use cirro_catalog::users::{Privilege, ScramVerifier, UserEntry, undefined_user};
 use cirro_common::{CirroError, Result, SqlState};
+use cirro_sql::AccessStatement;
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::TableReference;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::listing::ListingTable;
 use datafusion::logical_expr::{LogicalPlan, WriteOp};
-use cirro_sql::AccessStatement;
 
 use crate::{Engine, Outcome};
 

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cirro_common::{CirroError, Result, SqlState};
+use cirro_sql::{CopyFrom, CopyIn, CopyOutSource, FileFormat as Format};
 use cirro_storage::write::write_stream;
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::TableReference;
@@ -28,7 +29,6 @@ use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, cast, lit,
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
-use cirro_sql::{CopyFrom, CopyIn, CopyOutSource, FileFormat as Format};
 use deltalake::protocol::SaveMode;
 use futures::{StreamExt, stream};
 

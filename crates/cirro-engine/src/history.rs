@@ -46,7 +46,11 @@ pub(crate) fn result_schema(statement: &Maintenance) -> Arc<Schema> {
 pub(crate) const VACUUM_RETAIN_HOURS_DEFAULT: u64 = 7 * 24;
 
 /// A one-batch result.
-pub(crate) async fn rows(engine: &Engine, schema: Arc<Schema>, columns: Vec<ArrayRef>) -> Result<Outcome> {
+pub(crate) async fn rows(
+    engine: &Engine,
+    schema: Arc<Schema>,
+    columns: Vec<ArrayRef>,
+) -> Result<Outcome> {
     let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
     let provider = MemTable::try_new(schema, vec![vec![batch]])?;
     let frame = engine.context().read_table(Arc::new(provider))?;

@@ -322,7 +322,11 @@ impl Engine {
         })
     }
 
-    async fn run_statement(&self, statement: CirroStatement, placeholders: usize) -> Result<Outcome> {
+    async fn run_statement(
+        &self,
+        statement: CirroStatement,
+        placeholders: usize,
+    ) -> Result<Outcome> {
         if self.transaction_aborted() && !ends_transaction(&statement) {
             return Err(txn::aborted());
         }

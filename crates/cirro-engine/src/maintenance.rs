@@ -57,4 +57,3 @@ pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> 
         }
     }
 }
-

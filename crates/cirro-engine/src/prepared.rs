@@ -99,16 +99,14 @@ impl Prepared {
 /// Whether a statement keeps its plan between executions, and whether it
 /// returns rows.
 fn keeps_plan(statement: &DfStatement) -> Option<bool> {
+    if shows_data(statement) {
+        return Some(true);
+    }
     match statement {
         DfStatement::Statement(inner) => match inner.as_ref() {
             SqlStatement::Query(_)
             | SqlStatement::Explain { .. }
-            | SqlStatement::ExplainTable { .. }
-            | SqlStatement::ShowVariable { .. }
-            | SqlStatement::ShowVariables { .. }
-            | SqlStatement::ShowTables { .. }
-            | SqlStatement::ShowColumns { .. }
-            | SqlStatement::ShowFunctions { .. } => Some(true),
+            | SqlStatement::ExplainTable { .. } => Some(true),
             SqlStatement::Insert(_)
             | SqlStatement::Update(_)
             | SqlStatement::Delete(_)
@@ -118,6 +116,22 @@ fn keeps_plan(statement: &DfStatement) -> Option<bool> {
         DfStatement::Explain(_) => Some(true),
         _ => None,
     }
+}
+
+/// Whether a statement shows settings or the catalog (SHOW …): its plan
+/// holds that data, so it is planned at every execution.
+fn shows_data(statement: &DfStatement) -> bool {
+    matches!(
+        statement,
+        DfStatement::Statement(inner) if matches!(
+            inner.as_ref(),
+            SqlStatement::ShowVariable { .. }
+                | SqlStatement::ShowVariables { .. }
+                | SqlStatement::ShowTables { .. }
+                | SqlStatement::ShowColumns { .. }
+                | SqlStatement::ShowFunctions { .. }
+        )
+    )
 }
 
 /// The name of an `EXECUTE name (…)`.
@@ -144,8 +158,10 @@ fn cast_parameter(value: ScalarValue, to: &DataType, index: usize) -> Result<Sca
     }
     let from = value.data_type();
     value.cast_to(to).map_err(|e| {
-        let state = if matches!(from, DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8)
-        {
+        let state = if matches!(
+            from,
+            DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
+        ) {
             SqlState::INVALID_TEXT_REPRESENTATION
         } else if from.is_numeric() && to.is_numeric() {
             SqlState::NUMERIC_VALUE_OUT_OF_RANGE
@@ -234,17 +250,7 @@ impl Engine {
         };
         let mut sql = sql.as_ref().clone();
         crate::time_travel::resolve_time_travel(self, &mut sql).await?;
-        let shows = matches!(
-            &sql,
-            DfStatement::Statement(inner) if matches!(
-                inner.as_ref(),
-                SqlStatement::ShowVariable { .. }
-                    | SqlStatement::ShowVariables { .. }
-                    | SqlStatement::ShowTables { .. }
-                    | SqlStatement::ShowColumns { .. }
-                    | SqlStatement::ShowFunctions { .. }
-            )
-        );
+        let shows = shows_data(&sql);
         let plan = self.plan(sql).await?;
         self.check_plan(&plan)?;
         let mut reads_views = shows;
@@ -421,7 +427,9 @@ impl Engine {
             pipe_operators: vec![],
         };
         let plan = self
-            .plan(DfStatement::Statement(Box::new(SqlStatement::Query(Box::new(query)))))
+            .plan(DfStatement::Statement(Box::new(SqlStatement::Query(
+                Box::new(query),
+            ))))
             .await?;
         let batches = self.ctx.execute_logical_plan(plan).await?.collect().await?;
         let batch = batches
@@ -527,7 +535,10 @@ mod tests {
     }
 
     async fn run(engine: &Engine, sql: &str) -> Outcome {
-        engine.execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
+        engine
+            .execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,7 +553,9 @@ mod tests {
             "INSERT INTO pt SELECT value, 'v' || value FROM generate_series(1, 300)",
         )
         .await;
-        let parsed = engine.parse("SELECT v FROM pt WHERE k = $1").expect("parse");
+        let parsed = engine
+            .parse("SELECT v FROM pt WHERE k = $1")
+            .expect("parse");
         let prepared = engine.prepare(parsed).await.expect("prepare");
         assert_eq!(
             prepared.placeholder_types(),
@@ -633,8 +646,14 @@ mod tests {
         let engine = Engine::open(dir.path().to_str().expect("utf8"), EngineConfig::default())
             .await
             .expect("open");
-        run(&engine, "CREATE TABLE t (id INT NOT NULL, s VARCHAR, d DATE)").await;
-        let parsed = engine.parse("INSERT INTO t VALUES ($1, $2, $3)").expect("parse");
+        run(
+            &engine,
+            "CREATE TABLE t (id INT NOT NULL, s VARCHAR, d DATE)",
+        )
+        .await;
+        let parsed = engine
+            .parse("INSERT INTO t VALUES ($1, $2, $3)")
+            .expect("parse");
         let insert = engine.prepare(parsed).await.expect("prepare");
         let injection = "'); DROP TABLE t; --";
         for (id, day) in [(1, "2024-02-29"), (2, "2024-03-01")] {
@@ -643,7 +662,11 @@ mod tests {
                 ScalarValue::Utf8(Some(injection.into())),
                 ScalarValue::Utf8(Some(day.into())),
             ];
-            match engine.execute_prepared(&insert, values).await.expect("insert") {
+            match engine
+                .execute_prepared(&insert, values)
+                .await
+                .expect("insert")
+            {
                 Outcome::Command { tag, .. } => assert_eq!(tag, "INSERT 0 1"),
                 Outcome::Rows(_) => panic!("rows"),
             }
@@ -658,7 +681,10 @@ mod tests {
             ScalarValue::Utf8(Some("changed".into())),
             ScalarValue::Int32(Some(2)),
         ];
-        engine.execute_prepared(&update, values).await.expect("update");
+        engine
+            .execute_prepared(&update, values)
+            .await
+            .expect("update");
         // Version 1 is the first INSERT: one row, still the original text.
         let parsed = engine
             .parse("SELECT count(*) FROM t VERSION AS OF 1 WHERE s = $1")

@@ -81,8 +81,14 @@ impl Settings {
 
 /// Cirro's read-only session counters, shown by `SHOW cirro.<name>`.
 pub(crate) const COUNTERS: &[(&str, &str)] = &[
-    ("cirro.parses", "times a parser ran over a statement of this session"),
-    ("cirro.plans", "statements of this session planned (SQL to a logical plan)"),
+    (
+        "cirro.parses",
+        "times a parser ran over a statement of this session",
+    ),
+    (
+        "cirro.plans",
+        "statements of this session planned (SQL to a logical plan)",
+    ),
 ];
 
 pub(crate) fn setting_name(name: &str) -> Result<&'static str> {
@@ -207,7 +213,8 @@ impl Engine {
                 let value = self.setting_value(&name)?;
                 let schema = Arc::new(Schema::new(vec![Field::new(&name, DataType::Utf8, false)]));
                 let column: ArrayRef = Arc::new(StringArray::from(vec![value]));
-                self.batch_rows(RecordBatch::try_new(schema, vec![column])?).await
+                self.batch_rows(RecordBatch::try_new(schema, vec![column])?)
+                    .await
             }
             SettingStatement::ShowAll => {
                 let mut rows: Vec<(String, String, String)> = SETTINGS
@@ -338,7 +345,10 @@ mod show_all {
         let engine = Engine::open(dir.path().to_str().expect("utf8"), config)
             .await
             .expect("open");
-        engine.execute("SET statement_timeout = '2s'").await.expect("set");
+        engine
+            .execute("SET statement_timeout = '2s'")
+            .await
+            .expect("set");
         let Outcome::Rows(stream) = engine.execute("SHOW ALL").await.expect("show all") else {
             panic!("no rows");
         };

@@ -129,7 +129,10 @@ impl VisitorMut for AsOfClauses<'_> {
 
 /// Resolve the `AS OF` clauses of `statement` (see the module docs): after
 /// this, the statement names only tables the session can serve.
-pub(crate) async fn resolve_time_travel(engine: &Engine, statement: &mut DfStatement) -> Result<()> {
+pub(crate) async fn resolve_time_travel(
+    engine: &Engine,
+    statement: &mut DfStatement,
+) -> Result<()> {
     engine.session.clear_versions();
     let DfStatement::Statement(inner) = statement else {
         return Ok(());
@@ -288,4 +291,3 @@ fn parse_timestamp(text: &str) -> Result<chrono::DateTime<chrono::Utc>> {
         format!("invalid timestamp \"{text}\": use 'YYYY-MM-DD HH:MM:SS' (UTC) or RFC 3339"),
     ))
 }
-

@@ -217,9 +217,15 @@ pub(crate) mod tests {
         assert!(matches!(kind("  -- nothing\n"), Statement::Empty));
         assert!(matches!(kind("show all;"), Statement::Setting(_)));
         assert!(matches!(kind("show tables"), Statement::Sql(_)));
-        assert!(matches!(kind("grant select on t to u"), Statement::Access(_)));
+        assert!(matches!(
+            kind("grant select on t to u"),
+            Statement::Access(_)
+        ));
         assert!(matches!(kind("drop table t"), Statement::Sql(_)));
-        assert!(matches!(kind("describe history t"), Statement::Maintenance(_)));
+        assert!(matches!(
+            kind("describe history t"),
+            Statement::Maintenance(_)
+        ));
         assert!(matches!(kind("describe t"), Statement::Sql(_)));
         assert!(matches!(kind("commit"), Statement::Transaction(_)));
         assert!(matches!(
@@ -262,12 +268,16 @@ pub(crate) mod tests {
             Statement::Copy(CopyStatement::FromFile(copy)) => copy,
             other => panic!("{other:?}"),
         };
-        let lineitem = copy("COPY lineitem FROM '/x/l.tbl' (FORMAT csv, DELIMITER '|', HEADER false)");
+        let lineitem =
+            copy("COPY lineitem FROM '/x/l.tbl' (FORMAT csv, DELIMITER '|', HEADER false)");
         assert_eq!(lineitem.delimiter, b'|');
         assert!(!lineitem.header);
         assert_eq!(lineitem.format, FileFormat::Csv);
         assert_eq!(lineitem.path, "/x/l.tbl");
-        assert_eq!(copy("copy t from 'a.parquet' (format parquet)").format, FileFormat::Parquet);
+        assert_eq!(
+            copy("copy t from 'a.parquet' (format parquet)").format,
+            FileFormat::Parquet
+        );
         let err = parse("COPY t FROM 'x' (FORMAT avro)").expect_err("refused");
         assert_eq!(err.state, SqlState::FEATURE_NOT_SUPPORTED);
         let err = parse("COPY t FROM 'x' (FORMAT parquet, DELIMITER '|')").expect_err("refused");
@@ -280,7 +290,11 @@ pub(crate) mod tests {
         assert!(matches!(parsed.statement, Statement::Sql(_)));
         // A string that merely mentions pg_ is an ordinary query.
         assert!(!pg_catalog::is_catalog_query(&solid("SELECT 'pg_class'")));
-        assert!(pg_catalog::is_catalog_query(&solid("select * from pg_catalog.pg_type")));
-        assert!(!pg_catalog::is_catalog_query(&solid("insert into t select current_user")));
+        assert!(pg_catalog::is_catalog_query(&solid(
+            "select * from pg_catalog.pg_type"
+        )));
+        assert!(!pg_catalog::is_catalog_query(&solid(
+            "insert into t select current_user"
+        )));
     }
 }

@@ -118,7 +118,10 @@ impl<'a> Words<'a> {
         }
     }
 
-    pub(crate) fn list<T>(&mut self, mut item: impl FnMut(&mut Self) -> Result<T>) -> Result<Vec<T>> {
+    pub(crate) fn list<T>(
+        &mut self,
+        mut item: impl FnMut(&mut Self) -> Result<T>,
+    ) -> Result<Vec<T>> {
         let mut items = vec![item(self)?];
         while self.token(&Token::Comma) {
             items.push(item(self)?);

@@ -20,6 +20,7 @@ use arrow::compute::CastOptions;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use cirro_common::limits::DATA_FILE_BYTES_TARGET;
+use cirro_common::limits::DATA_PAGE_ROWS_MAX;
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::datasource::sink::DataSink;
 use datafusion::error::Result as DfResult;
@@ -33,7 +34,6 @@ use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
-use cirro_common::limits::DATA_PAGE_ROWS_MAX;
 use parquet::file::properties::WriterProperties;
 
 use crate::failpoint;

@@ -176,20 +176,46 @@ fn flags(cli: &Cli) -> Vec<Flag> {
         description,
     };
     let mut flags = vec![
-        flag("cirro.data", cli.data.clone(), "data location (--data, CIRRO_DATA)"),
+        flag(
+            "cirro.data",
+            cli.data.clone(),
+            "data location (--data, CIRRO_DATA)",
+        ),
         flag(
             "cirro.threads",
-            cli.threads.map(|t| t.to_string()).unwrap_or_else(|| "all cores".into()),
+            cli.threads
+                .map(|t| t.to_string())
+                .unwrap_or_else(|| "all cores".into()),
             "threads for query execution (--threads, CIRRO_THREADS)",
         ),
     ];
     if let Command::Serve(args) = &cli.command {
         flags.extend([
-            flag("cirro.listen", args.listen.clone(), "address the server listens on (--listen, CIRRO_LISTEN)"),
-            flag("cirro.pg_port", args.pg_port.to_string(), "PostgreSQL protocol port (--pg-port, CIRRO_PG_PORT)"),
-            flag("cirro.flight_port", args.flight_port.to_string(), "Arrow Flight SQL port (--flight-port, CIRRO_FLIGHT_PORT)"),
-            flag("cirro.tls", (args.tls_cert.is_some()).to_string(), "TLS with --tls-cert and --tls-key"),
-            flag("cirro.require_tls", args.require_tls.to_string(), "refuse connections without TLS (--require-tls)"),
+            flag(
+                "cirro.listen",
+                args.listen.clone(),
+                "address the server listens on (--listen, CIRRO_LISTEN)",
+            ),
+            flag(
+                "cirro.pg_port",
+                args.pg_port.to_string(),
+                "PostgreSQL protocol port (--pg-port, CIRRO_PG_PORT)",
+            ),
+            flag(
+                "cirro.flight_port",
+                args.flight_port.to_string(),
+                "Arrow Flight SQL port (--flight-port, CIRRO_FLIGHT_PORT)",
+            ),
+            flag(
+                "cirro.tls",
+                (args.tls_cert.is_some()).to_string(),
+                "TLS with --tls-cert and --tls-key",
+            ),
+            flag(
+                "cirro.require_tls",
+                args.require_tls.to_string(),
+                "refuse connections without TLS (--require-tls)",
+            ),
         ]);
     }
     flags

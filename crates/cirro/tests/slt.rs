@@ -258,7 +258,8 @@ fn pg_column(rows: &[tokio_postgres::Row], i: usize) -> Result<ArrayRef, SqlErro
                 .collect::<Vec<_>>(),
         )),
         Type::DATE => {
-            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).ok_or_else(|| error("epoch"))?;
+            let epoch =
+                chrono::NaiveDate::from_ymd_opt(1970, 1, 1).ok_or_else(|| error("epoch"))?;
             Arc::new(Date32Array::from(
                 get::<chrono::NaiveDate>(rows, i)?
                     .into_iter()
@@ -367,14 +368,12 @@ impl sqllogictest::AsyncDB for FlightSql {
 
     async fn run(&mut self, sql: &str) -> Result<Output, SqlError> {
         use arrow_flight::sql::client::FlightSqlServiceClient;
-        let channel = tonic::transport::Endpoint::from_shared(format!(
-            "http://127.0.0.1:{}",
-            self.port
-        ))
-        .map_err(error)?
-        .connect()
-        .await
-        .map_err(error)?;
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", self.port))
+                .map_err(error)?
+                .connect()
+                .await
+                .map_err(error)?;
         let mut client = FlightSqlServiceClient::new(channel);
         client
             .handshake("cirro", PASSWORD)
@@ -382,7 +381,10 @@ impl sqllogictest::AsyncDB for FlightSql {
             .map_err(flight_error)?;
         let mut last = DBOutput::StatementComplete(0);
         for statement in statements(sql) {
-            let info = client.execute(statement, None).await.map_err(flight_error)?;
+            let info = client
+                .execute(statement, None)
+                .await
+                .map_err(flight_error)?;
             let total = info.total_records;
             let endpoints = info.endpoint.clone();
             let schema = Arc::new(info.try_decode_schema().map_err(error)?);
@@ -390,10 +392,7 @@ impl sqllogictest::AsyncDB for FlightSql {
             for endpoint in endpoints {
                 let ticket = endpoint.ticket.ok_or_else(|| error("no ticket"))?;
                 let stream = client.do_get(ticket).await.map_err(flight_error)?;
-                let got: Vec<RecordBatch> = stream
-                    .try_collect()
-                    .await
-                    .map_err(flight_error)?;
+                let got: Vec<RecordBatch> = stream.try_collect().await.map_err(flight_error)?;
                 batches.extend(got);
             }
             last = if schema.fields().is_empty() {
@@ -511,7 +510,10 @@ async fn sqllogictest_in_process() {
         let root = cirro_storage::StorageRoot::open(data.to_str().expect("utf8 path"))
             .expect("data location");
         let catalog = Catalog::open(root).await.expect("catalog");
-        (Box::new(|| {}) as Box<dyn FnOnce() + Send>, InProcess { catalog })
+        (
+            Box::new(|| {}) as Box<dyn FnOnce() + Send>,
+            InProcess { catalog },
+        )
     })
     .await;
 }

@@ -61,8 +61,8 @@ use tonic::{Code, Request, Response, Status, Streaming};
 mod prepared;
 
 use crate::Shared;
-use prepared::{FlightPrepared, PREPARED_STATEMENTS_MAX};
 use crate::session::{Canceller, Session};
+use prepared::{FlightPrepared, PREPARED_STATEMENTS_MAX};
 
 /// A Flight SQL session unused this long is dropped with its pending results.
 const IDLE_SESSION: Duration = Duration::from_secs(3600);

@@ -46,7 +46,13 @@ pub(super) fn parameter_schema(prepared: &Prepared) -> Schema {
             .placeholder_types()
             .iter()
             .enumerate()
-            .map(|(i, t)| Field::new(format!("${}", i + 1), t.clone().unwrap_or(DataType::Utf8), true))
+            .map(|(i, t)| {
+                Field::new(
+                    format!("${}", i + 1),
+                    t.clone().unwrap_or(DataType::Utf8),
+                    true,
+                )
+            })
             .collect::<Vec<_>>(),
     )
 }

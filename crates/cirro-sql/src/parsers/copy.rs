@@ -200,7 +200,11 @@ fn needs_table() -> CirroError {
     CirroError::new(SqlState::SYNTAX_ERROR, "COPY FROM needs a table")
 }
 
-fn copy_from_file(source: CopySource, target: CopyTarget, given: GivenOptions) -> Result<CopyStatement> {
+fn copy_from_file(
+    source: CopySource,
+    target: CopyTarget,
+    given: GivenOptions,
+) -> Result<CopyStatement> {
     let CopySource::Table {
         table_name,
         columns,

@@ -32,7 +32,10 @@ mod tests {
     fn parses_deallocate() {
         let parse_sql = |sql: &str| parse(&solid(sql)).expect("parse");
         assert_eq!(parse_sql("DEALLOCATE ALL"), Some(None));
-        assert_eq!(parse_sql("deallocate prepare _pg3_1"), Some(Some("_pg3_1".into())));
+        assert_eq!(
+            parse_sql("deallocate prepare _pg3_1"),
+            Some(Some("_pg3_1".into()))
+        );
         assert_eq!(parse_sql("SELECT 1"), None);
         assert!(parse(&solid("DEALLOCATE")).is_err());
     }

@@ -46,11 +46,17 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<Maintenance>> {
                         format!("RETAIN needs a whole number of hours, not {n}"),
                     )
                 })?,
-                _ => return Err(syntax("syntax error: expected VACUUM name [RETAIN n HOURS]")),
+                _ => {
+                    return Err(syntax(
+                        "syntax error: expected VACUUM name [RETAIN n HOURS]",
+                    ));
+                }
             };
             words.at += 1;
             if !(words.keyword("hours") || words.keyword("hour")) {
-                return Err(syntax("syntax error: expected VACUUM name [RETAIN n HOURS]"));
+                return Err(syntax(
+                    "syntax error: expected VACUUM name [RETAIN n HOURS]",
+                ));
             }
             Maintenance::Vacuum(table, Some(hours))
         }

@@ -47,11 +47,12 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<SettingStatement>> {
         return Ok(None);
     }
     words.at = 1;
-    if set && (words.word_at(0, "transaction") || words.keywords(&["session", "characteristics"]))
-    {
+    if set && (words.word_at(0, "transaction") || words.keywords(&["session", "characteristics"])) {
         return Ok(Some(SettingStatement::TransactionMode));
     }
-    if set && (words.keyword("session") || words.keyword("local")) && words.word_at(0, "transaction")
+    if set
+        && (words.keyword("session") || words.keyword("local"))
+        && words.word_at(0, "transaction")
     {
         return Ok(Some(SettingStatement::TransactionMode));
     }
@@ -88,7 +89,9 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<SettingStatement>> {
     }
     if !set {
         words.end()?;
-        return Ok(Some(SettingStatement::Reset((name != "all").then_some(name))));
+        return Ok(Some(SettingStatement::Reset(
+            (name != "all").then_some(name),
+        )));
     }
     if !(words.token(&Token::Eq) || words.keyword("to")) && name != "timezone" {
         return Err(syntax(format!(
@@ -130,7 +133,10 @@ mod tests {
         );
         assert_eq!(
             parse_sql("SET SESSION statement_timeout = 100"),
-            Some(SettingStatement::Set("statement_timeout".into(), "100".into()))
+            Some(SettingStatement::Set(
+                "statement_timeout".into(),
+                "100".into()
+            ))
         );
         assert_eq!(
             parse_sql("show transaction isolation level"),

@@ -15,9 +15,13 @@ use crate::words::{Words, syntax};
 pub enum TransactionStatement {
     Begin,
     /// COMMIT; `chain` for AND CHAIN.
-    Commit { chain: bool },
+    Commit {
+        chain: bool,
+    },
     /// ROLLBACK; `chain` for AND CHAIN.
-    Rollback { chain: bool },
+    Rollback {
+        chain: bool,
+    },
     Savepoint(String),
     Release(String),
     RollbackTo(String),

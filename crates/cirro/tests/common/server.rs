@@ -160,4 +160,3 @@ pub fn interop_dir() -> PathBuf {
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
-
