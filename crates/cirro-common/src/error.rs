@@ -63,6 +63,7 @@ impl SqlState {
     pub const IO_ERROR: SqlState = SqlState("58030");
     pub const UNDEFINED_FILE: SqlState = SqlState("58P01");
     pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState("54000");
+    pub const STATEMENT_TOO_COMPLEX: SqlState = SqlState("54001");
     pub const INTERNAL_ERROR: SqlState = SqlState("XX000");
     pub const DATA_CORRUPTED: SqlState = SqlState("XX001");
 
@@ -241,13 +242,29 @@ fn from_arrow(err: &arrow::error::ArrowError) -> CirroError {
 
 fn cast_state(text: &str) -> SqlState {
     let lower = text.to_ascii_lowercase();
-    if lower.contains("overflow") || lower.contains("too large") || lower.contains("out of range") {
+    if lower.contains("overflow")
+        || lower.contains("too large")
+        || lower.contains("out of range")
+        || lower.contains("can't cast value")
+    {
         SqlState::NUMERIC_VALUE_OUT_OF_RANGE
     } else if lower.contains("date") || lower.contains("timestamp") {
         SqlState::INVALID_DATETIME_FORMAT
     } else {
         SqlState::INVALID_TEXT_REPRESENTATION
     }
+}
+
+/// The parser's nesting limit (parentheses, subqueries, function arguments,
+/// unary operators), as PostgreSQL reports running out of stack.
+pub fn too_deeply_nested() -> CirroError {
+    CirroError::new(
+        SqlState::STATEMENT_TOO_COMPLEX,
+        format!(
+            "statement too complex: expressions or subqueries nested more than {} levels deep",
+            crate::limits::STATEMENT_NESTING_DEPTH_MAX
+        ),
+    )
 }
 
 fn from_datafusion(err: DataFusionError) -> CirroError {
@@ -273,9 +290,12 @@ fn from_datafusion_ref(err: &DataFusionError) -> CirroError {
                 CirroError::io(inner.to_string())
             }
         }
-        D::SQL(inner, _) => {
-            CirroError::new(SqlState::SYNTAX_ERROR, format!("syntax error: {inner}"))
-        }
+        D::SQL(inner, _) => match inner.as_ref() {
+            datafusion::sql::sqlparser::parser::ParserError::RecursionLimitExceeded => {
+                too_deeply_nested()
+            }
+            _ => CirroError::new(SqlState::SYNTAX_ERROR, format!("syntax error: {inner}")),
+        },
         D::NotImplemented(msg) => CirroError::new(
             SqlState::FEATURE_NOT_SUPPORTED,
             format!("not supported: {msg}"),
@@ -429,7 +449,21 @@ fn clean_message(msg: &str) -> String {
             text = rest;
         }
     }
-    text.to_string()
+    out_of_range(text).unwrap_or_else(|| text.to_string())
+}
+
+/// Arrow's "Can't cast value 40000 to type Int16" as PostgreSQL says it:
+/// "smallint out of range".
+fn out_of_range(text: &str) -> Option<String> {
+    let rest = text.strip_prefix("Can't cast value ")?;
+    let (_, target) = rest.rsplit_once(" to type ")?;
+    let name = match target.trim() {
+        "Int8" | "Int16" | "UInt8" => "smallint",
+        "Int32" | "UInt16" => "integer",
+        "Int64" | "UInt32" | "UInt64" => "bigint",
+        _ => return None,
+    };
+    Some(format!("{name} out of range"))
 }
 
 #[cfg(test)]

@@ -23,3 +23,39 @@ pub const CATALOG_VERSIONS_KEPT: u64 = 32;
 
 /// Nesting depth of views referring to views, to stop cycles.
 pub const VIEW_NESTING_DEPTH_MAX: usize = 24;
+
+/// Bytes one SQL statement may have. The shapes that stress the planner (a
+/// 3,000-term OR of ~40 KB) sit far below; this bounds the parser's memory.
+pub const STATEMENT_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// How deep the parser may recurse: parentheses, subqueries, function
+/// arguments, unary operators (each level is one stack frame of the parser
+/// and of every pass after it).
+pub const STATEMENT_NESTING_DEPTH_MAX: usize = 200;
+
+/// Operators one chain of left-associative operators may hold (`1+1+…`,
+/// `a || b || …`, `x::t::t…`): each is one level of the expression tree that
+/// planning walks recursively. 10x the 2,000-term sums users were seen to send.
+pub const EXPRESSION_CHAIN_LENGTH_MAX: usize = 20_000;
+
+/// Levels of an operator chain between two `cirro_segment(…)` wrappers (see
+/// `cirro-sql/src/shape.rs` and `cirro-exec/src/rules/chains.rs`): what one
+/// "type of this subtree" or "name of this subtree" walks at most.
+pub const CHAIN_SEGMENT_LEVELS: usize = 32;
+
+/// The identity function that marks chain segments.
+pub const CHAIN_SEGMENT_FUNCTION: &str = "cirro_segment";
+
+/// Operators one statement may hold (`+`, `=`, `AND`, `IS`, `::`, …; commas
+/// and unary signs do not count): 10x the 3,000-term ORs (6,000 operators)
+/// users were seen to send, and a bound on how deep any expression tree the
+/// parser builds can be, checked on the tokens before the tree exists.
+/// (AND/OR chains are then rebuilt as balanced trees and `col = v OR col = w
+/// …` as `col IN (v, w, …)`, so their depth stays small.)
+pub const EXPRESSION_OPERATORS_MAX: usize = 100_000;
+
+/// Stack of each thread that parses, plans or runs statements. Deep
+/// expressions recurse in planning and in dropping plans; the chain limit
+/// and operator limits above are sized so that the deepest statement they
+/// allow fits with room to spare (the hardening tests run at the limits).
+pub const STATEMENT_THREAD_STACK_BYTES: usize = 256 * 1024 * 1024;

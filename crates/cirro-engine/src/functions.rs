@@ -21,6 +21,7 @@ use datafusion::logical_expr::Expr;
 pub(crate) fn register(ctx: &SessionContext) {
     ctx.register_udtf("read_parquet", Arc::new(ReadFile { csv: false }));
     ctx.register_udtf("read_csv", Arc::new(ReadFile { csv: true }));
+    ctx.register_udf(cirro_exec::rules::segment_udf().as_ref().clone());
 }
 
 #[derive(Debug)]

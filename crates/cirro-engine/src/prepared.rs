@@ -230,7 +230,7 @@ impl Engine {
         let placeholder_types = (1..=placeholders)
             .map(|i| types.get(&format!("${i}")).cloned().flatten())
             .collect();
-        let schema = returns_rows.then(|| Arc::new(plan.schema().as_arrow().clone()));
+        let schema = returns_rows.then(|| self.output_schema(&plan));
         Ok(Prepared {
             statement,
             placeholder_types,
@@ -241,6 +241,23 @@ impl Engine {
                 reads_views,
             })),
         })
+    }
+
+    /// The columns `plan` returns once analyzed: Cirro's analyzer rules change
+    /// types (`sum` of a BIGINT is NUMERIC), and a client must be told the
+    /// types the rows will have. (The plan as planned, if it cannot be
+    /// analyzed before its parameters are known.)
+    fn output_schema(&self, plan: &LogicalPlan) -> arrow::datatypes::SchemaRef {
+        let state = self.ctx.state();
+        let analyzed =
+            state
+                .analyzer()
+                .execute_and_check(plan.clone(), state.config_options(), |_, _| {});
+        let schema = match &analyzed {
+            Ok(analyzed) => analyzed.schema(),
+            Err(_) => plan.schema(),
+        };
+        Arc::new(schema.as_arrow().clone())
     }
 
     /// Plan a statement that keeps its plan; says whether it reads views.

@@ -28,12 +28,14 @@
 pub mod dialect;
 mod parsers;
 mod pg_catalog;
+mod shape;
 pub mod split;
 pub mod statement;
 mod words;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use cirro_common::limits::STATEMENT_NESTING_DEPTH_MAX;
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::sql::parser::DFParserBuilder;
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
@@ -44,10 +46,6 @@ pub use statement::*;
 
 /// Parser runs in this process (see [`parse_count`]).
 static PARSES: AtomicU64 = AtomicU64::new(0);
-
-/// How deep the parser may recurse (nested expressions and subqueries):
-/// DataFusion's default.
-const PARSER_RECURSION_DEPTH_MAX: usize = 50;
 
 thread_local! {
     /// Parser runs on this thread: parsing is synchronous, so the difference
@@ -108,8 +106,10 @@ pub fn parse(sql: &str) -> Result<Parsed> {
 }
 
 fn parse_statement(sql: &str) -> Result<Parsed> {
+    shape::check_length(sql)?;
     let tokens = tokenize(sql)?;
     let solid = solid_tokens(&tokens);
+    shape::check_operators(&solid)?;
     let placeholders = placeholders(&solid);
     let parsed = |statement| {
         Ok(Parsed {
@@ -151,9 +151,9 @@ fn parse_statement(sql: &str) -> Result<Parsed> {
     if pg_catalog::is_catalog_query(&solid) {
         count_parse();
         if let Some(statement) = pg_catalog::parse_catalog_query(sql) {
-            return parsed(Statement::Sql(Box::new(
-                datafusion::sql::parser::Statement::Statement(Box::new(statement)),
-            )));
+            let mut statement = datafusion::sql::parser::Statement::Statement(Box::new(statement));
+            shape::shape(&mut statement)?;
+            return parsed(Statement::Sql(Box::new(statement)));
         }
     }
     parsed(Statement::Sql(Box::new(parse_datafusion(tokens)?)))
@@ -164,11 +164,14 @@ fn parse_datafusion(tokens: Vec<TokenWithSpan>) -> Result<datafusion::sql::parse
     count_parse();
     let mut parser = DFParserBuilder::new(tokens)
         .with_dialect(&CirroDialect)
-        .with_recursion_limit(PARSER_RECURSION_DEPTH_MAX)
+        .with_recursion_limit(STATEMENT_NESTING_DEPTH_MAX)
         .build()?;
     let mut statements = parser.parse_statements()?;
     match (statements.pop_front(), statements.is_empty()) {
-        (Some(statement), true) => Ok(statement),
+        (Some(mut statement), true) => {
+            shape::shape(&mut statement)?;
+            Ok(statement)
+        }
         (None, _) => Err(CirroError::internal("a statement parsed into nothing")),
         (Some(_), false) => Err(CirroError::new(
             SqlState::SYNTAX_ERROR,

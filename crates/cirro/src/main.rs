@@ -149,8 +149,28 @@ fn main() -> ExitCode {
     limit_malloc_arenas();
     let cli = Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // Statements are parsed, planned and run on threads whose stack holds the
+    // deepest expression the limits allow (cirro_common::limits): the
+    // runtime's workers and blocking threads, and this one for the shell.
+    let stack = cirro_common::limits::STATEMENT_THREAD_STACK_BYTES;
+    let main = std::thread::Builder::new()
+        .name("cirro-main".into())
+        .stack_size(stack)
+        .spawn(move || run_main(cli, stack));
+    match main.map(|thread| thread.join()) {
+        Ok(Ok(code)) => code,
+        Ok(Err(_)) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("ERROR: cannot start the main thread: {e} (SQLSTATE XX000)");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_main(cli: Cli, stack: usize) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(stack)
         .build()
     {
         Ok(runtime) => runtime,

@@ -1,0 +1,3 @@
+//! Cirro's own scalar functions that planning rules put into plans.
+
+pub mod checked;

@@ -1,0 +1,8 @@
+//! Cirro's own planning rules and operators on top of DataFusion's.
+//!
+//! - `rules/`: analyzer and optimizer rules ([`rules::analyzer_rules`] puts
+//!   them in their places around DataFusion's own);
+//! - `functions/`: the scalar functions those rules put into plans.
+
+pub mod functions;
+pub mod rules;

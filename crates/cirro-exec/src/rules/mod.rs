@@ -1,0 +1,65 @@
+//! Cirro's planning rules and where they run among DataFusion's.
+
+mod chains;
+mod checked;
+mod segment;
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{DFSchema, Result};
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::utils::merge_schema;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::optimizer::AnalyzerRule;
+use datafusion::optimizer::analyzer::Analyzer;
+
+pub use chains::TypeChainSegments;
+pub use checked::CheckedArithmetic;
+pub use segment::segment_udf;
+
+/// DataFusion's analyzer rules with Cirro's in their places:
+/// [`TypeChainSegments`] before type coercion, [`CheckedArithmetic`] after it.
+pub fn analyzer_rules() -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
+    let mut rules = Vec::new();
+    for rule in Analyzer::new().rules {
+        if rule.name() == "type_coercion" {
+            rules.push(Arc::new(TypeChainSegments) as Arc<dyn AnalyzerRule + Send + Sync>);
+        }
+        let coercion = rule.name() == "type_coercion";
+        rules.push(rule);
+        if coercion {
+            rules.push(Arc::new(CheckedArithmetic) as Arc<dyn AnalyzerRule + Send + Sync>);
+        }
+    }
+    rules
+}
+
+/// Rewrite each expression of `plan` that has a node `wanted` picks with
+/// `rewrite` (which gets the schema the expressions are typed against: the
+/// inputs', and a scan's source), keeping the expressions' names.
+pub(crate) fn rewrite_expressions(
+    plan: LogicalPlan,
+    wanted: impl Fn(&Expr) -> bool,
+    rewrite: impl Fn(Expr, &DFSchema) -> Result<Transformed<Expr>>,
+) -> Result<Transformed<LogicalPlan>> {
+    let has = |expr: &Expr| expr.exists(|e| Ok(wanted(e)));
+    if !plan.expressions().iter().any(|e| has(e).unwrap_or(false)) {
+        return Ok(Transformed::no(plan));
+    }
+    let mut schema = merge_schema(&plan.inputs());
+    if let LogicalPlan::TableScan(scan) = &plan {
+        schema.merge(&DFSchema::try_from_qualified_schema(
+            scan.table_name.clone(),
+            &scan.source.schema(),
+        )?);
+    }
+    let names = NamePreserver::new(&plan);
+    plan.map_expressions(|expr| {
+        if !has(&expr)? {
+            return Ok(Transformed::no(expr));
+        }
+        let name = names.save(&expr);
+        rewrite(expr, &schema).map(|t| t.update_data(|e| name.restore(e)))
+    })
+}

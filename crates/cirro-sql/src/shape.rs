@@ -1,0 +1,579 @@
+//! The shape of a parsed statement, bounded and made cheap to plan before
+//! anything walks it recursively.
+//!
+//! The parser builds a chain of left-associative operators (`1+1+…`,
+//! `a OR b OR …`, `x::t::t…`) in a loop, so a long chain costs it nothing but
+//! gives a tree as deep as the chain is long: every later pass (our visitors,
+//! DataFusion's planner and optimizer, dropping the tree) recurses once per
+//! level, and DataFusion's type coercion asks each level for the type of the
+//! whole subtree below it (quadratic). So, right after parsing:
+//!
+//! - AND/OR chains of [`FLATTEN_LENGTH_MIN`] terms or more are rebuilt as
+//!   balanced trees (depth log2(n); AND and OR are associative, also with
+//!   NULLs), and inside an OR chain, the equalities of one column with literals
+//!   become one `col IN (v, w, …)` (the definition of IN).
+//! - Any other chain may be at most [`EXPRESSION_CHAIN_LENGTH_MAX`] operators
+//!   long (sums cannot be regrouped: with overflow checks and floating point,
+//!   `(a+b)+c` and `a+(b+c)` differ). The statement threads' stacks are sized
+//!   for that depth ([`STATEMENT_THREAD_STACK_BYTES`]). Every
+//!   [`CHAIN_SEGMENT_LEVELS`]-th level of a longer chain is wrapped in
+//!   `cirro_segment(…)`, the identity, which keeps the planner's per-level
+//!   walks short (see `cirro-exec/src/rules/chains.rs`).
+//!
+//! Before the parser runs, the text is bounded by [`STATEMENT_BYTES_MAX`] and
+//! its operator tokens by [`EXPRESSION_OPERATORS_MAX`], which bounds how deep
+//! any tree the parser can build is (so that even the tree of a refused
+//! statement can be dropped safely); nesting (parentheses, subqueries) is
+//! bounded by the parser's recursion limit ([`STATEMENT_NESTING_DEPTH_MAX`]).
+//! Every limit gives 54001 before any deep walk.
+//!
+//! [`STATEMENT_THREAD_STACK_BYTES`]: cirro_common::limits::STATEMENT_THREAD_STACK_BYTES
+//! [`STATEMENT_NESTING_DEPTH_MAX`]: cirro_common::limits::STATEMENT_NESTING_DEPTH_MAX
+
+use std::ops::ControlFlow;
+
+use cirro_common::limits::{
+    CHAIN_SEGMENT_FUNCTION, CHAIN_SEGMENT_LEVELS, EXPRESSION_CHAIN_LENGTH_MAX,
+    EXPRESSION_OPERATORS_MAX, STATEMENT_BYTES_MAX,
+};
+use cirro_common::{CirroError, Result, SqlState};
+use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
+use datafusion::sql::sqlparser::ast::{
+    BinaryOperator, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList,
+    FunctionArguments, Ident, ObjectName, UnaryOperator, Value, VisitMut, VisitorMut,
+};
+use datafusion::sql::sqlparser::tokenizer::Token;
+
+/// AND/OR chains shorter than this keep the shape the user wrote (and the
+/// EXPLAIN output they expect); a balanced tree of up to 2^31 terms has a
+/// left spine shorter than this, so a rebuilt chain is never rebuilt again.
+pub const FLATTEN_LENGTH_MIN: usize = 32;
+
+/// Refuse statement text over [`STATEMENT_BYTES_MAX`] (54001).
+pub fn check_length(sql: &str) -> Result<()> {
+    if sql.len() > STATEMENT_BYTES_MAX {
+        return Err(too_complex(format!(
+            "the statement is {} bytes long (at most {STATEMENT_BYTES_MAX})",
+            sql.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Words that the parser's operator loop treats as infix or postfix operators.
+const OPERATOR_WORDS: [&str; 12] = [
+    "AND", "OR", "IS", "IN", "LIKE", "ILIKE", "BETWEEN", "SIMILAR", "COLLATE", "AT", "REGEXP",
+    "RLIKE",
+];
+
+/// Refuse a statement with more than [`EXPRESSION_OPERATORS_MAX`] operator
+/// tokens (54001): `+` and `-` count where they follow an operand (so signed
+/// numbers in a long VALUES list do not), commas, parentheses and names do not.
+pub fn check_operators(solid: &[Token]) -> Result<()> {
+    let mut operators = 0;
+    let mut after_operand = false;
+    for token in solid {
+        let (operator, operand) = match token {
+            Token::Word(w)
+                if w.quote_style.is_none()
+                    && OPERATOR_WORDS
+                        .iter()
+                        .any(|o| w.value.eq_ignore_ascii_case(o)) =>
+            {
+                (true, false)
+            }
+            Token::Word(_)
+            | Token::Number(..)
+            | Token::Placeholder(_)
+            | Token::RParen
+            | Token::RBracket => (false, true),
+            Token::Plus | Token::Minus => (after_operand, false),
+            Token::Comma
+            | Token::LParen
+            | Token::LBracket
+            | Token::LBrace
+            | Token::RBrace
+            | Token::Period
+            | Token::Colon
+            | Token::SemiColon
+            | Token::Whitespace(_)
+            | Token::EOF => (false, false),
+            other => match is_literal(other) {
+                true => (false, true),
+                false => (true, false),
+            },
+        };
+        operators += usize::from(operator);
+        after_operand = operand;
+    }
+    if operators > EXPRESSION_OPERATORS_MAX {
+        return Err(too_complex(format!(
+            "the statement has {operators} operators (at most {EXPRESSION_OPERATORS_MAX})"
+        )));
+    }
+    Ok(())
+}
+
+fn is_literal(token: &Token) -> bool {
+    matches!(
+        token,
+        Token::SingleQuotedString(_)
+            | Token::DoubleQuotedString(_)
+            | Token::TripleSingleQuotedString(_)
+            | Token::TripleDoubleQuotedString(_)
+            | Token::DollarQuotedString(_)
+            | Token::SingleQuotedByteStringLiteral(_)
+            | Token::DoubleQuotedByteStringLiteral(_)
+            | Token::TripleSingleQuotedByteStringLiteral(_)
+            | Token::TripleDoubleQuotedByteStringLiteral(_)
+            | Token::SingleQuotedRawStringLiteral(_)
+            | Token::DoubleQuotedRawStringLiteral(_)
+            | Token::TripleSingleQuotedRawStringLiteral(_)
+            | Token::TripleDoubleQuotedRawStringLiteral(_)
+            | Token::NationalStringLiteral(_)
+            | Token::EscapedStringLiteral(_)
+            | Token::UnicodeStringLiteral(_)
+            | Token::HexStringLiteral(_)
+    )
+}
+
+/// Bound and rebalance the expressions of one parsed statement (see the
+/// module comment).
+pub fn shape(statement: &mut DFStatement) -> Result<()> {
+    let mut shaper = Shaper::default();
+    let flow = match statement {
+        DFStatement::Statement(inner) => inner.visit(&mut shaper),
+        DFStatement::Explain(explain) => return shape(&mut explain.statement),
+        DFStatement::CopyTo(copy) => match &mut copy.source {
+            CopyToSource::Query(query) => query.visit(&mut shaper),
+            CopyToSource::Relation(_) => ControlFlow::Continue(()),
+        },
+        _ => ControlFlow::Continue(()),
+    };
+    match flow {
+        ControlFlow::Continue(()) => Ok(()),
+        ControlFlow::Break(err) => Err(err),
+    }
+}
+
+fn too_complex(what: String) -> CirroError {
+    CirroError::new(
+        SqlState::STATEMENT_TOO_COMPLEX,
+        format!("statement too complex: {what}"),
+    )
+}
+
+#[derive(Default)]
+struct Shaper;
+
+impl VisitorMut for Shaper {
+    type Break = CirroError;
+
+    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<CirroError> {
+        if let Expr::BinaryOp {
+            op: op @ (BinaryOperator::And | BinaryOperator::Or),
+            ..
+        } = expr
+        {
+            let op = op.clone();
+            if logical_spine(expr, &op) >= FLATTEN_LENGTH_MIN {
+                rebuild_logical(expr, op);
+            }
+            return ControlFlow::Continue(());
+        }
+        // Segments end a chain for this count, so a segmented chain's pieces
+        // are each measured once, below: linear in all.
+        let mut length = 0;
+        let mut node: &Expr = expr;
+        while let Some(child) = chain_child(node) {
+            length += 1;
+            if length > EXPRESSION_CHAIN_LENGTH_MAX {
+                return ControlFlow::Break(too_complex(format!(
+                    "a chain of operators is more than {EXPRESSION_CHAIN_LENGTH_MAX} long"
+                )));
+            }
+            node = child;
+        }
+        if length > CHAIN_SEGMENT_LEVELS {
+            segment_chain(expr, length);
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// Wrap the levels of a `length`-long chain that lie a multiple of
+/// [`CHAIN_SEGMENT_LEVELS`] above its bottom (its top excepted) in
+/// `cirro_segment(…)`. Each piece is then at most that long, and is not
+/// segmented again when the visitor reaches it.
+fn segment_chain(expr: &mut Expr, length: usize) {
+    let mut node = expr;
+    for above_bottom in (1..=length).rev() {
+        if above_bottom % CHAIN_SEGMENT_LEVELS == 0 && above_bottom < length {
+            let level = std::mem::replace(node, Expr::value(Value::Null));
+            *node = segment_call(level);
+            node = segment_argument(node);
+        }
+        node = match chain_child_mut(node) {
+            Some(child) => child,
+            None => return,
+        };
+    }
+}
+
+fn segment_call(expr: Expr) -> Expr {
+    Expr::Function(Function {
+        name: ObjectName::from(vec![Ident::new(CHAIN_SEGMENT_FUNCTION)]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(FunctionArgumentList {
+            duplicate_treatment: None,
+            args: vec![FunctionArg::Unnamed(FunctionArgExpr::Expr(expr))],
+            clauses: Vec::new(),
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: Vec::new(),
+    })
+}
+
+fn segment_argument(call: &mut Expr) -> &mut Expr {
+    match call {
+        Expr::Function(Function {
+            args: FunctionArguments::List(list),
+            ..
+        }) => match list.args.first_mut() {
+            Some(FunctionArg::Unnamed(FunctionArgExpr::Expr(expr))) => expr,
+            _ => unreachable!("segment_call builds one unnamed argument"),
+        },
+        _ => unreachable!("segment_call builds a function call"),
+    }
+}
+
+/// The operand of an expression that the parser's operator loop puts on the
+/// left (the next level of a chain), for every infix and postfix operator;
+/// one match for [`chain_child`] and [`chain_child_mut`].
+macro_rules! chain_child_of {
+    ($expr:expr) => {
+        match $expr {
+            Expr::BinaryOp { left, .. }
+            | Expr::AnyOp { left, .. }
+            | Expr::AllOp { left, .. }
+            | Expr::IsDistinctFrom(left, _)
+            | Expr::IsNotDistinctFrom(left, _) => Some(left),
+            Expr::Cast { expr, .. }
+            | Expr::Between { expr, .. }
+            | Expr::Like { expr, .. }
+            | Expr::ILike { expr, .. }
+            | Expr::SimilarTo { expr, .. }
+            | Expr::RLike { expr, .. }
+            | Expr::InList { expr, .. }
+            | Expr::InSubquery { expr, .. }
+            | Expr::InUnnest { expr, .. }
+            | Expr::Collate { expr, .. }
+            | Expr::IsNull(expr)
+            | Expr::IsNotNull(expr)
+            | Expr::IsTrue(expr)
+            | Expr::IsNotTrue(expr)
+            | Expr::IsFalse(expr)
+            | Expr::IsNotFalse(expr)
+            | Expr::IsUnknown(expr)
+            | Expr::IsNotUnknown(expr) => Some(expr),
+            Expr::AtTimeZone { timestamp, .. } => Some(timestamp),
+            Expr::CompoundFieldAccess { root, .. } => Some(root),
+            Expr::JsonAccess { value, .. } => Some(value),
+            _ => None,
+        }
+    };
+}
+
+fn chain_child(expr: &Expr) -> Option<&Expr> {
+    chain_child_of!(expr)
+}
+
+fn chain_child_mut(expr: &mut Expr) -> Option<&mut Expr> {
+    chain_child_of!(expr)
+}
+
+/// How many `op` nodes the left spine of `expr` has (parentheses included:
+/// `(a OR b) OR c` is one chain).
+fn logical_spine(mut expr: &Expr, op: &BinaryOperator) -> usize {
+    let mut length = 0;
+    loop {
+        match expr {
+            Expr::BinaryOp { left, op: o, .. } if o == op => {
+                length += 1;
+                expr = left;
+            }
+            Expr::Nested(inner) if matches!(inner.as_ref(), Expr::BinaryOp { op: o, .. } if o == op) =>
+            {
+                expr = inner;
+            }
+            _ => return length,
+        }
+    }
+}
+
+/// Replace the `op` chain at `expr` by a balanced tree of its terms (in their
+/// order), with OR's column-equals-literal terms gathered into IN lists.
+fn rebuild_logical(expr: &mut Expr, op: BinaryOperator) {
+    // Collect the terms without recursion: the chain may be very deep.
+    let mut terms = Vec::new();
+    let mut pending = vec![std::mem::replace(expr, Expr::value(Value::Null))];
+    while let Some(node) = pending.pop() {
+        match node {
+            Expr::BinaryOp { left, op: o, right } if o == op => {
+                pending.push(*right);
+                pending.push(*left);
+            }
+            Expr::Nested(inner) if matches!(inner.as_ref(), Expr::BinaryOp { op: o, .. } if *o == op) =>
+            {
+                pending.push(*inner);
+            }
+            term => terms.push(term),
+        }
+    }
+    if op == BinaryOperator::Or {
+        terms = gather_in_lists(terms);
+    }
+    *expr = balanced(terms, &op);
+}
+
+/// `col = 1 OR x > 2 OR col = 3` → `col IN (1, 3) OR x > 2`: the terms that
+/// compare one column (or qualified column) with a number or string literal,
+/// two or more per column, become one IN list where the first of them stood.
+/// Literals of one kind only (all numbers or all strings), so the list's
+/// common type is what each comparison would have used.
+fn gather_in_lists(terms: Vec<Expr>) -> Vec<Expr> {
+    #[derive(PartialEq)]
+    enum Kind {
+        Number,
+        Text,
+    }
+    // For each term: the index of its group, if it compares a column with a literal.
+    let mut groups: Vec<(Expr, Kind, Vec<usize>)> = Vec::new();
+    let mut group_of = vec![None; terms.len()];
+    for (i, term) in terms.iter().enumerate() {
+        let Expr::BinaryOp {
+            left,
+            op: BinaryOperator::Eq,
+            right,
+        } = term
+        else {
+            continue;
+        };
+        let (column, literal) = match (is_column(left), is_column(right)) {
+            (true, false) => (left, right),
+            (false, true) => (right, left),
+            _ => continue,
+        };
+        let kind = match literal.as_ref() {
+            Expr::Value(v) => match &v.value {
+                Value::Number(..) => Kind::Number,
+                Value::SingleQuotedString(_) => Kind::Text,
+                _ => continue,
+            },
+            Expr::UnaryOp {
+                op: UnaryOperator::Minus,
+                expr,
+            } if matches!(expr.as_ref(), Expr::Value(v) if matches!(v.value, Value::Number(..))) => {
+                Kind::Number
+            }
+            _ => continue,
+        };
+        let index = match groups
+            .iter()
+            .position(|(c, k, _)| c == column.as_ref() && *k == kind)
+        {
+            Some(index) => index,
+            None => {
+                groups.push((column.as_ref().clone(), kind, Vec::new()));
+                groups.len() - 1
+            }
+        };
+        groups[index].2.push(i);
+        group_of[i] = Some(index);
+    }
+    let mut lists: Vec<Option<Vec<Expr>>> = groups
+        .iter()
+        .map(|(_, _, members)| (members.len() >= 2).then(Vec::new))
+        .collect();
+    let mut first_at = vec![usize::MAX; groups.len()];
+    let mut out: Vec<Option<Expr>> = Vec::with_capacity(terms.len());
+    for (i, term) in terms.into_iter().enumerate() {
+        let gathered = group_of[i].and_then(|g| lists[g].as_mut().map(|list| (g, list)));
+        match gathered {
+            Some((g, list)) => {
+                let Expr::BinaryOp { left, right, .. } = term else {
+                    unreachable!("grouped terms are equalities")
+                };
+                list.push(if is_column(&left) { *right } else { *left });
+                if first_at[g] == usize::MAX {
+                    first_at[g] = out.len();
+                    out.push(None);
+                }
+            }
+            None => out.push(Some(term)),
+        }
+    }
+    for (g, (column, _, _)) in groups.into_iter().enumerate() {
+        if let Some(list) = lists[g].take() {
+            out[first_at[g]] = Some(Expr::InList {
+                expr: Box::new(column),
+                list,
+                negated: false,
+            });
+        }
+    }
+    out.into_iter().flatten().collect()
+}
+
+fn is_column(expr: &Expr) -> bool {
+    matches!(expr, Expr::Identifier(_) | Expr::CompoundIdentifier(_))
+}
+
+/// The terms joined by `op` as a balanced tree, left to right.
+fn balanced(mut terms: Vec<Expr>, op: &BinaryOperator) -> Expr {
+    while terms.len() > 1 {
+        let mut next = Vec::with_capacity(terms.len().div_ceil(2));
+        let mut iter = terms.into_iter();
+        while let Some(left) = iter.next() {
+            next.push(match iter.next() {
+                Some(right) => Expr::BinaryOp {
+                    left: Box::new(left),
+                    op: op.clone(),
+                    right: Box::new(right),
+                },
+                None => left,
+            });
+        }
+        terms = next;
+    }
+    terms.pop().unwrap_or(Expr::value(Value::Null))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Statement, parse};
+
+    fn where_clause(sql: &str) -> String {
+        let parsed = parse(sql).expect("parse");
+        let Statement::Sql(statement) = parsed.statement else {
+            panic!("not SQL")
+        };
+        let text = statement.to_string();
+        text.split_once(" WHERE ")
+            .map(|(_, w)| w.to_string())
+            .unwrap_or(text)
+    }
+
+    #[test]
+    fn short_chains_keep_their_shape() {
+        assert_eq!(
+            where_clause("SELECT 1 FROM t WHERE a = 1 OR a = 2 OR b = 3"),
+            "a = 1 OR a = 2 OR b = 3"
+        );
+    }
+
+    #[test]
+    fn long_or_chains_become_in_lists_in_place() {
+        let terms: Vec<String> = (0..40).map(|i| format!("id = {i}")).collect();
+        let sql = format!(
+            "SELECT 1 FROM t WHERE x > 1 OR {} OR name = 'a' OR 'b' = name OR t.id = -5",
+            terms.join(" OR ")
+        );
+        let values: Vec<String> = (0..40).map(|i| i.to_string()).collect();
+        assert_eq!(
+            where_clause(&sql),
+            format!(
+                "x > 1 OR id IN ({}) OR name IN ('a', 'b') OR t.id = -5",
+                values.join(", ")
+            )
+        );
+    }
+
+    #[test]
+    fn long_and_chains_are_balanced() {
+        let terms: Vec<String> = (0..64).map(|i| format!("c{i} > 0")).collect();
+        let sql = format!("SELECT 1 FROM t WHERE {}", terms.join(" AND "));
+        let parsed = parse(&sql).expect("parse");
+        let Statement::Sql(statement) = parsed.statement else {
+            panic!("not SQL")
+        };
+        let text = statement.to_string();
+        // 64 terms: 6 levels, the same terms in the same order.
+        assert!(text.contains("c0 > 0 AND c1 > 0"), "{text}");
+        let order: Vec<usize> = (0..64)
+            .map(|i| text.find(&format!("c{i} > 0")).expect("term kept"))
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
+        let DFStatement::Statement(inner) = *statement else {
+            panic!()
+        };
+        let datafusion::sql::sqlparser::ast::Statement::Query(query) = *inner else {
+            panic!()
+        };
+        let datafusion::sql::sqlparser::ast::SetExpr::Select(select) = *query.body else {
+            panic!()
+        };
+        let selection = select.selection.expect("where");
+        assert_eq!(logical_spine(&selection, &BinaryOperator::And), 6);
+    }
+
+    /// Run `f` on a thread with the stack that statement threads get.
+    fn on_statement_stack(f: impl FnOnce() + Send + 'static) {
+        std::thread::Builder::new()
+            .stack_size(cirro_common::limits::STATEMENT_THREAD_STACK_BYTES)
+            .spawn(f)
+            .expect("spawn")
+            .join()
+            .expect("no panic");
+    }
+
+    #[test]
+    fn long_chains_are_segmented() {
+        let chain = vec!["x"; 70].join(" + ");
+        let text = where_clause(&format!("SELECT 1 FROM t WHERE {chain} > 0"));
+        // 69 operators (and the comparison on top): segments 32 and 64 levels up.
+        assert_eq!(text.matches("cirro_segment(").count(), 2, "{text}");
+        assert!(
+            text.starts_with("cirro_segment(cirro_segment(x + x"),
+            "{text}"
+        );
+        assert_eq!(text.matches('x').count(), 70, "{text}");
+    }
+
+    #[test]
+    fn limits_give_54001() {
+        on_statement_stack(limits_at_their_bounds);
+    }
+
+    fn limits_at_their_bounds() {
+        let chain = vec!["1"; EXPRESSION_CHAIN_LENGTH_MAX + 2].join("+");
+        let err = parse(&format!("SELECT {chain}")).expect_err("too long a chain");
+        assert_eq!(err.state, SqlState::STATEMENT_TOO_COMPLEX, "{err:?}");
+        let ok = vec!["1"; EXPRESSION_CHAIN_LENGTH_MAX].join("+");
+        parse(&format!("SELECT {ok}")).expect("a chain at the limit parses");
+
+        let ors: Vec<String> = (0..=EXPRESSION_OPERATORS_MAX / 2)
+            .map(|i| format!("a = {i}"))
+            .collect();
+        let err = parse(&format!("SELECT 1 FROM t WHERE {}", ors.join(" OR ")))
+            .expect_err("too many operators");
+        assert_eq!(err.state, SqlState::STATEMENT_TOO_COMPLEX, "{err:?}");
+        // Signed numbers and commas are not operators: a long VALUES list is fine.
+        let rows: Vec<String> = (0..EXPRESSION_OPERATORS_MAX)
+            .map(|i| format!("(-{i}, +1)"))
+            .collect();
+        parse(&format!("INSERT INTO t VALUES {}", rows.join(", "))).expect("long VALUES");
+
+        let nested = format!("SELECT {}1{}", "(".repeat(1000), ")".repeat(1000));
+        let err = parse(&nested).expect_err("too deep");
+        assert_eq!(err.state, SqlState::STATEMENT_TOO_COMPLEX, "{err:?}");
+
+        let long = format!("SELECT '{}'", "x".repeat(STATEMENT_BYTES_MAX));
+        let err = parse(&long).expect_err("too long");
+        assert_eq!(err.state, SqlState::STATEMENT_TOO_COMPLEX, "{err:?}");
+    }
+}
