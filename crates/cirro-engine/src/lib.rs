@@ -255,6 +255,7 @@ impl Engine {
             .with_config(session_config)
             .with_default_features()
             .with_analyzer_rules(cirro_exec::rules::analyzer_rules())
+            .with_physical_optimizer_rules(cirro_exec::rules::physical_optimizer_rules())
             .with_catalog_list(list.clone());
         if let Some(runtime) = &config.runtime {
             builder = builder.with_runtime_env(Arc::clone(runtime));

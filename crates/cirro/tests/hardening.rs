@@ -124,3 +124,50 @@ fn no_statement_shape_takes_the_server_down() {
     let casts = "::bigint".repeat(EXPRESSION_CHAIN_LENGTH_MAX + 2);
     refused(&server, &dir, &format!("SELECT 1{casts};"));
 }
+
+/// CPU seconds `pid` has used (user + system), from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc stat");
+    // Fields after the command name (which may hold spaces) start at "state".
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .expect("stat format")
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 =
+        fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
+    ticks / 100.0
+}
+
+/// statement_timeout stops the work, not only the reply: a cross join that
+/// would compute for many seconds stops using the CPU once 57014 is sent.
+#[test]
+fn statement_timeout_stops_the_work() {
+    let server = Server::start();
+    let pid = server.child.id();
+    let out = server.psql(
+        "cirro",
+        PASSWORD,
+        &[
+            "-c",
+            "SET statement_timeout = '1s'",
+            "-c",
+            "SELECT sum(a.value * b.value % 7) FROM generate_series(1, 100000) a, \
+             generate_series(1, 10000) b",
+        ],
+    );
+    assert!(
+        stderr(&out).contains("statement timeout"),
+        "{}",
+        stderr(&out)
+    );
+    let at_cancel = cpu_seconds(pid);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let used = cpu_seconds(pid) - at_cancel;
+    assert!(
+        used < 0.5,
+        "the server used {used:.2} s of CPU after the timeout"
+    );
+    assert_eq!(server.sql("SELECT 41 + 1").trim(), "42");
+}

@@ -3,6 +3,7 @@
 mod chains;
 mod checked;
 mod segment;
+mod yields;
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ use datafusion::optimizer::analyzer::Analyzer;
 pub use chains::TypeChainSegments;
 pub use checked::CheckedArithmetic;
 pub use segment::segment_udf;
+pub use yields::YieldAfterJoins;
 
 /// DataFusion's analyzer rules with Cirro's in their places:
 /// [`TypeChainSegments`] before type coercion, [`CheckedArithmetic`] after it.
@@ -32,6 +34,14 @@ pub fn analyzer_rules() -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
             rules.push(Arc::new(CheckedArithmetic) as Arc<dyn AnalyzerRule + Send + Sync>);
         }
     }
+    rules
+}
+
+/// DataFusion's physical optimizer rules, then Cirro's: [`YieldAfterJoins`].
+pub fn physical_optimizer_rules()
+-> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+    rules.push(Arc::new(YieldAfterJoins));
     rules
 }
 
