@@ -13,11 +13,15 @@
 //! - reading a view needs SELECT on the tables it reads;
 //! - DROP/OPTIMIZE/VACUUM of a table and GRANT/REVOKE on it need ownership;
 //! - managing users, databases and schemas, and reading or writing files on
-//!   the server (`read_parquet`, `COPY … FROM 'file'`, URL tables), needs a
-//!   superuser. A user may change their own password.
+//!   the server (`read_parquet`, `read_csv`, `COPY … FROM/TO 'file'`, URL
+//!   tables), needs a superuser, checked before any file is opened: the error
+//!   is the same whether the file exists or not. A user may change their own
+//!   password.
 
-use cirro_catalog::TableEntry;
+use std::sync::Arc;
+
 use cirro_catalog::users::{Privilege, ScramVerifier, UserEntry, undefined_user};
+use cirro_catalog::{Catalog, TableEntry};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_sql::AccessStatement;
 use datafusion::catalog::default_table_source::source_as_provider;
@@ -38,13 +42,31 @@ fn valid_password(password: &str) -> Result<&str> {
     Ok(password)
 }
 
-impl Engine {
-    /// The user this session runs as (None: the local shell, unrestricted).
-    pub fn user(&self) -> Option<&str> {
-        self.user.as_deref()
+/// Whether a session's user is a superuser, asked of the current catalog
+/// (ALTER USER takes effect at once). The table functions and URL tables the
+/// engine registers in DataFusion hold one, and ask it before they open any
+/// file, so that an unprivileged user learns nothing about the server's files.
+#[derive(Clone)]
+pub(crate) struct SuperuserCheck {
+    catalog: Arc<Catalog>,
+    /// None: the local shell, unrestricted.
+    user: Option<String>,
+}
+
+impl std::fmt::Debug for SuperuserCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SuperuserCheck")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SuperuserCheck {
+    pub(crate) fn new(catalog: Arc<Catalog>, user: Option<String>) -> Self {
+        Self { catalog, user }
     }
 
-    fn is_superuser(&self) -> bool {
+    pub(crate) fn holds(&self) -> bool {
         match &self.user {
             None => true,
             Some(user) => self
@@ -56,14 +78,34 @@ impl Engine {
         }
     }
 
-    pub(crate) fn require_superuser(&self, what: &str) -> Result<()> {
-        if self.is_superuser() {
+    /// 42501 unless a superuser: `what` needs a superuser.
+    pub(crate) fn require(&self, what: &str) -> Result<()> {
+        if self.holds() {
             return Ok(());
         }
         Err(CirroError::new(
             SqlState::INSUFFICIENT_PRIVILEGE,
             format!("permission denied: {what} needs a superuser"),
         ))
+    }
+}
+
+impl Engine {
+    /// The user this session runs as (None: the local shell, unrestricted).
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    fn superuser_check(&self) -> SuperuserCheck {
+        SuperuserCheck::new(Arc::clone(&self.catalog), self.user.clone())
+    }
+
+    fn is_superuser(&self) -> bool {
+        self.superuser_check().holds()
+    }
+
+    pub(crate) fn require_superuser(&self, what: &str) -> Result<()> {
+        self.superuser_check().require(what)
     }
 
     fn holds(&self, entry: &TableEntry, privilege: Privilege) -> bool {

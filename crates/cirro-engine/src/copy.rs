@@ -1,24 +1,29 @@
-//! COPY run by the engine: `COPY table FROM 'path' (FORMAT csv|parquet, …)`
-//! (a file on the server), the INSERT behind `COPY … FROM STDIN`, and the
-//! query behind `COPY … TO STDOUT`. The statements are parsed by `cirro-sql`
+//! COPY run by the engine: `COPY table FROM 'path'` (a file on the server),
+//! the INSERT behind `COPY … FROM STDIN`, the query behind `COPY … TO
+//! STDOUT`, and `COPY … TO 'path'`. The statements are parsed by `cirro-sql`
 //! (`parsers/copy.rs`).
 //!
-//! A file is read by DataFusion's CSV or Parquet reader (parallel, streaming)
-//! with the table's column types, and written with the same path as INSERT: all
-//! rows or none. CSV files whose lines end in the delimiter (dbgen's `.tbl`
-//! files: `a|b|c|`) are recognised by their first line and read as such.
+//! Every way in is one INSERT path: text and CSV data, from a client or a
+//! file, go through one parser (`copy_text.rs`: NULL and the empty string
+//! told apart) and are cast to the table's types as INSERT casts (decimals
+//! rounded half away from zero, or 22003); Parquet columns are cast the same
+//! way. All rows or none. CSV files whose lines end in the delimiter (dbgen's
+//! `.tbl` files: `a|b|c|`) are recognised by their first line and read as
+//! such. Files written by `COPY … TO` read back as they were: NULL unquoted,
+//! text always quoted in CSV.
 
 use std::sync::{Arc, Mutex};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cirro_common::{CirroError, Result, SqlState};
-use cirro_sql::{CopyFrom, CopyIn, CopyOutSource, FileFormat as Format};
-use cirro_storage::write::write_stream;
+use cirro_sql::{CopyFrom, CopyIn, CopyOutSource, CopyTo, FileFormat as Format, TextFormat};
+use datafusion::catalog::TableProvider;
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::common::TableReference;
 use datafusion::common::{Column, DataFusionError, ScalarValue};
-use datafusion::dataframe::DataFrame;
+use datafusion::dataframe::{DataFrame, DataFrameWriteOptions};
+use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::datasource::provider_as_source;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::functions::encoding::expr_fn::decode;
@@ -29,8 +34,8 @@ use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, cast, lit,
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
 use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
-use deltalake::protocol::SaveMode;
 use futures::{StreamExt, stream};
+use object_store::ObjectStoreExt;
 
 use crate::copy_text::CopyParser;
 use crate::txn::aborted;
@@ -82,37 +87,193 @@ fn check_exists(path: &str) -> Result<()> {
     }
 }
 
+/// `COPY table FROM 'path'`: the file's rows inserted as by `COPY … FROM
+/// STDIN` (text and CSV: the same parser, NULL and empty string told apart,
+/// values converted as INSERT converts them), or, for Parquet, its columns
+/// matched by name (else by position) and cast as INSERT casts. All rows or
+/// none, inside the open transaction if there is one.
 pub(crate) async fn copy_from(engine: &Engine, copy: CopyFrom) -> Result<Outcome> {
-    let (db, schema, name) = engine.resolve(&copy.table);
-    let snapshot = engine.catalog().snapshot();
-    let entry = match snapshot.table(&db, &schema, &name) {
-        Some(entry) => entry.clone(),
-        None if snapshot.view(&db, &schema, &name).is_some() => {
-            return Err(CirroError::new(
-                SqlState::WRONG_OBJECT_TYPE,
-                format!("cannot copy to view \"{name}\""),
-            ));
-        }
-        None => {
-            return Err(CirroError::new(
-                SqlState::UNDEFINED_TABLE,
-                format!("relation \"{name}\" does not exist"),
-            ));
-        }
-    };
     check_exists(&copy.path)?;
-    let table = engine.catalog().open_table(&entry.location).await?;
-    let stored = Arc::clone(table.stored_schema());
-    let frame = match copy.format {
-        Format::Csv => read_csv(engine, &copy, &stored).await?,
-        Format::Parquet => read_parquet(engine, &copy, &stored).await?,
+    let plan = match copy.format {
+        Format::Text(format) => {
+            let into = CopyIn {
+                table: copy.table.clone(),
+                columns: copy.columns.clone(),
+                format,
+            };
+            let data = file_chunks(engine, &copy.path).await?;
+            return engine.copy_rows(&into, data, Some(&copy.path)).await;
+        }
+        Format::Parquet => {
+            let (provider, columns) = engine.copy_target(&copy.table, &copy.columns).await?;
+            let frame = read_parquet(engine, &copy.path, &columns).await?;
+            let source = LogicalPlanBuilder::from(frame.logical_plan().clone());
+            engine.copy_insert_plan(&copy.table, provider, &columns, source, |column, to| {
+                Ok(cast(column, to.clone()))
+            })?
+        }
     };
-    let stream = frame
-        .execute_stream()
-        .await?
-        .map(|b| b.map_err(CirroError::from));
-    let rows = write_stream(table.delta(), stored, stream, SaveMode::Append).await?;
+    copy_tag(engine.execute_plan(plan).await?)
+}
+
+/// `INSERT 0 n` as `COPY n`.
+fn copy_tag(outcome: Outcome) -> Result<Outcome> {
+    match outcome {
+        Outcome::Command { tag, notice, .. } => Ok(Outcome::Command {
+            tag: format!("COPY {}", tag.rsplit(' ').next().unwrap_or("0")),
+            notice,
+            reports: vec![],
+        }),
+        Outcome::Rows(_) => Err(CirroError::internal("COPY planned as a query")),
+    }
+}
+
+/// The bytes of a file, in chunks, through the object store of its URL.
+async fn file_chunks(
+    engine: &Engine,
+    path: &str,
+) -> Result<futures::stream::BoxStream<'static, Result<bytes::Bytes>>> {
+    if std::path::Path::new(path).is_dir() {
+        return Err(CirroError::new(
+            SqlState::WRONG_OBJECT_TYPE,
+            format!("\"{path}\" is a directory"),
+        ));
+    }
+    let url = ListingTableUrl::parse(path)?;
+    let store = engine
+        .context()
+        .runtime_env()
+        .object_store(url.object_store())?;
+    let file = store.get(url.prefix()).await?;
+    Ok(file
+        .into_stream()
+        .map(|chunk| chunk.map_err(CirroError::from))
+        .boxed())
+}
+
+/// `COPY source TO 'path'`: the rows written as text, CSV or Parquet. Returns
+/// `COPY n`.
+pub(crate) async fn copy_to(engine: &Engine, copy: CopyTo) -> Result<Outcome> {
+    let Outcome::Rows(stream) = copy_out(engine, copy.source).await? else {
+        return Err(CirroError::internal("COPY TO ran a command"));
+    };
+    let rows = match copy.format {
+        Format::Text(format) => write_text_file(stream, &copy.path, &format).await?,
+        Format::Parquet => {
+            let schema = stream.schema();
+            let table = StreamingTable::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(CopyStream {
+                    schema,
+                    stream: Mutex::new(Some(stream)),
+                }) as Arc<dyn PartitionStream>],
+            )?;
+            let written = engine
+                .context()
+                .read_table(Arc::new(table))?
+                .write_parquet(
+                    &copy.path,
+                    DataFrameWriteOptions::new().with_single_file_output(true),
+                    None,
+                )
+                .await?;
+            written
+                .iter()
+                .filter_map(|b| {
+                    b.column(0)
+                        .as_any()
+                        .downcast_ref::<arrow::array::UInt64Array>()
+                })
+                .map(|counts| counts.iter().flatten().sum::<u64>())
+                .sum()
+        }
+    };
     Ok(Outcome::command(format!("COPY {rows}")))
+}
+
+/// Write `stream` to a new local file in PostgreSQL's text or CSV format:
+/// NULL as `format.null` unquoted, text in CSV always quoted (so an empty
+/// string, `""`, reads back as itself).
+async fn write_text_file(
+    mut stream: SendableRecordBatchStream,
+    path: &str,
+    format: &TextFormat,
+) -> Result<u64> {
+    use std::io::Write;
+    let file = std::fs::File::create(path).map_err(|e| {
+        CirroError::new(
+            SqlState::IO_ERROR,
+            format!("could not open file \"{path}\" for writing: {e}"),
+        )
+    })?;
+    let mut out = std::io::BufWriter::new(file);
+    let schema = stream.schema();
+    if format.header {
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let mut line = Vec::new();
+        crate::copy_text::encode_row(&mut line, format, names.iter().map(|n| Some(*n)), |_| false);
+        out.write_all(&line)?;
+    }
+    let options = arrow::util::display::FormatOptions::new()
+        .with_null("")
+        .with_date_format(Some("%Y-%m-%d"))
+        .with_datetime_format(Some("%Y-%m-%d %H:%M:%S%.f"))
+        .with_timestamp_format(Some("%Y-%m-%d %H:%M:%S%.f"))
+        .with_timestamp_tz_format(Some("%Y-%m-%d %H:%M:%S%.f%:z"));
+    let text_columns: Vec<bool> = schema
+        .fields()
+        .iter()
+        .map(|f| f.data_type().is_string())
+        .collect();
+    let mut rows = 0u64;
+    let mut line = Vec::new();
+    let mut values: Vec<Option<String>> = Vec::new();
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        let formatters = batch
+            .columns()
+            .iter()
+            .map(|c| arrow::util::display::ArrayFormatter::try_new(c.as_ref(), &options))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        for row in 0..batch.num_rows() {
+            values.clear();
+            for (column, formatter) in formatters.iter().enumerate() {
+                let array = batch.column(column);
+                values.push(if array.is_null(row) {
+                    None
+                } else if let Some(bytes) = binary_value(array, row) {
+                    Some(format!("\\x{}", hex(bytes)))
+                } else {
+                    Some(formatter.value(row).to_string())
+                });
+            }
+            line.clear();
+            crate::copy_text::encode_row(
+                &mut line,
+                format,
+                values.iter().map(|v| v.as_deref()),
+                |i| text_columns[i],
+            );
+            out.write_all(&line)?;
+            rows += 1;
+        }
+    }
+    out.flush()?;
+    Ok(rows)
+}
+
+fn binary_value(array: &arrow::array::ArrayRef, row: usize) -> Option<&[u8]> {
+    use arrow::array::AsArray;
+    match array.data_type() {
+        DataType::Binary => Some(array.as_binary::<i32>().value(row)),
+        DataType::LargeBinary => Some(array.as_binary::<i64>().value(row)),
+        DataType::BinaryView => Some(array.as_binary_view().value(row)),
+        _ => None,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The rows `COPY … TO STDOUT` sends: a table's (some of its columns) or a
@@ -141,7 +302,9 @@ pub(crate) async fn copy_out(engine: &Engine, source: CopyOutSource) -> Result<O
     }
 }
 
-/// A plain delimited file, as COPY reads it.
+/// A plain delimited file (dbgen's `.tbl`), read by DataFusion's parallel
+/// CSV reader for the bulk loader: its files have no quoting, no NULLs and
+/// no more decimal digits than their columns.
 pub(crate) async fn read_delimited(
     engine: &Engine,
     path: &str,
@@ -150,20 +313,16 @@ pub(crate) async fn read_delimited(
     header: bool,
 ) -> Result<DataFrame> {
     check_exists(path)?;
-    let copy = CopyFrom {
-        table: TableReference::bare("_"),
-        path: path.to_string(),
-        format: Format::Csv,
-        delimiter,
-        header,
-        null: None,
-        quote: None,
-        escape: None,
-    };
-    read_csv(engine, &copy, schema).await
+    read_csv(engine, path, schema, delimiter, header).await
 }
 
-async fn read_csv(engine: &Engine, copy: &CopyFrom, stored: &Schema) -> Result<DataFrame> {
+async fn read_csv(
+    engine: &Engine,
+    path: &str,
+    stored: &Schema,
+    delimiter: u8,
+    header: bool,
+) -> Result<DataFrame> {
     // Read every column as nullable: NOT NULL is checked (with its own SQLSTATE)
     // when the rows are written.
     let mut fields: Vec<Field> = stored
@@ -171,28 +330,18 @@ async fn read_csv(engine: &Engine, copy: &CopyFrom, stored: &Schema) -> Result<D
         .iter()
         .map(|f| Field::new(f.name(), f.data_type().clone(), true))
         .collect();
-    let trailing = has_trailing_delimiter(&copy.path, copy.delimiter, fields.len());
+    let trailing = has_trailing_delimiter(path, delimiter, fields.len());
     if trailing {
         fields.push(Field::new(TRAILING_COLUMN, DataType::Utf8, true));
     }
     let read_schema = Schema::new(fields);
-    let extension = extension_of(&copy.path);
-    let mut options = CsvReadOptions::new()
-        .has_header(copy.header)
-        .delimiter(copy.delimiter)
+    let extension = extension_of(path);
+    let options = CsvReadOptions::new()
+        .has_header(header)
+        .delimiter(delimiter)
         .schema(&read_schema)
-        .file_extension(&extension)
-        .null_regex(copy.null.as_ref().map(|n| format!("^{}$", regex_escape(n))));
-    if let Some(quote) = copy.quote {
-        options = options.quote(quote);
-    }
-    if let Some(escape) = copy.escape {
-        options = options.escape(escape);
-    }
-    let frame = engine
-        .context()
-        .read_csv(copy.path.as_str(), options)
-        .await?;
+        .file_extension(&extension);
+    let frame = engine.context().read_csv(path, options).await?;
     if trailing {
         let names: Vec<&str> = stored.fields().iter().map(|f| f.name().as_str()).collect();
         return Ok(frame.select_columns(&names)?);
@@ -200,61 +349,47 @@ async fn read_csv(engine: &Engine, copy: &CopyFrom, stored: &Schema) -> Result<D
     Ok(frame)
 }
 
-fn regex_escape(text: &str) -> String {
-    let mut out = String::new();
-    for c in text.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-async fn read_parquet(engine: &Engine, copy: &CopyFrom, stored: &Schema) -> Result<DataFrame> {
-    let extension = extension_of(&copy.path);
+/// A Parquet file's columns for `columns` of a table: matched by name where
+/// the file has them all, else by position; named as the table's.
+async fn read_parquet(engine: &Engine, path: &str, columns: &[String]) -> Result<DataFrame> {
+    let extension = extension_of(path);
     let options = ParquetReadOptions::default().file_extension(&extension);
-    let frame = engine
-        .context()
-        .read_parquet(copy.path.as_str(), options)
-        .await?;
+    let frame = engine.context().read_parquet(path, options).await?;
     let file_fields: Vec<String> = frame
         .schema()
         .fields()
         .iter()
         .map(|f| f.name().clone())
         .collect();
-    // Match columns by name where the file has them all, else by position.
-    let by_name: Option<Vec<String>> = stored
-        .fields()
+    let by_name: Option<Vec<String>> = columns
         .iter()
-        .map(|f| {
+        .map(|c| {
             file_fields
                 .iter()
-                .find(|n| n.eq_ignore_ascii_case(f.name()))
+                .find(|n| n.eq_ignore_ascii_case(c))
                 .cloned()
         })
         .collect();
-    match by_name {
-        Some(names) => {
-            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-            Ok(frame.select_columns(&refs)?)
+    let chosen = match by_name {
+        Some(names) => names,
+        None if file_fields.len() == columns.len() => file_fields,
+        None => {
+            return Err(CirroError::new(
+                SqlState::DATATYPE_MISMATCH,
+                format!(
+                    "the Parquet file has columns ({}) that do not match the table's ({})",
+                    file_fields.join(", "),
+                    columns.join(", ")
+                ),
+            ));
         }
-        None if file_fields.len() == stored.fields().len() => Ok(frame),
-        None => Err(CirroError::new(
-            SqlState::DATATYPE_MISMATCH,
-            format!(
-                "the Parquet file has columns ({}) that do not match the table's ({})",
-                file_fields.join(", "),
-                stored
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )),
-    }
+    };
+    let renamed = chosen
+        .iter()
+        .zip(columns)
+        .map(|(from, to)| Expr::Column(Column::from_name(from)).alias(to))
+        .collect::<Vec<_>>();
+    Ok(frame.select(renamed)?)
 }
 
 /// The rows a client sends, as the one partition of the scan an INSERT reads.
@@ -304,18 +439,19 @@ fn from_text(column: Expr, to: &DataType) -> Result<Expr> {
 }
 
 impl Engine {
-    /// The INSERT a `COPY … FROM STDIN` runs (refreshed catalog, privileges
-    /// checked). Returns the plan, the columns the data holds, and the
-    /// partition its rows are read from (filled by the caller before running).
-    async fn copy_in_plan(
+    /// The table a COPY writes (refreshed catalog) and the columns its data
+    /// holds, checked: the table exists and is not a view, the columns exist
+    /// once each.
+    async fn copy_target(
         &self,
-        copy: &CopyIn,
-    ) -> Result<(LogicalPlan, Vec<String>, Arc<CopyStream>)> {
+        table: &TableReference,
+        given: &[String],
+    ) -> Result<(Arc<dyn TableProvider>, Vec<String>)> {
         if self.transaction_aborted() {
             return Err(aborted());
         }
         self.catalog().refresh().await?;
-        let (db, schema, name) = self.resolve(&copy.table);
+        let (db, schema, name) = self.resolve(table);
         let snapshot = self.catalog().snapshot();
         if snapshot.table(&db, &schema, &name).is_none() {
             return Err(if snapshot.view(&db, &schema, &name).is_some() {
@@ -330,27 +466,75 @@ impl Engine {
                 )
             });
         }
-        let provider = self.context().table_provider(copy.table.clone()).await?;
+        let provider = self.context().table_provider(table.clone()).await?;
         let target = provider.schema();
-        let columns: Vec<String> = if copy.columns.is_empty() {
-            target.fields().iter().map(|f| f.name().clone()).collect()
-        } else {
-            for (i, column) in copy.columns.iter().enumerate() {
-                if target.field_with_name(column).is_err() {
-                    return Err(CirroError::new(
-                        SqlState::UNDEFINED_COLUMN,
-                        format!("column \"{column}\" of relation \"{name}\" does not exist"),
-                    ));
-                }
-                if copy.columns[..i].contains(column) {
-                    return Err(CirroError::new(
-                        SqlState::DUPLICATE_COLUMN,
-                        format!("column \"{column}\" specified more than once"),
-                    ));
-                }
+        if given.is_empty() {
+            let all = target.fields().iter().map(|f| f.name().clone()).collect();
+            return Ok((provider, all));
+        }
+        for (i, column) in given.iter().enumerate() {
+            if target.field_with_name(column).is_err() {
+                return Err(CirroError::new(
+                    SqlState::UNDEFINED_COLUMN,
+                    format!("column \"{column}\" of relation \"{name}\" does not exist"),
+                ));
             }
-            copy.columns.clone()
-        };
+            if given[..i].contains(column) {
+                return Err(CirroError::new(
+                    SqlState::DUPLICATE_COLUMN,
+                    format!("column \"{column}\" specified more than once"),
+                ));
+            }
+        }
+        Ok((provider, given.to_vec()))
+    }
+
+    /// The INSERT behind a COPY: `source`'s columns (named `columns`)
+    /// converted by `convert` to the table's types, NULL for the columns it
+    /// lacks; privileges checked.
+    fn copy_insert_plan(
+        &self,
+        table: &TableReference,
+        provider: Arc<dyn TableProvider>,
+        columns: &[String],
+        source: LogicalPlanBuilder,
+        convert: impl Fn(Expr, &DataType) -> Result<Expr>,
+    ) -> Result<LogicalPlan> {
+        let projection = provider
+            .schema()
+            .fields()
+            .iter()
+            .map(|field| {
+                let value = if columns.contains(field.name()) {
+                    convert(
+                        Expr::Column(Column::from_name(field.name())),
+                        field.data_type(),
+                    )?
+                } else {
+                    Expr::Literal(ScalarValue::try_from(field.data_type())?, None)
+                };
+                Ok(value.alias(field.name()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let plan = LogicalPlanBuilder::insert_into(
+            source.project(projection)?.build()?,
+            table.clone(),
+            provider_as_source(provider),
+            InsertOp::Append,
+        )?
+        .build()?;
+        self.check_plan(&plan)?;
+        Ok(plan)
+    }
+
+    /// The INSERT a `COPY … FROM STDIN` runs. Returns the plan, the columns
+    /// the data holds, and the partition its rows are read from (filled by
+    /// the caller before running).
+    async fn copy_in_plan(
+        &self,
+        copy: &CopyIn,
+    ) -> Result<(LogicalPlan, Vec<String>, Arc<CopyStream>)> {
+        let (provider, columns) = self.copy_target(&copy.table, &copy.columns).await?;
         let text = Arc::new(Schema::new(
             columns
                 .iter()
@@ -365,35 +549,12 @@ impl Engine {
             Arc::clone(&text),
             vec![Arc::clone(&rows) as Arc<dyn PartitionStream>],
         )?;
-        let projection = target
-            .fields()
-            .iter()
-            .map(|field| {
-                let value = if columns.contains(field.name()) {
-                    from_text(
-                        Expr::Column(Column::from_name(field.name())),
-                        field.data_type(),
-                    )?
-                } else {
-                    Expr::Literal(ScalarValue::try_from(field.data_type())?, None)
-                };
-                Ok(value.alias(field.name()))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let plan = LogicalPlanBuilder::scan(
+        let source = LogicalPlanBuilder::scan(
             TableReference::bare("copy from stdin"),
             provider_as_source(Arc::new(source)),
             None,
-        )?
-        .project(projection)?;
-        let plan = LogicalPlanBuilder::insert_into(
-            plan.build()?,
-            copy.table.clone(),
-            provider_as_source(provider),
-            InsertOp::Append,
-        )?
-        .build()?;
-        self.check_plan(&plan)?;
+        )?;
+        let plan = self.copy_insert_plan(&copy.table, provider, &columns, source, from_text)?;
         Ok((plan, columns, rows))
     }
 
@@ -413,8 +574,24 @@ impl Engine {
         S: futures::Stream<Item = Result<B>> + Send + 'static,
         B: AsRef<[u8]> + Send,
     {
+        self.copy_rows(copy, data, None).await
+    }
+
+    /// `copy_in` of data read from the server file `path`, if any (a CSV file
+    /// whose lines end in the delimiter, dbgen's `a|b|c|`, is read as such).
+    async fn copy_rows<S, B>(&self, copy: &CopyIn, data: S, path: Option<&str>) -> Result<Outcome>
+    where
+        S: futures::Stream<Item = Result<B>> + Send + 'static,
+        B: AsRef<[u8]> + Send,
+    {
         let (plan, columns, slot) = self.copy_in_plan(copy).await?;
-        let parser = CopyParser::new(copy.format.clone(), &columns, copy.table.table());
+        let mut parser = CopyParser::new(copy.format.clone(), &columns, copy.table.table());
+        if let Some(path) = path
+            && copy.format.csv
+            && has_trailing_delimiter(path, copy.format.delimiter, columns.len())
+        {
+            parser.allow_trailing_delimiter();
+        }
         let text = parser.schema();
         let batches = stream::unfold(
             (Box::pin(data), parser, false),
@@ -449,13 +626,6 @@ impl Engine {
         if let Ok(mut stream) = slot.stream.lock() {
             *stream = Some(Box::pin(RecordBatchStreamAdapter::new(text, batches)));
         }
-        match self.execute_plan(plan).await? {
-            Outcome::Command { tag, notice, .. } => Ok(Outcome::Command {
-                tag: format!("COPY {}", tag.rsplit(' ').next().unwrap_or("0")),
-                notice,
-                reports: vec![],
-            }),
-            Outcome::Rows(_) => Err(CirroError::internal("COPY planned as a query")),
-        }
+        copy_tag(self.execute_plan(plan).await?)
     }
 }

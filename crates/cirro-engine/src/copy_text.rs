@@ -30,6 +30,8 @@ pub(crate) struct CopyParser {
     /// A `\.` line was read: what follows is ignored.
     ended: bool,
     table: String,
+    /// Records may end in one more, empty field (dbgen's `a|b|c|`).
+    trailing_delimiter: bool,
     field: Vec<u8>,
     fields: Vec<(usize, usize, bool)>,
 }
@@ -67,9 +69,15 @@ impl CopyParser {
             line: 0,
             ended: false,
             table: table.to_string(),
+            trailing_delimiter: false,
             field: Vec::new(),
             fields: Vec::new(),
         }
+    }
+
+    /// Accept (and drop) an empty field after the last column.
+    pub(crate) fn allow_trailing_delimiter(&mut self) {
+        self.trailing_delimiter = true;
     }
 
     pub(crate) fn schema(&self) -> SchemaRef {
@@ -149,6 +157,15 @@ impl CopyParser {
             return Ok(());
         }
         let wanted = self.builders.len();
+        if self.trailing_delimiter
+            && self.fields.len() == wanted + 1
+            && self
+                .fields
+                .last()
+                .is_some_and(|&(start, end, _)| start == end)
+        {
+            self.fields.pop();
+        }
         if self.fields.len() > wanted {
             return Err(self.error("extra data after last expected column".to_string()));
         }
@@ -367,6 +384,63 @@ fn unescape(field: &mut Vec<u8>, raw: &[u8]) {
             other => field.push(other),
         }
     }
+}
+
+/// One row in PostgreSQL's text or CSV format, line end included, onto
+/// `out`: `None` is NULL (`format.null`, never quoted); in CSV a value is
+/// quoted where it must be, and always where `always_quote(column)` (text
+/// columns: so that an empty string is `""`, not NULL).
+pub fn encode_row<'a>(
+    out: &mut Vec<u8>,
+    format: &TextFormat,
+    values: impl Iterator<Item = Option<&'a str>>,
+    always_quote: impl Fn(usize) -> bool,
+) {
+    for (column, value) in values.enumerate() {
+        if column > 0 {
+            out.push(format.delimiter);
+        }
+        let Some(value) = value else {
+            out.extend_from_slice(format.null.as_bytes());
+            continue;
+        };
+        let bytes = value.as_bytes();
+        if format.csv {
+            let special =
+                |b: &u8| [format.delimiter, format.quote, format.escape, b'\n', b'\r'].contains(b);
+            if always_quote(column)
+                || bytes.is_empty()
+                || value == format.null
+                || bytes.iter().any(special)
+            {
+                out.push(format.quote);
+                for b in bytes {
+                    if *b == format.quote || *b == format.escape {
+                        out.push(format.escape);
+                    }
+                    out.push(*b);
+                }
+                out.push(format.quote);
+            } else {
+                out.extend_from_slice(bytes);
+            }
+            continue;
+        }
+        for b in bytes {
+            match b {
+                b'\\' => out.extend_from_slice(b"\\\\"),
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b'\t' => out.extend_from_slice(b"\\t"),
+                b if *b == format.delimiter => {
+                    out.push(b'\\');
+                    out.push(*b);
+                }
+                b => out.push(*b),
+            }
+        }
+    }
+    out.push(b'\n');
 }
 
 /// The length of the first text-format line (to its unescaped `\n`).

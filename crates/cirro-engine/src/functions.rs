@@ -1,13 +1,18 @@
 //! Table functions that read files in place: `read_parquet('path')` and
-//! `read_csv('path' [, 'delimiter' [, header]])`. (`SELECT * FROM 'file.parquet'`
-//! works too, through DataFusion's URL tables.)
+//! `read_csv('path' [, 'delimiter' [, header]])`, and URL tables (`SELECT *
+//! FROM 'file.parquet'`, DataFusion's, behind a privilege check). Reading
+//! files on the server needs a superuser, checked before anything is opened.
 
 use std::sync::Arc;
 
 use cirro_common::{CirroError, SqlState};
+
+use crate::access::SuperuserCheck;
+use datafusion::catalog::{DynamicFileCatalog, UrlTableFactory};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::TableProvider;
+use datafusion::datasource::dynamic_file::DynamicListTableFactory;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::csv::CsvFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
@@ -17,16 +22,72 @@ use datafusion::datasource::listing::{
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::Expr;
+use datafusion_session::SessionStore;
 
-pub(crate) fn register(ctx: &SessionContext) {
-    ctx.register_udtf("read_parquet", Arc::new(ReadFile { csv: false }));
-    ctx.register_udtf("read_csv", Arc::new(ReadFile { csv: true }));
+pub(crate) fn register(ctx: &SessionContext, superuser: &SuperuserCheck) {
+    for csv in [false, true] {
+        let function = ReadFile {
+            csv,
+            superuser: superuser.clone(),
+        };
+        ctx.register_udtf(function.name(), Arc::new(function));
+    }
     ctx.register_udf(cirro_exec::rules::segment_udf().as_ref().clone());
+}
+
+const READING_FILES: &str = "reading files on the server";
+
+/// `ctx` with DataFusion's URL tables (`SELECT * FROM 'file.csv'`), which
+/// only a superuser may use: for anyone else a name that looks like a path
+/// is refused before the file system is asked.
+pub(crate) fn enable_url_tables(ctx: SessionContext, superuser: SuperuserCheck) -> SessionContext {
+    let inner = Arc::new(DynamicListTableFactory::new(SessionStore::new()));
+    let factory = Arc::new(GuardedUrlTables {
+        inner: Arc::clone(&inner),
+        superuser,
+    });
+    let catalogs = Arc::new(DynamicFileCatalog::new(
+        Arc::clone(ctx.state().catalog_list()),
+        factory,
+    ));
+    let session_id = ctx.session_id();
+    let ctx: SessionContext = ctx
+        .into_state_builder()
+        .with_session_id(session_id)
+        .with_catalog_list(catalogs)
+        .build()
+        .into();
+    inner.session_store().with_state(ctx.state_weak_ref());
+    ctx
+}
+
+#[derive(Debug)]
+struct GuardedUrlTables {
+    inner: Arc<DynamicListTableFactory>,
+    superuser: SuperuserCheck,
+}
+
+#[async_trait::async_trait]
+impl UrlTableFactory for GuardedUrlTables {
+    async fn try_new(&self, url: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        if !self.superuser.holds() {
+            if url.contains('/') || url.contains('.') || url.contains(':') {
+                return Err(self
+                    .superuser
+                    .require(READING_FILES)
+                    .expect_err("not a superuser")
+                    .into_datafusion());
+            }
+            return Ok(None);
+        }
+        self.inner.try_new(url).await
+    }
 }
 
 #[derive(Debug)]
 struct ReadFile {
     csv: bool,
+    superuser: SuperuserCheck,
 }
 
 fn literal(expr: &Expr) -> Option<ScalarValue> {
@@ -85,6 +146,9 @@ impl ReadFile {
 
 impl TableFunctionImpl for ReadFile {
     fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        self.superuser
+            .require(READING_FILES)
+            .map_err(CirroError::into_datafusion)?;
         let exprs = args.exprs();
         let session = args.session();
         let path = match exprs.first().and_then(literal) {

@@ -60,6 +60,7 @@ pub use access::bootstrap_superuser;
 pub use cirro_sql::{
     CopyIn, CopyOutSource, SettingStatement, TextFormat, is_complete, split_statements,
 };
+pub use copy_text::encode_row;
 pub use prepared::Prepared;
 pub use settings::SERVER_VERSION;
 
@@ -261,8 +262,10 @@ impl Engine {
             builder = builder.with_runtime_env(Arc::clone(runtime));
         }
         let state = builder.build();
-        let ctx = SessionContext::new_with_state(state).enable_url_table();
-        functions::register(&ctx);
+        let superuser = access::SuperuserCheck::new(Arc::clone(&catalog), user.clone());
+        let ctx =
+            functions::enable_url_tables(SessionContext::new_with_state(state), superuser.clone());
+        functions::register(&ctx, &superuser);
         list.set_view_planner(Arc::new(views::SessionViewPlanner::for_context(&ctx)));
         Self {
             catalog,
@@ -360,9 +363,12 @@ impl Engine {
                 maintenance::run_maintenance(self, statement).await
             }
             CirroStatement::Copy(CopyStatement::FromFile(copy)) => {
-                self.check_transaction_allows("COPY")?;
                 self.require_superuser("COPY … FROM a file on the server")?;
                 copy::copy_from(self, copy).await
+            }
+            CirroStatement::Copy(CopyStatement::ToFile(copy)) => {
+                self.require_superuser("COPY … TO a file on the server")?;
+                copy::copy_to(self, copy).await
             }
             CirroStatement::Copy(CopyStatement::FromStdin(_)) => Err(CirroError::unsupported(
                 "COPY FROM STDIN needs a client connection (cirro serve, psql's \\copy)",

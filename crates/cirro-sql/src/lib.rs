@@ -239,7 +239,14 @@ pub(crate) mod tests {
             kind("copy (select 1) to stdout"),
             Statement::Copy(CopyStatement::ToStdout { .. })
         ));
-        assert!(matches!(kind("copy t to 'x.csv'"), Statement::Sql(_)));
+        assert!(matches!(
+            kind("copy t to 'x.csv'"),
+            Statement::Copy(CopyStatement::ToFile(_))
+        ));
+        assert!(matches!(
+            kind("copy t to 'x.csv' stored as csv"),
+            Statement::Sql(_)
+        ));
         assert_eq!(parse("select $1 + $12").expect("parse").placeholders, 12);
         let err = parse("select 1; select 2").expect_err("two statements");
         assert_eq!(err.state, SqlState::SYNTAX_ERROR);
@@ -273,14 +280,27 @@ pub(crate) mod tests {
         };
         let lineitem =
             copy("COPY lineitem FROM '/x/l.tbl' (FORMAT csv, DELIMITER '|', HEADER false)");
-        assert_eq!(lineitem.delimiter, b'|');
-        assert!(!lineitem.header);
-        assert_eq!(lineitem.format, FileFormat::Csv);
+        let FileFormat::Text(text) = &lineitem.format else {
+            panic!("{lineitem:?}");
+        };
+        assert_eq!(text.delimiter, b'|');
+        assert!(text.csv && !text.header);
         assert_eq!(lineitem.path, "/x/l.tbl");
         assert_eq!(
             copy("copy t from 'a.parquet' (format parquet)").format,
             FileFormat::Parquet
         );
+        // Without FORMAT: the extension, else PostgreSQL's text format.
+        assert_eq!(copy("copy t from 'a.parquet'").format, FileFormat::Parquet);
+        assert_eq!(
+            copy("copy t from 'a.csv'").format,
+            FileFormat::Text(TextFormat::csv())
+        );
+        assert_eq!(
+            copy("copy t (b, a) from 'a.txt'").format,
+            FileFormat::Text(TextFormat::text())
+        );
+        assert_eq!(copy("copy t (b, a) from 'a.txt'").columns, ["b", "a"]);
         let err = parse("COPY t FROM 'x' (FORMAT avro)").expect_err("refused");
         assert_eq!(err.state, SqlState::FEATURE_NOT_SUPPORTED);
         let err = parse("COPY t FROM 'x' (FORMAT parquet, DELIMITER '|')").expect_err("refused");

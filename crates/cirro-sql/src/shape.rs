@@ -170,6 +170,7 @@ impl VisitorMut for Shaper {
     type Break = CirroError;
 
     fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<CirroError> {
+        distinct_from_precedence(expr);
         if let Expr::BinaryOp {
             op: op @ (BinaryOperator::And | BinaryOperator::Or),
             ..
@@ -199,6 +200,54 @@ impl VisitorMut for Shaper {
         }
         ControlFlow::Continue(())
     }
+}
+
+/// sqlparser (0.62) parses all that follows `a IS [NOT] DISTINCT FROM` as its
+/// right side, so `a IS DISTINCT FROM b AND c` became `a IS DISTINCT FROM (b
+/// AND c)`: a wrong answer where the operands are booleans. PostgreSQL binds
+/// IS tighter than AND and OR: move the comparison down onto the leftmost
+/// operand of the (unparenthesized) AND/OR.
+fn distinct_from_precedence(expr: &mut Expr) {
+    let (Expr::IsDistinctFrom(_, right) | Expr::IsNotDistinctFrom(_, right)) = expr else {
+        return;
+    };
+    if !is_logical(right) {
+        return;
+    }
+    let (left, right, negated) = match std::mem::replace(expr, Expr::value(Value::Null)) {
+        Expr::IsDistinctFrom(left, right) => (left, right, false),
+        Expr::IsNotDistinctFrom(left, right) => (left, right, true),
+        _ => unreachable!("matched above"),
+    };
+    let mut top = *right;
+    let leaf = leftmost_operand(&mut top);
+    let operand = Box::new(std::mem::replace(leaf, Expr::value(Value::Null)));
+    *leaf = if negated {
+        Expr::IsNotDistinctFrom(left, operand)
+    } else {
+        Expr::IsDistinctFrom(left, operand)
+    };
+    *expr = top;
+}
+
+fn is_logical(expr: &Expr) -> bool {
+    matches!(
+        expr,
+        Expr::BinaryOp {
+            op: BinaryOperator::And | BinaryOperator::Or,
+            ..
+        }
+    )
+}
+
+fn leftmost_operand(mut expr: &mut Expr) -> &mut Expr {
+    while is_logical(expr) {
+        let Expr::BinaryOp { left, .. } = expr else {
+            unreachable!("is_logical");
+        };
+        expr = left.as_mut();
+    }
+    expr
 }
 
 /// Wrap the levels of a `length`-long chain that lie a multiple of
@@ -474,6 +523,24 @@ mod tests {
             where_clause("SELECT 1 FROM t WHERE a = 1 OR a = 2 OR b = 3"),
             "a = 1 OR a = 2 OR b = 3"
         );
+    }
+
+    #[test]
+    fn is_distinct_from_binds_tighter_than_and_or() {
+        let parsed =
+            parse("SELECT 1 FROM t WHERE a IS NOT DISTINCT FROM b AND c OR d").expect("parse");
+        let text = format!("{:?}", parsed.statement);
+        let selection = &text[text.find("selection: Some(").expect("where")..];
+        assert!(
+            selection.starts_with(
+                "selection: Some(BinaryOp { left: BinaryOp { left: IsNotDistinctFrom(Identifier"
+            ),
+            "{selection}"
+        );
+        // Parenthesized, the right side stays whole.
+        let parsed = parse("SELECT 1 FROM t WHERE a IS DISTINCT FROM (b AND c)").expect("parse");
+        let text = format!("{:?}", parsed.statement);
+        assert!(text.contains("selection: Some(IsDistinctFrom("), "{text}");
     }
 
     #[test]

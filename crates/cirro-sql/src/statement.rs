@@ -8,7 +8,7 @@ use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 
 pub use crate::parsers::access::{AccessStatement, UserOptions};
 pub use crate::parsers::copy::{
-    CopyFrom, CopyIn, CopyOutSource, CopyStatement, FileFormat, TextFormat,
+    CopyFrom, CopyIn, CopyOutSource, CopyStatement, CopyTo, FileFormat, TextFormat,
 };
 pub use crate::parsers::maintenance::Maintenance;
 pub use crate::parsers::setting::SettingStatement;
@@ -18,7 +18,7 @@ pub use crate::parsers::transaction::TransactionStatement;
 pub enum Statement {
     /// Nothing but whitespace and comments.
     Empty,
-    /// COPY FROM a file, FROM STDIN, TO STDOUT (`COPY … TO 'file'` is DataFusion's).
+    /// COPY FROM/TO a file, FROM STDIN, TO STDOUT (`COPY … TO 'file' STORED AS …` is DataFusion's).
     Copy(CopyStatement),
     /// SET/SHOW/RESET of a session setting (`datafusion.*` ones are DataFusion's).
     Setting(SettingStatement),

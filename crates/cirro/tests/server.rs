@@ -279,6 +279,39 @@ fn authentication_and_privileges() {
     }
     assert_eq!(server.sql("SELECT k, v FROM secrets"), "1|a\n");
 
+    // Files on the server: the privilege is checked before anything is
+    // opened, so the error is the same whether the file exists or not.
+    let existing = server.data.path().join("exists.csv");
+    std::fs::write(&existing, "a,b\n1,2\n").expect("write");
+    let existing = existing.display().to_string();
+    let missing = server
+        .data
+        .path()
+        .join("missing/none.csv")
+        .display()
+        .to_string();
+    for form in [
+        "SELECT * FROM read_csv('{}')",
+        "SELECT * FROM read_parquet('{}')",
+        "SELECT * FROM '{}'",
+        "COPY secrets FROM '{}'",
+        "COPY secrets TO '{}'",
+        "COPY (SELECT 1) TO '{}' (FORMAT parquet)",
+    ] {
+        let errors: Vec<String> = [&existing, &missing]
+            .iter()
+            .map(|path| {
+                let out = as_alice(&form.replace("{}", path));
+                assert!(!out.status.success(), "{form} was allowed");
+                let err = stderr(&out);
+                assert!(err.contains("42501"), "{form}: {err}");
+                err.replace(path.as_str(), "PATH")
+            })
+            .collect();
+        assert_eq!(errors[0], errors[1], "{form}");
+    }
+    assert!(!std::path::Path::new(&missing).exists());
+
     // Granted privileges work; revoked ones stop working.
     server.sql("GRANT SELECT, INSERT ON secrets TO alice");
     assert_eq!(

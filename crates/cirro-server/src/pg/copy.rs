@@ -214,41 +214,8 @@ where
 /// The column names as COPY's header line.
 fn header_line(schema: &Schema, format: &TextFormat) -> Vec<u8> {
     let mut line = Vec::new();
-    for (i, field) in schema.fields().iter().enumerate() {
-        if i > 0 {
-            line.push(format.delimiter);
-        }
-        let name = field.name().as_bytes();
-        let special =
-            |b: &u8| *b == format.delimiter || *b == format.quote || *b == b'\n' || *b == b'\r';
-        if format.csv && (name.iter().any(special) || name.is_empty()) {
-            line.push(format.quote);
-            for b in name {
-                if *b == format.quote {
-                    line.push(format.escape);
-                }
-                line.push(*b);
-            }
-            line.push(format.quote);
-        } else if format.csv {
-            line.extend_from_slice(name);
-        } else {
-            for b in name {
-                match b {
-                    b'\\' => line.extend_from_slice(b"\\\\"),
-                    b'\n' => line.extend_from_slice(b"\\n"),
-                    b'\r' => line.extend_from_slice(b"\\r"),
-                    b'\t' if format.delimiter == b'\t' => line.extend_from_slice(b"\\t"),
-                    b if *b == format.delimiter => {
-                        line.push(b'\\');
-                        line.push(*b);
-                    }
-                    b => line.push(*b),
-                }
-            }
-        }
-    }
-    line.push(b'\n');
+    let names = schema.fields().iter().map(|f| Some(f.name().as_str()));
+    cirro_engine::encode_row(&mut line, format, names, |_| false);
     line
 }
 

@@ -1,11 +1,14 @@
-//! COPY in the forms Cirro runs itself:
-//! - `COPY t FROM 'path' [(FORMAT csv|parquet, DELIMITER 'c', HEADER b, NULL 's', QUOTE 'q', ESCAPE 'e')]`
+//! COPY in PostgreSQL's forms:
+//! - `COPY t [(columns)] FROM 'path' [(FORMAT text|csv|parquet, DELIMITER 'c', HEADER b, NULL 's', QUOTE 'q', ESCAPE 'e')]`
 //!   (a file on the server);
 //! - `COPY t [(columns)] FROM STDIN [options]` (rows the client sends);
-//! - `COPY t [(columns)] | (query) TO STDOUT [options]` (rows sent to the client).
+//! - `COPY t [(columns)] | (query) TO STDOUT [options]` (rows sent to the client);
+//! - `COPY t [(columns)] | (query) TO 'path' [options]` (a file on the server).
 //!
-//! `COPY t|(query) TO 'file' …` is DataFusion's (None here). Options take the
-//! new (`WITH (…)`) and the legacy (`WITH CSV HEADER`) syntax.
+//! Without FORMAT, a file's format follows its extension (`.csv`, `.parquet`),
+//! else PostgreSQL's default, text. DataFusion's `COPY … TO 'file' STORED AS …`
+//! is left to DataFusion (None here). Options take the new (`WITH (…)`) and the
+//! legacy (`WITH CSV HEADER`) syntax.
 
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::common::TableReference;
@@ -59,23 +62,30 @@ impl TextFormat {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The layout of a file COPY reads or writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileFormat {
-    Csv,
+    /// PostgreSQL's text or CSV format.
+    Text(TextFormat),
     Parquet,
 }
 
-/// `COPY table FROM 'path' (…)`.
+/// `COPY table [(columns)] FROM 'path' (…)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CopyFrom {
     pub table: TableReference,
+    /// Columns the file holds, in order (empty: all of the table's).
+    pub columns: Vec<String>,
     pub path: String,
     pub format: FileFormat,
-    pub delimiter: u8,
-    pub header: bool,
-    pub null: Option<String>,
-    pub quote: Option<u8>,
-    pub escape: Option<u8>,
+}
+
+/// `COPY table [(columns)] | (query) TO 'path' (…)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyTo {
+    pub source: CopyOutSource,
+    pub path: String,
+    pub format: FileFormat,
 }
 
 /// `COPY table [(columns)] FROM STDIN`.
@@ -106,30 +116,34 @@ pub enum CopyStatement {
         source: CopyOutSource,
         format: TextFormat,
     },
+    ToFile(CopyTo),
 }
 
-/// Whether the solid tokens of a COPY are one Cirro runs: FROM anything, or
-/// TO STDOUT. Skips the source (a name with an optional column list, or a
-/// parenthesized query) without parsing it.
+/// Whether the solid tokens of a COPY are one Cirro runs: all but
+/// DataFusion's `COPY … TO 'file' STORED AS …`. Skips the source (a name with
+/// an optional column list, or a parenthesized query) without parsing it.
 fn is_cirro_copy(solid: &[Token]) -> bool {
     let mut depth = 0usize;
-    for (i, token) in solid.iter().enumerate().skip(1) {
+    let mut to = false;
+    for token in solid.iter().skip(1) {
         match token {
             Token::LParen => depth += 1,
             Token::RParen => depth = depth.saturating_sub(1),
             Token::Word(w) if depth == 0 && w.quote_style.is_none() => {
-                if w.value.eq_ignore_ascii_case("from") {
+                if w.value.eq_ignore_ascii_case("from") && !to {
                     return true;
                 }
                 if w.value.eq_ignore_ascii_case("to") {
-                    let mut next = Words::new(&solid[i + 1..]);
-                    return next.keyword("stdout");
+                    to = true;
+                }
+                if to && w.value.eq_ignore_ascii_case("stored") {
+                    return false;
                 }
             }
             _ => {}
         }
     }
-    false
+    to
 }
 
 /// Parse a COPY Cirro runs (None for DataFusion's `COPY … TO 'file'`).
@@ -171,8 +185,7 @@ pub(crate) fn parse(tokens: &[TokenWithSpan], solid: &[Token]) -> Result<Option<
             })))
         }
         (false, target) => copy_from_file(source, target, given).map(Some),
-        (true, _) => {
-            let format = text_format(&given)?;
+        (true, target) => {
             let source = match source {
                 CopySource::Query(query) => CopyOutSource::Query(query),
                 CopySource::Table {
@@ -183,7 +196,20 @@ pub(crate) fn parse(tokens: &[TokenWithSpan], solid: &[Token]) -> Result<Option<
                     columns: normalized(columns),
                 },
             };
-            Ok(Some(CopyStatement::ToStdout { source, format }))
+            match target {
+                CopyTarget::Stdout => Ok(Some(CopyStatement::ToStdout {
+                    source,
+                    format: text_format(&given)?,
+                })),
+                CopyTarget::File { filename } => Ok(Some(CopyStatement::ToFile(CopyTo {
+                    format: file_format(&given, &filename)?,
+                    source,
+                    path: filename,
+                }))),
+                other => Err(CirroError::unsupported(format!(
+                    "COPY TO {other} is not supported"
+                ))),
+            }
         }
     }
 }
@@ -212,11 +238,6 @@ fn copy_from_file(
     else {
         return Err(needs_table());
     };
-    if !columns.is_empty() {
-        return Err(CirroError::unsupported(
-            "COPY FROM a file with a column list is not supported yet; the file must hold every column",
-        ));
-    }
     let path = match target {
         CopyTarget::File { filename } => filename,
         other => {
@@ -225,31 +246,45 @@ fn copy_from_file(
             )));
         }
     };
-    let format = match given.format.as_deref() {
-        None | Some("csv" | "text") => FileFormat::Csv,
-        Some("parquet") => FileFormat::Parquet,
-        Some(other) => {
-            return Err(CirroError::unsupported(format!(
-                "COPY format \"{other}\" is not supported (csv, parquet)"
-            )));
-        }
-    };
-    if format == FileFormat::Parquet && given.delimiter.is_some() {
-        return Err(CirroError::new(
-            SqlState::INVALID_PARAMETER_VALUE,
-            "DELIMITER is only for FORMAT csv",
-        ));
-    }
     Ok(CopyStatement::FromFile(CopyFrom {
         table: object_name_to_table_reference(table_name, true)?,
+        columns: normalized(columns),
+        format: file_format(&given, &path)?,
         path,
-        format,
-        delimiter: given.delimiter.unwrap_or(b','),
-        header: given.header,
-        null: given.null,
-        quote: given.quote,
-        escape: given.escape,
     }))
+}
+
+/// The format of a file: FORMAT if given, else the file's extension (`.csv`,
+/// `.parquet`), else text.
+fn file_format(given: &GivenOptions, path: &str) -> Result<FileFormat> {
+    let extension = std::path::Path::new(path)
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    let named = match (&given.format, extension.as_deref()) {
+        (Some(format), _) => format.as_str(),
+        (None, Some("parquet")) => "parquet",
+        (None, Some("csv")) => "csv",
+        (None, _) => "text",
+    };
+    if named != "parquet" {
+        return text_format(&GivenOptions {
+            format: Some(named.to_string()),
+            ..given.clone()
+        })
+        .map(FileFormat::Text);
+    }
+    if given.delimiter.is_some()
+        || given.header
+        || given.null.is_some()
+        || given.quote.is_some()
+        || given.escape.is_some()
+    {
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            "DELIMITER, HEADER, NULL, QUOTE and ESCAPE are only for FORMAT text and csv",
+        ));
+    }
+    Ok(FileFormat::Parquet)
 }
 
 fn single_byte(c: char, what: &str) -> Result<u8> {
@@ -265,7 +300,7 @@ fn single_byte(c: char, what: &str) -> Result<u8> {
 }
 
 /// The options of a COPY statement as written (new and legacy syntax).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct GivenOptions {
     format: Option<String>,
     delimiter: Option<u8>,
@@ -329,7 +364,7 @@ fn text_format(given: &GivenOptions) -> Result<TextFormat> {
         Some("csv") => TextFormat::csv(),
         Some(other) => {
             return Err(CirroError::unsupported(format!(
-                "COPY FORMAT {other} over a client connection is not supported (text, csv)"
+                "COPY FORMAT {other} is not supported (text, csv; parquet for files)"
             )));
         }
     };
