@@ -24,6 +24,41 @@ use datafusion::execution::context::SessionContext;
 use datafusion::logical_expr::Expr;
 use datafusion_session::SessionStore;
 
+/// The user a session's identity functions report: its login, or for the
+/// local shell (no login) the operating system's user.
+pub(crate) fn session_user_name(user: Option<&str>) -> String {
+    user.map(str::to_string)
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "cirro".to_string())
+}
+
+/// `current_user`, `session_user`, `user`, `current_role` (PostgreSQL's: the
+/// session's user; Cirro has no SET ROLE, so they agree) and
+/// `current_database()` / `current_catalog`.
+pub(crate) fn register_identity(ctx: &SessionContext, user: &str, database: &str) {
+    for name in ["current_user", "session_user", "user", "current_role"] {
+        ctx.register_udf(constant_text(name, user));
+    }
+    for name in ["current_database", "current_catalog"] {
+        ctx.register_udf(constant_text(name, database));
+    }
+}
+
+fn constant_text(name: &str, value: &str) -> datafusion::logical_expr::ScalarUDF {
+    let value = ScalarValue::Utf8(Some(value.to_string()));
+    datafusion::logical_expr::create_udf(
+        name,
+        vec![],
+        arrow::datatypes::DataType::Utf8,
+        datafusion::logical_expr::Volatility::Stable,
+        Arc::new(move |_: &[datafusion::logical_expr::ColumnarValue]| {
+            Ok(datafusion::logical_expr::ColumnarValue::Scalar(
+                value.clone(),
+            ))
+        }),
+    )
+}
+
 pub(crate) fn register(ctx: &SessionContext, superuser: &SuperuserCheck) {
     for csv in [false, true] {
         let function = ReadFile {

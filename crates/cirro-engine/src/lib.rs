@@ -266,6 +266,11 @@ impl Engine {
         let ctx =
             functions::enable_url_tables(SessionContext::new_with_state(state), superuser.clone());
         functions::register(&ctx, &superuser);
+        functions::register_identity(
+            &ctx,
+            &functions::session_user_name(user.as_deref()),
+            config.database.as_deref().unwrap_or(DEFAULT_DATABASE),
+        );
         list.set_view_planner(Arc::new(views::SessionViewPlanner::for_context(&ctx)));
         Self {
             catalog,
@@ -392,9 +397,23 @@ impl Engine {
     }
 
     /// Plan a statement: SQL to a logical plan (counted, see [`Counters`]).
+    /// A SELECT list whose names DataFusion cannot tell apart (`SELECT 1, 1`,
+    /// `SELECT x, x::text`) is planned again with PostgreSQL's names made
+    /// unique (see `cirro_sql::names`).
     pub(crate) async fn plan(&self, statement: DfStatement) -> Result<LogicalPlan> {
         self.counters.plans.fetch_add(1, Ordering::Relaxed);
-        Ok(self.ctx.state().statement_to_plan(statement).await?)
+        let state = self.ctx.state();
+        match state.statement_to_plan(statement.clone()).await {
+            Err(e)
+                if e.to_string()
+                    .contains(cirro_sql::names::DUPLICATE_PROJECTION_NAMES) =>
+            {
+                let mut named = statement;
+                cirro_sql::names::name_projections(&mut named);
+                Ok(state.statement_to_plan(named).await?)
+            }
+            planned => Ok(planned?),
+        }
     }
 
     /// Rows of a batch computed by the engine (SHOW, maintenance results).

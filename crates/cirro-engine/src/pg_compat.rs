@@ -7,13 +7,22 @@ use std::sync::Arc;
 
 use arrow::array::AsArray;
 use arrow::datatypes::DataType;
+use async_trait::async_trait;
 use cirro_common::{CirroError, Result};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{CatalogProviderList, SchemaProvider, TableProvider};
+use datafusion::datasource::{MemTable, TableType};
+use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature,
     Volatility, create_udf,
 };
 use datafusion::scalar::ScalarValue;
-use datafusion_pg_catalog::pg_catalog::context::EmptyContextProvider;
+use datafusion_pg_catalog::pg_catalog::catalog_info::CatalogInfo;
+use datafusion_pg_catalog::pg_catalog::context::{
+    EmptyContextProvider, PgCatalogContextProvider, Role,
+};
+use datafusion_pg_catalog::pg_catalog::{PgCatalogSchemaProvider, PgCatalogStaticTables};
 
 use crate::Engine;
 use crate::settings::{SERVER_VERSION, Settings, setting_name};
@@ -25,6 +34,29 @@ impl Engine {
         let ctx = self.context();
         datafusion_pg_catalog::pg_catalog::setup_pg_catalog(ctx, database, EmptyContextProvider)
             .map_err(|e| CirroError::from(*e))?;
+        // Its pg_catalog, replaced: views of this database only, Cirro's
+        // users as roles, and only the databases that exist.
+        let list = Arc::clone(ctx.state().catalog_list());
+        let inner = PgCatalogSchemaProvider::try_new(
+            OneDatabase {
+                list: Arc::clone(&list),
+                database: database.to_string(),
+            },
+            static_tables()?,
+            CirroRoles {
+                catalog: Arc::clone(self.catalog()),
+            },
+        )?;
+        let schema = Arc::new(CirroPgCatalog { inner, list });
+        ctx.catalog(database)
+            .ok_or_else(|| CirroError::internal(format!("no catalog for database {database}")))?
+            .register_schema("pg_catalog", schema)?;
+        crate::functions::register_identity(
+            ctx,
+            &crate::functions::session_user_name(self.user()),
+            database,
+        );
+        ctx.register_udf(user_by_id_udf(Arc::clone(self.catalog())));
         ctx.register_udf(version_udf());
         ctx.register_udf(to_regtype_udf());
         ctx.register_udf(no_serial_sequence_udf());
@@ -34,6 +66,208 @@ impl Engine {
         ctx.register_udf(current_setting_udf(self.settings.clone()));
         Ok(())
     }
+}
+
+/// `pg_get_userbyid(oid)`: Cirro's catalog views give every object the owner
+/// oid 10, PostgreSQL's bootstrap superuser; here the first superuser created.
+fn user_by_id_udf(catalog: Arc<cirro_catalog::Catalog>) -> ScalarUDF {
+    create_udf(
+        "pg_get_userbyid",
+        vec![DataType::Int32],
+        DataType::Utf8,
+        Volatility::Stable,
+        Arc::new(move |args: &[ColumnarValue]| {
+            let snapshot = catalog.snapshot();
+            let owner = snapshot
+                .users
+                .iter()
+                .filter(|(_, u)| u.superuser)
+                .min_by_key(|(name, u)| (u.created_ms, (*name).clone()))
+                .map(|(name, _)| name.clone());
+            let rows = args.first().map_or(1, |a| match a {
+                ColumnarValue::Array(array) => array.len(),
+                ColumnarValue::Scalar(_) => 1,
+            });
+            let array = arrow::array::StringArray::from(vec![owner; rows]);
+            Ok(ColumnarValue::Array(Arc::new(array)))
+        }),
+    )
+}
+
+/// The static pg_catalog tables, loaded once per process.
+fn static_tables() -> Result<Arc<PgCatalogStaticTables>> {
+    static TABLES: std::sync::OnceLock<Arc<PgCatalogStaticTables>> = std::sync::OnceLock::new();
+    if let Some(tables) = TABLES.get() {
+        return Ok(Arc::clone(tables));
+    }
+    let tables = Arc::new(PgCatalogStaticTables::try_new()?);
+    Ok(Arc::clone(TABLES.get_or_init(|| tables)))
+}
+
+/// The catalog views of one database (PostgreSQL's are per database).
+#[derive(Clone, Debug)]
+struct OneDatabase {
+    list: Arc<dyn CatalogProviderList>,
+    database: String,
+}
+
+#[async_trait]
+impl CatalogInfo for OneDatabase {
+    async fn catalog_names(&self) -> DfResult<Vec<String>> {
+        Ok(self
+            .list
+            .catalog(&self.database)
+            .map(|_| vec![self.database.clone()])
+            .unwrap_or_default())
+    }
+
+    async fn schema_names(&self, catalog: &str) -> DfResult<Option<Vec<String>>> {
+        if catalog != self.database {
+            return Ok(None);
+        }
+        self.list.schema_names(catalog).await
+    }
+
+    async fn table_names(&self, catalog: &str, schema: &str) -> DfResult<Option<Vec<String>>> {
+        if catalog != self.database {
+            return Ok(None);
+        }
+        self.list.table_names(catalog, schema).await
+    }
+
+    async fn table_schema(
+        &self,
+        catalog: &str,
+        schema: &str,
+        table: &str,
+    ) -> DfResult<Option<SchemaRef>> {
+        self.list.table_schema(catalog, schema, table).await
+    }
+
+    async fn table_type(
+        &self,
+        catalog: &str,
+        schema: &str,
+        table: &str,
+    ) -> DfResult<Option<TableType>> {
+        self.list.table_type(catalog, schema, table).await
+    }
+}
+
+/// Cirro's users as PostgreSQL roles (`pg_roles`, psql's `\du`).
+#[derive(Clone)]
+struct CirroRoles {
+    catalog: Arc<cirro_catalog::Catalog>,
+}
+
+impl std::fmt::Debug for CirroRoles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CirroRoles")
+    }
+}
+
+#[async_trait]
+impl PgCatalogContextProvider for CirroRoles {
+    async fn roles(&self) -> Vec<String> {
+        self.catalog.snapshot().users.keys().cloned().collect()
+    }
+
+    async fn role(&self, name: &str) -> Option<Role> {
+        let snapshot = self.catalog.snapshot();
+        let user = snapshot.users.get(name)?;
+        Some(Role {
+            name: name.to_string(),
+            is_superuser: user.superuser,
+            can_login: true,
+            can_create_db: user.superuser,
+            can_create_role: user.superuser,
+            can_create_user: user.superuser,
+            can_replication: false,
+            grants: vec![],
+            inherited_roles: vec![],
+        })
+    }
+}
+
+/// datafusion-pg-catalog's schema with `pg_database` listing the databases
+/// that exist (its own always adds a `postgres` database).
+#[derive(Debug)]
+struct CirroPgCatalog {
+    inner: PgCatalogSchemaProvider<OneDatabase, CirroRoles>,
+    list: Arc<dyn CatalogProviderList>,
+}
+
+#[async_trait]
+impl SchemaProvider for CirroPgCatalog {
+    fn table_names(&self) -> Vec<String> {
+        self.inner.table_names()
+    }
+
+    async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        if name.eq_ignore_ascii_case("pg_database") {
+            let names = CatalogProviderList::catalog_names(self.list.as_ref());
+            return Ok(Some(pg_database(&names)?));
+        }
+        self.inner.table(name).await
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.inner.table_exist(name)
+    }
+}
+
+/// PostgreSQL's `pg_database` over `names`.
+fn pg_database(names: &[String]) -> DfResult<Arc<dyn TableProvider>> {
+    use arrow::array::{ArrayRef, BooleanArray, Int32Array, StringArray, new_null_array};
+    use arrow::datatypes::{Field, Schema};
+    let mut names = names.to_vec();
+    names.sort();
+    let n = names.len();
+    let int = |v: i32| Arc::new(Int32Array::from(vec![v; n])) as ArrayRef;
+    let text = |v: &str| Arc::new(StringArray::from(vec![v; n])) as ArrayRef;
+    let flag = |v: bool| Arc::new(BooleanArray::from(vec![v; n])) as ArrayRef;
+    let acl = DataType::List(Arc::new(Field::new("item", DataType::Int32, true)));
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        (
+            "oid",
+            Arc::new(Int32Array::from_iter_values(
+                (0..n).map(|i| 16384 + i as i32),
+            )),
+        ),
+        ("datname", Arc::new(StringArray::from(names.clone()))),
+        ("datdba", int(10)),
+        ("encoding", int(6)),
+        ("datlocprovider", text("c")),
+        ("datcollate", text("C.UTF-8")),
+        ("datctype", text("C.UTF-8")),
+        ("datistemplate", flag(false)),
+        ("datallowconn", flag(true)),
+        ("datconnlimit", int(-1)),
+        ("datlastsysoid", int(16383)),
+        ("datfrozenxid", int(1)),
+        ("datminmxid", int(1)),
+        ("dattablespace", int(1663)),
+        ("daticulocale", new_null_array(&DataType::Utf8, n)),
+        ("daticurules", new_null_array(&DataType::Utf8, n)),
+        ("datacl", new_null_array(&acl, n)),
+    ];
+    let schema = Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|(name, array)| {
+                Field::new(
+                    *name,
+                    array.data_type().clone(),
+                    array.null_count() > 0 || n == 0,
+                )
+            })
+            .collect::<Vec<_>>(),
+    ));
+    let batch = arrow::array::RecordBatch::try_new(
+        Arc::clone(&schema),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )?;
+    Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
 }
 
 /// `version()` as PostgreSQL clients parse it (`PostgreSQL <major>.<minor>`).

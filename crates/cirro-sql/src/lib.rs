@@ -26,6 +26,7 @@
 //! statement was parsed exactly once on its way.
 
 pub mod dialect;
+pub mod names;
 mod parsers;
 mod pg_catalog;
 mod shape;

@@ -62,7 +62,7 @@ pub(crate) fn is_catalog_query(solid: &[Token]) -> bool {
             (_, Some(w)) => {
                 w.starts_with("pg_")
                     || w == "information_schema"
-                    || w.starts_with("current_")
+                    || (w.starts_with("current_") && !matches!(w, "current_user" | "current_role"))
                     || w == "collate"
                     || (matches!(w, "operator" | "any" | "all") && next_is_paren)
             }

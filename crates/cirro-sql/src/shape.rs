@@ -171,6 +171,7 @@ impl VisitorMut for Shaper {
 
     fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<CirroError> {
         distinct_from_precedence(expr);
+        current_role_is_a_function(expr);
         if let Expr::BinaryOp {
             op: op @ (BinaryOperator::And | BinaryOperator::Or),
             ..
@@ -228,6 +229,26 @@ fn distinct_from_precedence(expr: &mut Expr) {
         Expr::IsDistinctFrom(left, operand)
     };
     *expr = top;
+}
+
+/// `current_role` (a reserved word in PostgreSQL, a plain name to sqlparser)
+/// as the function it is.
+fn current_role_is_a_function(expr: &mut Expr) {
+    if let Expr::Identifier(ident) = expr
+        && ident.quote_style.is_none()
+        && ident.value.eq_ignore_ascii_case("current_role")
+    {
+        *expr = Expr::Function(Function {
+            name: ObjectName::from(vec![Ident::new("current_role")]),
+            uses_odbc_syntax: false,
+            parameters: FunctionArguments::None,
+            args: FunctionArguments::None,
+            filter: None,
+            null_treatment: None,
+            over: None,
+            within_group: vec![],
+        });
+    }
 }
 
 fn is_logical(expr: &Expr) -> bool {

@@ -264,6 +264,46 @@ fn authentication_and_privileges() {
     };
     let out = as_alice("SELECT 1");
     assert!(out.status.success(), "{}", stderr(&out));
+
+    // Identity: who and where the session is; only real databases, and
+    // catalog views of the current database alone.
+    let out = as_alice("SELECT current_user, session_user, current_database(), current_role");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "alice|alice|cirro|alice\n"
+    );
+    server.sql("CREATE DATABASE other");
+    let in_other = |sql: &str| {
+        let out = Command::new("psql")
+            .arg(
+                server
+                    .conninfo("cirro")
+                    .replace("dbname=cirro", "dbname=other"),
+            )
+            .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .expect("psql");
+        assert!(out.status.success(), "{sql}: {}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    in_other("CREATE TABLE only_here (x INT)");
+    assert_eq!(in_other("SELECT current_database()"), "other\n");
+    let tables = "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n \
+                  ON c.relnamespace = n.oid WHERE n.nspname = 'public' AND c.relkind = 'r' ORDER BY 1";
+    assert_eq!(in_other(tables), "only_here\n");
+    assert_eq!(server.sql(tables), "secrets\n");
+    assert_eq!(
+        server.sql("SELECT datname FROM pg_catalog.pg_database ORDER BY 1"),
+        "cirro\nother\n"
+    );
+    let listed = server.psql_ok(&["-l", "-A", "-t"]);
+    assert!(
+        listed.starts_with("cirro|cirro|") && listed.contains("\nother|cirro|"),
+        "{listed}"
+    );
+    assert!(!listed.contains("postgres"), "{listed}");
+
     for sql in [
         "SELECT * FROM secrets",
         "INSERT INTO secrets VALUES (2, 'b')",
