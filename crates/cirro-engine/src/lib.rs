@@ -581,6 +581,29 @@ impl Engine {
                     format!("{tag} {count}")
                 }))
             }
+            LogicalPlan::DescribeTable(describe) => {
+                // DataFusion's shows Arrow's type names (Utf8View,
+                // Decimal128(8, 2)); Cirro shows SQL's.
+                let fields = describe.schema.fields();
+                let names = arrow::array::StringArray::from_iter_values(
+                    fields.iter().map(|f| f.name().clone()),
+                );
+                let types = arrow::array::StringArray::from_iter_values(
+                    fields
+                        .iter()
+                        .map(|f| cirro_storage::schema::sql_type_name(f.data_type())),
+                );
+                let nullable = arrow::array::StringArray::from_iter_values(
+                    fields
+                        .iter()
+                        .map(|f| if f.is_nullable() { "YES" } else { "NO" }),
+                );
+                let batch = arrow::array::RecordBatch::try_new(
+                    Arc::new(describe.output_schema.as_arrow().clone()),
+                    vec![Arc::new(names), Arc::new(types), Arc::new(nullable)],
+                )?;
+                self.batch_rows(batch).await
+            }
             LogicalPlan::Copy(_) => {
                 let count = self.run_for_count(plan).await?;
                 Ok(Outcome::command(format!("COPY {count}")))

@@ -29,6 +29,12 @@ impl Dialect for CirroDialect {
         true
     }
 
+    /// `x IN ()` is false and `x NOT IN ()` true, as SQLite and DuckDB
+    /// accept it (PostgreSQL refuses the syntax).
+    fn supports_in_empty_list(&self) -> bool {
+        true
+    }
+
     fn is_delimited_identifier_start(&self, ch: char) -> bool {
         GenericDialect {}.is_delimited_identifier_start(ch)
     }

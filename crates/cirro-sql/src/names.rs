@@ -161,7 +161,7 @@ mod tests {
         );
         assert_eq!(
             named("SELECT x FROM (SELECT 1 AS x UNION SELECT sum(y) FROM u) s"),
-            "SELECT x FROM (SELECT 1 AS x UNION SELECT sum(y) AS \"sum\" FROM u) AS s"
+            "SELECT x FROM (SELECT 1 AS x UNION SELECT sum(y) AS \"sum\" FROM u) s"
         );
     }
 }

@@ -172,6 +172,7 @@ impl VisitorMut for Shaper {
     fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<CirroError> {
         distinct_from_precedence(expr);
         current_role_is_a_function(expr);
+        complete_time_literal(expr);
         if let Expr::BinaryOp {
             op: op @ (BinaryOperator::And | BinaryOperator::Or),
             ..
@@ -248,6 +249,36 @@ fn current_role_is_a_function(expr: &mut Expr) {
             over: None,
             within_group: vec![],
         });
+    }
+}
+
+/// `TIMESTAMP '2024-05-17 10:00'` and `TIME '10:00'`: PostgreSQL reads a
+/// time without seconds; Arrow's parser needs them. Add `:00`.
+fn complete_time_literal(expr: &mut Expr) {
+    use datafusion::sql::sqlparser::ast::DataType as SqlType;
+    let Expr::TypedString(typed) = expr else {
+        return;
+    };
+    if !matches!(
+        typed.data_type,
+        SqlType::Timestamp(..) | SqlType::Time(..) | SqlType::Datetime(_)
+    ) {
+        return;
+    }
+    let Value::SingleQuotedString(text) = &mut typed.value.value else {
+        return;
+    };
+    let time = text.rsplit([' ', 'T']).next().unwrap_or(text);
+    let clock = time.split(['+', '-', 'Z', 'z']).next().unwrap_or(time);
+    let is_hh_mm = clock.len() == 5
+        && clock.as_bytes()[2] == b':'
+        && clock
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| i == 2 || b.is_ascii_digit());
+    if is_hh_mm {
+        let at = text.len() - time.len() + clock.len();
+        text.insert_str(at, ":00");
     }
 }
 
@@ -562,6 +593,18 @@ mod tests {
         let parsed = parse("SELECT 1 FROM t WHERE a IS DISTINCT FROM (b AND c)").expect("parse");
         let text = format!("{:?}", parsed.statement);
         assert!(text.contains("selection: Some(IsDistinctFrom("), "{text}");
+    }
+
+    #[test]
+    fn times_without_seconds_get_them() {
+        assert_eq!(
+            where_clause(
+                "SELECT 1 FROM t WHERE a = TIMESTAMP '2024-05-17 10:00' AND b = TIME '10:00' \
+                 AND c = TIMESTAMP '2024-05-17T10:00+02:00' AND d = TIMESTAMP '2024-05-17 10:00:05'"
+            ),
+            "a = TIMESTAMP '2024-05-17 10:00:00' AND b = TIME '10:00:00' \
+             AND c = TIMESTAMP '2024-05-17T10:00:00+02:00' AND d = TIMESTAMP '2024-05-17 10:00:05'"
+        );
     }
 
     #[test]

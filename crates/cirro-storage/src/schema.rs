@@ -9,6 +9,34 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use cirro_common::{CirroError, Result, SqlState};
 
+/// The SQL name of a column type, as DESCRIBE shows it.
+pub fn sql_type_name(data_type: &DataType) -> String {
+    use DataType::*;
+    match data_type {
+        Boolean => "BOOLEAN".into(),
+        Int8 | Int16 | UInt8 => "SMALLINT".into(),
+        Int32 | UInt16 => "INTEGER".into(),
+        Int64 | UInt32 => "BIGINT".into(),
+        Float16 | Float32 => "REAL".into(),
+        Float64 => "DOUBLE PRECISION".into(),
+        Decimal32(p, s) | Decimal64(p, s) | Decimal128(p, s) | Decimal256(p, s) => {
+            format!("DECIMAL({p},{s})")
+        }
+        Utf8 | LargeUtf8 | Utf8View => "VARCHAR".into(),
+        Binary | LargeBinary | BinaryView | FixedSizeBinary(_) => "BYTEA".into(),
+        Date32 | Date64 => "DATE".into(),
+        Timestamp(_, None) => "TIMESTAMP".into(),
+        Timestamp(_, Some(_)) => "TIMESTAMP WITH TIME ZONE".into(),
+        Time32(_) | Time64(_) => "TIME".into(),
+        Interval(_) | Duration(_) => "INTERVAL".into(),
+        List(field) | LargeList(field) | ListView(field) | FixedSizeList(field, _) => {
+            format!("{}[]", sql_type_name(field.data_type()))
+        }
+        Null => "NULL".into(),
+        other => other.to_string(),
+    }
+}
+
 /// The type a column of type `data_type` is stored as.
 pub fn storage_type(name: &str, data_type: &DataType) -> Result<DataType> {
     use DataType::*;
