@@ -66,6 +66,11 @@ impl SuperuserCheck {
         Self { catalog, user }
     }
 
+    /// The session's user (None: the local shell).
+    pub(crate) fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
     pub(crate) fn holds(&self) -> bool {
         match &self.user {
             None => true,
@@ -96,7 +101,7 @@ impl Engine {
         self.user.as_deref()
     }
 
-    fn superuser_check(&self) -> SuperuserCheck {
+    pub(crate) fn superuser_check(&self) -> SuperuserCheck {
         SuperuserCheck::new(Arc::clone(&self.catalog), self.user.clone())
     }
 

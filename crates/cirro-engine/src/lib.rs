@@ -25,6 +25,7 @@
 //! stream, or a command tag with an optional notice and settings to report.
 
 mod access;
+pub mod activity;
 mod copy;
 mod copy_text;
 mod ddl;
@@ -218,6 +219,8 @@ pub struct Engine {
     flags: Arc<Vec<Flag>>,
     /// Statements PREPAREd in SQL, by name.
     sql_prepared: std::sync::Mutex<std::collections::HashMap<String, Arc<Prepared>>>,
+    /// The session's entry in the server's registry (none in the shell).
+    backend: Arc<std::sync::OnceLock<activity::Backend>>,
 }
 
 impl Drop for Engine {
@@ -283,6 +286,7 @@ impl Engine {
             counters: Counters::default(),
             flags: Arc::clone(&config.flags),
             sql_prepared: Default::default(),
+            backend: Default::default(),
         }
     }
 

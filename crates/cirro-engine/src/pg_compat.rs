@@ -25,6 +25,8 @@ use datafusion_pg_catalog::pg_catalog::context::{
 use datafusion_pg_catalog::pg_catalog::{PgCatalogSchemaProvider, PgCatalogStaticTables};
 
 use crate::Engine;
+use crate::access::SuperuserCheck;
+use crate::activity::{Backend, BackendInfo, BackendState};
 use crate::settings::{SERVER_VERSION, Settings, setting_name};
 
 impl Engine {
@@ -47,7 +49,11 @@ impl Engine {
                 catalog: Arc::clone(self.catalog()),
             },
         )?;
-        let schema = Arc::new(CirroPgCatalog { inner, list });
+        let schema = Arc::new(CirroPgCatalog {
+            inner,
+            list,
+            backend: Arc::clone(&self.backend),
+        });
         ctx.catalog(database)
             .ok_or_else(|| CirroError::internal(format!("no catalog for database {database}")))?
             .register_schema("pg_catalog", schema)?;
@@ -57,6 +63,14 @@ impl Engine {
             database,
         );
         ctx.register_udf(user_by_id_udf(Arc::clone(self.catalog())));
+        ctx.register_udf(backend_pid_udf(Arc::clone(&self.backend)));
+        for terminate in [false, true] {
+            ctx.register_udf(signal_udf(
+                terminate,
+                Arc::clone(&self.backend),
+                self.superuser_check(),
+            ));
+        }
         ctx.register_udf(version_udf());
         ctx.register_udf(to_regtype_udf());
         ctx.register_udf(no_serial_sequence_udf());
@@ -66,6 +80,139 @@ impl Engine {
         ctx.register_udf(current_setting_udf(self.settings.clone()));
         Ok(())
     }
+
+    /// Enter this session in the server's registry (see `activity`):
+    /// `pg_backend_pid()`, `pg_stat_activity` and the signal functions use it.
+    pub fn attach_backend(&self, backend: Backend) -> Result<()> {
+        self.backend
+            .set(backend)
+            .map_err(|_| CirroError::internal("the session already has a backend"))
+    }
+
+    /// The session's entry in the server's registry, if any.
+    pub fn backend(&self) -> Option<&Backend> {
+        self.backend.get()
+    }
+
+    /// The state the session is in between statements.
+    pub fn idle_state(&self) -> BackendState {
+        if self.transaction_aborted() {
+            BackendState::IdleInTransactionAborted
+        } else if self.in_transaction() {
+            BackendState::IdleInTransaction
+        } else {
+            BackendState::Idle
+        }
+    }
+}
+
+type BackendSlot = Arc<std::sync::OnceLock<Backend>>;
+
+/// `pg_backend_pid()`: the session's pid in the registry.
+fn backend_pid_udf(slot: BackendSlot) -> ScalarUDF {
+    create_udf(
+        "pg_backend_pid",
+        vec![],
+        DataType::Int32,
+        Volatility::Stable,
+        Arc::new(move |_: &[ColumnarValue]| {
+            let pid = slot.get().map(|b| b.pid);
+            Ok(ColumnarValue::Scalar(ScalarValue::Int32(pid)))
+        }),
+    )
+}
+
+/// `pg_cancel_backend(pid)` / `pg_terminate_backend(pid)`: true when the
+/// backend was signalled, false when there is none; 42501 unless a
+/// superuser or the backend's own user.
+fn signal_udf(terminate: bool, slot: BackendSlot, superuser: SuperuserCheck) -> ScalarUDF {
+    let name = if terminate {
+        "pg_terminate_backend"
+    } else {
+        "pg_cancel_backend"
+    };
+    create_udf(
+        name,
+        vec![DataType::Int64],
+        DataType::Boolean,
+        Volatility::Volatile,
+        Arc::new(move |args: &[ColumnarValue]| {
+            let pids = ColumnarValue::values_to_arrays(args)?;
+            let pids = pids[0].as_primitive::<arrow::datatypes::Int64Type>();
+            let mut out = arrow::array::BooleanBuilder::with_capacity(pids.len());
+            for pid in pids.iter() {
+                let (Some(pid), Some(backend)) = (pid, slot.get()) else {
+                    out.append_null();
+                    continue;
+                };
+                let Ok(pid) = i32::try_from(pid) else {
+                    out.append_value(false);
+                    continue;
+                };
+                let signalled = backend
+                    .activity()
+                    .signal(pid, superuser.user(), superuser.holds(), terminate)
+                    .map_err(CirroError::into_datafusion)?;
+                out.append_value(signalled);
+            }
+            Ok(ColumnarValue::Array(Arc::new(out.finish())))
+        }),
+    )
+}
+
+/// PostgreSQL's `pg_stat_activity` over the registry's backends.
+fn pg_stat_activity(backends: &[BackendInfo]) -> DfResult<Arc<dyn TableProvider>> {
+    use arrow::array::{ArrayRef, Int32Array, StringArray, TimestampMicrosecondArray};
+    let n = backends.len();
+    let time = |f: &dyn Fn(&BackendInfo) -> Option<i64>| {
+        let values: Vec<Option<i64>> = backends.iter().map(f).collect();
+        Arc::new(TimestampMicrosecondArray::from(values).with_timezone("UTC")) as ArrayRef
+    };
+    let text = |f: &dyn Fn(&BackendInfo) -> Option<String>| {
+        Arc::new(StringArray::from(
+            backends.iter().map(f).collect::<Vec<_>>(),
+        )) as ArrayRef
+    };
+    let none_int = || Arc::new(Int32Array::from(vec![None::<i32>; n])) as ArrayRef;
+    let none_text = || Arc::new(StringArray::from(vec![None::<&str>; n])) as ArrayRef;
+    let pids = Int32Array::from_iter_values(backends.iter().map(|b| b.pid));
+    memory_table(vec![
+        ("datid", none_int()),
+        ("datname", text(&|b| Some(b.database.clone()))),
+        ("pid", Arc::new(pids)),
+        ("leader_pid", none_int()),
+        ("usesysid", none_int()),
+        ("usename", text(&|b| Some(b.user.clone()))),
+        (
+            "application_name",
+            text(&|b| Some(b.application_name.clone())),
+        ),
+        ("client_addr", text(&|b| b.client_addr.clone())),
+        ("backend_start", time(&|b| Some(b.backend_start))),
+        ("query_start", time(&|b| b.query_start)),
+        ("state_change", time(&|b| Some(b.state_change))),
+        ("wait_event_type", none_text()),
+        ("wait_event", none_text()),
+        ("state", text(&|b| Some(b.state.as_str().to_string()))),
+        ("query", text(&|b| Some(b.query.clone()))),
+        ("backend_type", text(&|b| Some(b.backend_type.to_string()))),
+    ])
+}
+
+/// A one-batch table of named columns, all nullable.
+fn memory_table(columns: Vec<(&str, arrow::array::ArrayRef)>) -> DfResult<Arc<dyn TableProvider>> {
+    use arrow::datatypes::{Field, Schema};
+    let schema = Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|(name, array)| Field::new(*name, array.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let batch = arrow::array::RecordBatch::try_new(
+        Arc::clone(&schema),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )?;
+    Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
 }
 
 /// `pg_get_userbyid(oid)`: Cirro's catalog views give every object the owner
@@ -195,15 +342,26 @@ impl PgCatalogContextProvider for CirroRoles {
 struct CirroPgCatalog {
     inner: PgCatalogSchemaProvider<OneDatabase, CirroRoles>,
     list: Arc<dyn CatalogProviderList>,
+    backend: BackendSlot,
 }
 
 #[async_trait]
 impl SchemaProvider for CirroPgCatalog {
     fn table_names(&self) -> Vec<String> {
-        self.inner.table_names()
+        let mut names = self.inner.table_names();
+        names.push("pg_stat_activity".to_string());
+        names
     }
 
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        if name.eq_ignore_ascii_case("pg_stat_activity") {
+            let backends = self
+                .backend
+                .get()
+                .map(|b| b.activity().backends())
+                .unwrap_or_default();
+            return Ok(Some(pg_stat_activity(&backends)?));
+        }
         if name.eq_ignore_ascii_case("pg_database") {
             let names = CatalogProviderList::catalog_names(self.list.as_ref());
             return Ok(Some(pg_database(&names)?));
@@ -212,14 +370,14 @@ impl SchemaProvider for CirroPgCatalog {
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.inner.table_exist(name)
+        name.eq_ignore_ascii_case("pg_stat_activity") || self.inner.table_exist(name)
     }
 }
 
 /// PostgreSQL's `pg_database` over `names`.
 fn pg_database(names: &[String]) -> DfResult<Arc<dyn TableProvider>> {
     use arrow::array::{ArrayRef, BooleanArray, Int32Array, StringArray, new_null_array};
-    use arrow::datatypes::{Field, Schema};
+    use arrow::datatypes::Field;
     let mut names = names.to_vec();
     names.sort();
     let n = names.len();
@@ -251,23 +409,7 @@ fn pg_database(names: &[String]) -> DfResult<Arc<dyn TableProvider>> {
         ("daticurules", new_null_array(&DataType::Utf8, n)),
         ("datacl", new_null_array(&acl, n)),
     ];
-    let schema = Arc::new(Schema::new(
-        columns
-            .iter()
-            .map(|(name, array)| {
-                Field::new(
-                    *name,
-                    array.data_type().clone(),
-                    array.null_count() > 0 || n == 0,
-                )
-            })
-            .collect::<Vec<_>>(),
-    ));
-    let batch = arrow::array::RecordBatch::try_new(
-        Arc::clone(&schema),
-        columns.into_iter().map(|(_, a)| a).collect(),
-    )?;
-    Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
+    memory_table(columns)
 }
 
 /// `version()` as PostgreSQL clients parse it (`PostgreSQL <major>.<minor>`).

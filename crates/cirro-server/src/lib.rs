@@ -65,6 +65,8 @@ pub(crate) struct Shared {
     require_tls: bool,
     parameters: Arc<DefaultServerParameterProvider>,
     pids: RandomPidSecretKeyGenerator,
+    /// The registry of backends (pg_stat_activity, pids, signals).
+    activity: Arc<cirro_engine::activity::Activity>,
     /// Running sessions by backend pid, for CancelRequest.
     sessions: Mutex<HashMap<i32, (Vec<u8>, Weak<Canceller>)>>,
 }
@@ -278,6 +280,8 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         require_tls: config.require_tls,
         parameters: Arc::new(parameters),
         pids: RandomPidSecretKeyGenerator::default(),
+        // One node until the cluster assigns node ids.
+        activity: cirro_engine::activity::Activity::new(0)?,
         sessions: Mutex::new(HashMap::new()),
     });
     let (listener, local) = listen(&config.listen, config.pg_port, "").await?;
@@ -359,8 +363,14 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
                     return;
                 }
             };
-            if let Err(e) = process_connection(socket, tls, handlers).await {
-                log::debug!("{peer}: {e}");
+            // pg_terminate_backend ends the connection.
+            tokio::select! {
+                processed = process_connection(socket, tls, handlers) => {
+                    if let Err(e) = processed {
+                        log::debug!("{peer}: {e}");
+                    }
+                }
+                _ = canceller.terminated() => log::debug!("{peer}: terminated"),
             }
             watcher.abort();
             // The connection is gone: stop whatever it was running.

@@ -16,9 +16,34 @@ use tokio::sync::Notify;
 pub(crate) struct Canceller {
     cancelled: AtomicBool,
     notify: Notify,
+    terminated: AtomicBool,
+    terminate: Notify,
+}
+
+impl cirro_engine::activity::BackendSignal for Canceller {
+    fn cancel(&self) {
+        Canceller::cancel(self);
+    }
+
+    fn terminate(&self) {
+        self.terminated.store(true, Ordering::SeqCst);
+        self.terminate.notify_waiters();
+        Canceller::cancel(self);
+    }
 }
 
 impl Canceller {
+    /// Resolves once the session is terminated (`pg_terminate_backend`).
+    pub(crate) async fn terminated(&self) {
+        loop {
+            let notified = self.terminate.notified();
+            if self.terminated.load(Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     pub(crate) fn cancel(&self) {
         self.cancelled.store(true, Ordering::SeqCst);
         self.notify.notify_waiters();

@@ -31,9 +31,9 @@ use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    BinaryOperator, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Query,
-    SelectItem, SetExpr, Statement, TableFactor, TableWithJoins, Visit, VisitMut, Visitor,
-    VisitorMut,
+    BinaryOperator, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident,
+    ObjectNamePart, Query, SelectItem, SetExpr, Statement, TableFactor, TableWithJoins, Visit,
+    VisitMut, Visitor, VisitorMut,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
@@ -94,6 +94,28 @@ pub(crate) fn rewrite_catalog_query(statement: &mut Statement) {
     let _ = Visit::visit(&*statement, &mut PgClassAliases(&mut pg_class));
     let _ = statement.visit(&mut CatalogColumns(pg_class));
     let _ = statement.visit(&mut CatalogSubqueries);
+    let _ = statement.visit(&mut QualifyCirroViews);
+}
+
+/// The catalog views Cirro adds to `pg_catalog` (which the compatibility
+/// parser does not know), qualified where a query names them alone.
+struct QualifyCirroViews;
+
+impl VisitorMut for QualifyCirroViews {
+    type Break = ();
+
+    fn pre_visit_table_factor(&mut self, table: &mut TableFactor) -> ControlFlow<()> {
+        if let TableFactor::Table { name, .. } = table
+            && name.0.len() == 1
+            && name.0[0].as_ident().is_some_and(|i| {
+                i.quote_style.is_none() && i.value.eq_ignore_ascii_case("pg_stat_activity")
+            })
+        {
+            name.0
+                .insert(0, ObjectNamePart::Identifier(Ident::new("pg_catalog")));
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// The `int2vector`/`oidvector` columns of pg_index (datafusion-pg-catalog

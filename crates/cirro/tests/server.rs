@@ -388,6 +388,98 @@ fn authentication_and_privileges() {
     assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
 }
 
+/// Poll `check` every 100 ms, at most `tries` times.
+fn eventually(tries: usize, mut check: impl FnMut() -> bool) -> bool {
+    for _ in 0..tries {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
+#[test]
+fn pg_stat_activity_cancel_and_terminate_backends() {
+    let server = Server::start();
+    server.sql("CREATE USER alice WITH PASSWORD 'alice-pw'");
+    server.sql("CREATE USER bob WITH PASSWORD 'bob-pw'");
+    let long = "SELECT count(*) FROM generate_series(1, 5000000000)";
+    let start_long = || {
+        Command::new("psql")
+            .arg(server.conninfo("alice"))
+            .args(["-X", "-v", "VERBOSITY=verbose", "-c", long])
+            .env("PGPASSWORD", "alice-pw")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("psql")
+    };
+    let alice_pid = || {
+        server
+            .sql("SELECT pid FROM pg_stat_activity WHERE usename = 'alice' AND state = 'active'")
+            .trim()
+            .parse::<i64>()
+            .ok()
+    };
+    let finished = |child: &mut std::process::Child| {
+        eventually(100, || child.try_wait().expect("wait").is_some())
+    };
+
+    let mut child = start_long();
+    assert!(
+        eventually(100, || alice_pid().is_some()),
+        "alice's query never showed"
+    );
+    let pid = alice_pid().expect("pid");
+    // PostgreSQL's columns; this session sees itself active, with its own pid.
+    let rows = server.sql(
+        "SELECT usename, datname, state, query, backend_start <= query_start, \
+         pid = pg_backend_pid() FROM pg_stat_activity ORDER BY usename",
+    );
+    let expected = format!(
+        "alice|cirro|active|{long}|t|f\ncirro|cirro|active|SELECT usename, datname, state, query, \
+         backend_start <= query_start, pid = pg_backend_pid() FROM pg_stat_activity ORDER BY usename|t|t\n"
+    );
+    assert_eq!(rows, expected);
+    // Another ordinary user may not signal alice's backend.
+    let out = server.psql(
+        "bob",
+        "bob-pw",
+        &[
+            "-v",
+            "VERBOSITY=verbose",
+            "-c",
+            &format!("SELECT pg_cancel_backend({pid})"),
+        ],
+    );
+    assert!(stderr(&out).contains("42501"), "{}", stderr(&out));
+    assert_eq!(
+        server.sql(&format!("SELECT pg_cancel_backend({pid})")),
+        "t\n"
+    );
+    assert!(finished(&mut child), "the cancelled query kept running");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err)
+        .expect("read");
+    assert!(err.contains("57014"), "{err}");
+    assert_eq!(server.sql("SELECT pg_cancel_backend(123456789)"), "f\n");
+
+    // pg_terminate_backend closes the connection; the backend leaves the list.
+    let mut child = start_long();
+    assert!(eventually(100, || alice_pid().is_some()));
+    let pid = alice_pid().expect("pid");
+    assert_eq!(
+        server.sql(&format!("SELECT pg_terminate_backend({pid})")),
+        "t\n"
+    );
+    assert!(finished(&mut child), "the terminated session stayed");
+    assert!(!child.wait().expect("wait").success());
+    assert!(eventually(50, || server.sql(
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = 'alice'"
+    ) == "0\n"));
+}
+
 #[test]
 fn restart_keeps_users_and_ignores_the_environment() {
     let server = Server::start();

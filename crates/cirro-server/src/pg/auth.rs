@@ -303,10 +303,28 @@ impl ScramStartup {
             database: Some(database.clone()),
             ..self.shared.engine.clone()
         };
-        let engine = Engine::with_catalog(Arc::clone(&self.shared.catalog), config, Some(user));
+        let engine =
+            Engine::with_catalog(Arc::clone(&self.shared.catalog), config, Some(user.clone()));
+        let signal: Arc<dyn cirro_engine::activity::BackendSignal> = self.canceller.clone();
+        let application = client
+            .metadata()
+            .get("application_name")
+            .cloned()
+            .unwrap_or_default();
+        let backend = self.shared.activity.register(
+            &user,
+            &database,
+            &application,
+            Some(client.socket_addr().ip().to_string()),
+            Arc::downgrade(&signal),
+        );
+        let pid = backend.pid;
+        engine
+            .attach_backend(backend)
+            .map_err(|e| fatal(e.state, e.message))?;
         let session = Session::new(engine, &database, Arc::clone(&self.canceller))
             .map_err(|e| fatal(e.state, e.message))?;
-        let (pid, secret) = self.shared.pids.generate(client);
+        let (_, secret) = self.shared.pids.generate(client);
         client.set_pid_and_secret_key(pid, secret.clone());
         let registration = self
             .shared

@@ -50,6 +50,8 @@ use crate::session::Session;
 #[derive(Clone, Debug)]
 pub(crate) struct PgStatement {
     prepared: Arc<Prepared>,
+    /// Its text (pg_stat_activity's `query`).
+    sql: String,
     /// When it was parsed (see `session::Deallocated`).
     generation: u64,
     /// Parameter types reported in ParameterDescription (and by which Bind's
@@ -310,6 +312,10 @@ impl SimpleQueryHandler for QueryHandler {
         let session = session_of(client)?;
         client.set_state(PgWireConnectionState::QueryInProgress);
         session.canceller.reset();
+        let _running = session
+            .engine
+            .backend()
+            .map(|b| b.running(&query.query, || session.engine.idle_state()));
         let statements = statements_of(&session, &query.query);
         if statements.is_empty() {
             client
@@ -401,6 +407,7 @@ impl QueryParser for StatementParser {
             .unwrap_or_default();
         Ok(Some(PgStatement {
             prepared: Arc::new(prepared),
+            sql: sql.to_string(),
             generation,
             params,
         }))
@@ -545,6 +552,11 @@ impl ExtendedQueryHandler for QueryHandler {
         }
         let values = bound_values(portal)?;
         let timeout = session.statement_timeout();
+        let _running = session.engine.backend().map(|b| {
+            b.running(&portal.statement.statement.sql, || {
+                session.engine.idle_state()
+            })
+        });
         let ran = tokio::select! {
             ran = session.engine.execute_prepared(prepared, values) => ran,
             error = session.canceller.interrupted(timeout) => Err(error),
