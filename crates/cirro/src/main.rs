@@ -10,6 +10,7 @@
 
 mod bench;
 mod load;
+mod meta;
 mod output;
 mod shell;
 

@@ -22,6 +22,8 @@ pub struct ResultWriter {
     format: Format,
     delimiter: u8,
     null: String,
+    /// Tables one column per line, record by record (the shell's `\x`).
+    expanded: bool,
 }
 
 impl ResultWriter {
@@ -40,11 +42,24 @@ impl ResultWriter {
             format,
             delimiter,
             null: null.to_string(),
+            expanded: false,
         })
     }
 
     pub fn format(&self) -> Format {
         self.format
+    }
+
+    pub fn set_format(&mut self, format: Format) {
+        self.format = format;
+    }
+
+    pub fn expanded(&self) -> bool {
+        self.expanded
+    }
+
+    pub fn set_expanded(&mut self, expanded: bool) {
+        self.expanded = expanded;
     }
 
     /// Write a result stream to `out`, returning the number of rows. CSV and
@@ -129,6 +144,7 @@ impl ResultWriter {
         batches: &[RecordBatch],
     ) -> Result<()> {
         match self.format {
+            Format::Table if self.expanded => self.write_expanded(out, schema, batches),
             Format::Table => {
                 let options = arrow::util::display::FormatOptions::default().with_null(&self.null);
                 let text = if batches.iter().all(|b| b.num_rows() == 0) {
@@ -161,6 +177,42 @@ impl ResultWriter {
                 writer.finish().map_err(CirroError::from)
             }
         }
+    }
+}
+
+impl ResultWriter {
+    /// psql's expanded display: each record as `name | value` lines.
+    fn write_expanded(
+        &self,
+        out: &mut dyn Write,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<()> {
+        let options = arrow::util::display::FormatOptions::default().with_null(&self.null);
+        let width = schema
+            .fields()
+            .iter()
+            .map(|f| f.name().chars().count())
+            .max()
+            .unwrap_or(0);
+        let mut record = 0;
+        for batch in batches {
+            let formatters = batch
+                .columns()
+                .iter()
+                .map(|c| arrow::util::display::ArrayFormatter::try_new(c.as_ref(), &options))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            for row in 0..batch.num_rows() {
+                record += 1;
+                writeln!(out, "-[ RECORD {record} ]{}", "-".repeat(width.max(4)))
+                    .map_err(io_error)?;
+                for (field, formatter) in schema.fields().iter().zip(&formatters) {
+                    writeln!(out, "{:<width$} | {}", field.name(), formatter.value(row))
+                        .map_err(io_error)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

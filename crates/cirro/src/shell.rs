@@ -5,6 +5,11 @@
 //! stderr with a non-zero exit. In the interactive shell a statement may span
 //! lines and ends with `;`; Ctrl-C cancels the running statement (or clears the
 //! line being typed) and the shell carries on; Ctrl-D or `\q` leaves.
+//!
+//! psql's backslash commands work wherever a statement could start (shell,
+//! scripts, stdin): `\d [name]`, `\dt`, `\dv`, `\du`, `\l`, `\timing`,
+//! `\x`, `\o [file]`, `\i file`, `\pset format …`, `\?`, `\q`; any other
+//! is an error at once (see `meta.rs`).
 
 use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
@@ -22,26 +27,42 @@ const PROMPT: &str = "cirro=> ";
 const PROMPT_MORE: &str = "cirro-> ";
 const HISTORY_FILE: &str = ".cirro_history";
 
+/// What the shell's backslash commands change.
+pub(crate) struct Shell {
+    pub(crate) writer: ResultWriter,
+    /// Print `Time: …` after each statement (`\timing`).
+    pub(crate) timing: bool,
+    /// Where results go (`\o file`); None: stdout.
+    pub(crate) output: Option<std::fs::File>,
+    /// `\q` was given.
+    pub(crate) quit: bool,
+}
+
 pub async fn run(engine: &Engine, args: SqlArgs) -> Result<ExitCode> {
-    let writer = ResultWriter::new(args.format, &args.delimiter, &args.null)?;
+    let mut shell = Shell {
+        writer: ResultWriter::new(args.format, &args.delimiter, &args.null)?,
+        timing: true,
+        output: None,
+        quit: false,
+    };
     if !args.commands.is_empty() || !args.files.is_empty() {
         for command in &args.commands {
-            run_script(engine, &writer, command).await?;
+            run_script(engine, &mut shell, command).await?;
         }
         for file in &args.files {
             let text = read_file(file)?;
-            run_script(engine, &writer, &text).await?;
+            run_script(engine, &mut shell, &text).await?;
         }
         return Ok(ExitCode::SUCCESS);
     }
     if !std::io::stdin().is_terminal() {
-        run_piped(engine, &writer).await?;
+        run_piped(engine, &mut shell).await?;
         return Ok(ExitCode::SUCCESS);
     }
-    interactive(engine, &writer).await
+    interactive(engine, &mut shell).await
 }
 
-fn read_file(path: &str) -> Result<String> {
+pub(crate) fn read_file(path: &str) -> Result<String> {
     let mut text = String::new();
     let result = if path == "-" {
         std::io::stdin().read_to_string(&mut text).map(|_| ())
@@ -61,9 +82,29 @@ fn read_file(path: &str) -> Result<String> {
     Ok(text)
 }
 
-async fn run_script(engine: &Engine, writer: &ResultWriter, text: &str) -> Result<()> {
-    for statement in split_statements(text) {
-        run_statement(engine, writer, &statement).await?;
+/// Run a script: its statements, and the backslash commands on lines of
+/// their own between them. The first error ends it.
+pub(crate) async fn run_script(engine: &Engine, shell: &mut Shell, text: &str) -> Result<()> {
+    let mut buffer = String::new();
+    for line in text.lines() {
+        if shell.quit {
+            return Ok(());
+        }
+        if buffer.trim().is_empty() && line.trim_start().starts_with('\\') {
+            Box::pin(crate::meta::run(engine, shell, line.trim())).await?;
+            continue;
+        }
+        buffer.push_str(line);
+        buffer.push('\n');
+        if is_complete(&buffer) {
+            let statements = split_statements(&std::mem::take(&mut buffer));
+            for statement in statements {
+                run_statement(engine, shell, &statement).await?;
+            }
+        }
+    }
+    for statement in split_statements(&buffer) {
+        run_statement(engine, shell, &statement).await?;
     }
     Ok(())
 }
@@ -71,7 +112,7 @@ async fn run_script(engine: &Engine, writer: &ResultWriter, text: &str) -> Resul
 /// SQL piped to stdin: each statement runs as soon as its `;` arrives (so a
 /// driver can hold one process and send statements one at a time), and the
 /// first error ends the run.
-async fn run_piped(engine: &Engine, writer: &ResultWriter) -> Result<()> {
+async fn run_piped(engine: &Engine, shell: &mut Shell) -> Result<()> {
     let (sender, mut receiver) = tokio::sync::mpsc::channel::<std::io::Result<String>>(16);
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
@@ -84,22 +125,29 @@ async fn run_piped(engine: &Engine, writer: &ResultWriter) -> Result<()> {
     let mut buffer = String::new();
     while let Some(line) = receiver.recv().await {
         let line = line.map_err(|e| CirroError::io(format!("cannot read stdin: {e}")))?;
+        if shell.quit {
+            return Ok(());
+        }
+        if buffer.trim().is_empty() && line.trim_start().starts_with('\\') {
+            crate::meta::run(engine, shell, line.trim()).await?;
+            continue;
+        }
         buffer.push_str(&line);
         buffer.push('\n');
         if is_complete(&buffer) {
             let text = std::mem::take(&mut buffer);
-            run_script(engine, writer, &text).await?;
+            run_script(engine, shell, &text).await?;
         }
     }
-    run_script(engine, writer, &buffer).await
+    run_script(engine, shell, &buffer).await
 }
 
 /// Run one statement and print what it produced. A panic inside the engine (a
 /// bug, in Cirro or a library) becomes an XX000 error for this statement
 /// instead of ending the process.
-async fn run_statement(engine: &Engine, writer: &ResultWriter, sql: &str) -> Result<()> {
+pub(crate) async fn run_statement(engine: &Engine, shell: &mut Shell, sql: &str) -> Result<()> {
     use futures::FutureExt;
-    let work = std::panic::AssertUnwindSafe(execute_and_print(engine, writer, sql)).catch_unwind();
+    let work = std::panic::AssertUnwindSafe(execute_and_print(engine, shell, sql)).catch_unwind();
     // statement_timeout (SET statement_timeout = '2s') holds here as on the
     // servers: the statement is dropped, which stops its work.
     let ran = match engine.statement_timeout() {
@@ -130,39 +178,53 @@ async fn run_statement(engine: &Engine, writer: &ResultWriter, sql: &str) -> Res
     }
 }
 
-async fn execute_and_print(engine: &Engine, writer: &ResultWriter, sql: &str) -> Result<()> {
+async fn execute_and_print(engine: &Engine, shell: &mut Shell, sql: &str) -> Result<()> {
     let started = Instant::now();
     let outcome = engine.execute(sql).await?;
+    print_outcome(shell, outcome, started).await
+}
+
+/// Print a statement's rows or tag (to `\o`'s file if set), with the time
+/// it took unless `\timing` is off.
+pub(crate) async fn print_outcome(
+    shell: &mut Shell,
+    outcome: Outcome,
+    started: Instant,
+) -> Result<()> {
     let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let data_only = writer.format() != Format::Table;
-    match outcome {
+    let mut lock;
+    let out: &mut dyn Write = match &mut shell.output {
+        Some(file) => file,
+        None => {
+            lock = stdout.lock();
+            &mut lock
+        }
+    };
+    let data_only = shell.writer.format() != Format::Table;
+    let time = |summary: String| {
+        if shell.timing {
+            let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+            format!("{summary}\nTime: {elapsed:.3} ms")
+        } else {
+            summary
+        }
+    };
+    let summary = match outcome {
         Outcome::Rows(stream) => {
-            let rows = writer.write_stream(&mut out, stream).await?;
-            let elapsed = started.elapsed();
-            let summary = format!(
-                "({rows} row{})\nTime: {:.3} ms",
-                if rows == 1 { "" } else { "s" },
-                elapsed.as_secs_f64() * 1000.0
-            );
-            if data_only {
-                eprintln!("{summary}");
-            } else {
-                writeln!(out, "{summary}").map_err(|e| CirroError::io(e.to_string()))?;
-            }
+            let rows = shell.writer.write_stream(out, stream).await?;
+            time(format!("({rows} row{})", if rows == 1 { "" } else { "s" }))
         }
         Outcome::Command { tag, notice, .. } => {
             if let Some(notice) = notice {
                 eprintln!("NOTICE: {notice}");
             }
-            let elapsed = started.elapsed().as_secs_f64() * 1000.0;
-            if data_only {
-                eprintln!("{tag}\nTime: {elapsed:.3} ms");
-            } else {
-                writeln!(out, "{tag}\nTime: {elapsed:.3} ms")
-                    .map_err(|e| CirroError::io(e.to_string()))?;
-            }
+            time(tag)
         }
+    };
+    if data_only {
+        eprintln!("{summary}");
+    } else {
+        writeln!(out, "{summary}").map_err(|e| CirroError::io(e.to_string()))?;
     }
     Ok(())
 }
@@ -171,7 +233,7 @@ fn history_path() -> Option<std::path::PathBuf> {
     std::env::var_os("HOME").map(|home| std::path::Path::new(&home).join(HISTORY_FILE))
 }
 
-async fn interactive(engine: &Engine, writer: &ResultWriter) -> Result<ExitCode> {
+async fn interactive(engine: &Engine, shell: &mut Shell) -> Result<ExitCode> {
     let mut editor = DefaultEditor::new()
         .map_err(|e| CirroError::io(format!("cannot start the line editor: {e}")))?;
     let history = history_path();
@@ -183,7 +245,7 @@ async fn interactive(engine: &Engine, writer: &ResultWriter) -> Result<ExitCode>
     let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|e| CirroError::io(format!("cannot handle Ctrl-C: {e}")))?;
     println!(
-        "Cirro {} — type SQL ending in ';', \\q to quit.",
+        "Cirro {} — type SQL ending in ';', \\? for help, \\q to quit.",
         env!("CARGO_PKG_VERSION")
     );
     let mut buffer = String::new();
@@ -196,8 +258,18 @@ async fn interactive(engine: &Engine, writer: &ResultWriter) -> Result<ExitCode>
         match editor.readline(prompt) {
             Ok(line) => {
                 let trimmed = line.trim();
-                if buffer.is_empty() && matches!(trimmed, "\\q" | "quit" | "exit") {
+                if buffer.is_empty() && matches!(trimmed, "quit" | "exit") {
                     break;
+                }
+                if buffer.trim().is_empty() && trimmed.starts_with('\\') {
+                    let _ = editor.add_history_entry(trimmed);
+                    if let Err(e) = crate::meta::run(engine, shell, trimmed).await {
+                        print_error(&e);
+                    }
+                    if shell.quit {
+                        break;
+                    }
+                    continue;
                 }
                 if !buffer.is_empty() {
                     buffer.push('\n');
@@ -210,7 +282,7 @@ async fn interactive(engine: &Engine, writer: &ResultWriter) -> Result<ExitCode>
                 let text = std::mem::take(&mut buffer);
                 for statement in split_statements(&text) {
                     let result = tokio::select! {
-                        result = run_statement(engine, writer, &statement) => result,
+                        result = run_statement(engine, shell, &statement) => result,
                         _ = interrupts.recv() => Err(CirroError::new(
                             SqlState::QUERY_CANCELED,
                             "canceling statement due to user request",

@@ -333,3 +333,67 @@ fn statement_timeout_stops_a_long_statement_in_the_shell() {
     let out = data.sql_ok("SHOW statement_timeout");
     assert!(out.contains('0'), "{out}");
 }
+
+/// psql's backslash commands, in a script on stdin: each runs at once, and an
+/// unknown one is an error (never the start of a multi-line statement).
+#[test]
+fn backslash_commands_in_scripts() {
+    let data = DataDir::new();
+    let dir = data.path();
+    let included = dir.join("more.sql");
+    std::fs::write(&included, "INSERT INTO t VALUES (2, 'b');\n\\timing off\n").expect("write");
+    let results = dir.join("results.txt");
+    let script = format!(
+        "CREATE TABLE t (id INT NOT NULL, name VARCHAR);\n\
+         CREATE VIEW v AS SELECT id FROM t;\n\
+         INSERT INTO t VALUES (1, 'a');\n\
+         \\i {}\n\\dt\n\\dv\n\\d t\n\\l\n\\x on\nSELECT id, name FROM t ORDER BY id;\n\\x off\n\
+         \\o {}\nSELECT name FROM t ORDER BY 1;\n\\o\n\\pset format csv\nSELECT id FROM t ORDER BY id;\n\
+         \\?\n\\q\nSELECT 'not reached';\n",
+        included.display(),
+        results.display()
+    );
+    let out = data.sql_stdin(script.as_bytes(), &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // \i ran the file (its INSERT, then \timing off: no Time lines after it).
+    let after_include = stdout
+        .split("Timing is off.")
+        .nth(1)
+        .expect("\\timing off ran");
+    assert!(!after_include.contains("Time:"), "{after_include}");
+    assert!(stdout.contains("| public | t    | table |"), "{stdout}");
+    assert!(stdout.contains("| public | v    | view |"), "{stdout}");
+    assert!(
+        stdout.contains("| id          | INTEGER   | NO          |"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("| cirro |"), "{stdout}");
+    assert!(
+        stdout.contains("-[ RECORD 2 ]----\nid   | 2\nname | b\n"),
+        "{stdout}"
+    );
+    // \o sent that result to the file and nothing else.
+    let written = std::fs::read_to_string(&results).expect("\\o file");
+    assert!(written.starts_with("+------+\n| name |"), "{written}");
+    assert!(!stdout.contains("| name |\n"), "{stdout}");
+    assert!(stdout.contains("\nid\n1\n2\n"), "{stdout}");
+    assert!(
+        stdout.contains("\\dt") && stdout.contains("\\pset format"),
+        "help"
+    );
+    assert!(
+        !stdout.contains("not reached"),
+        "\\q did not stop the script"
+    );
+
+    let out = data.sql_stdin(b"\\dx\nSELECT 1;\n", &[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("invalid command \\dx"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("| 1"));
+}
