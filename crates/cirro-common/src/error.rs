@@ -424,7 +424,11 @@ fn classify_message(msg: &str) -> SqlState {
         SqlState::DUPLICATE_TABLE
     } else if has("ambiguous") {
         SqlState::AMBIGUOUS_COLUMN
-    } else if has("unsupported") || has("not supported") || has("not implemented") {
+    } else if has("unsupported")
+        || has("not supported")
+        || has("not currently supported")
+        || has("not implemented")
+    {
         SqlState::FEATURE_NOT_SUPPORTED
     } else {
         SqlState::INTERNAL_ERROR
