@@ -136,7 +136,8 @@ pub async fn optimize(table: &CirroTable, state: &dyn Session) -> Result<Optimiz
 /// longer be read (time travel). Returns the number of files deleted.
 ///
 /// Files younger than the retention are always kept, so a writer that is
-/// still writing is safe unless the retention is 0 hours.
+/// still writing is safe unless the retention is 0 hours. On a local
+/// directory the staging files of killed writers (`part-….parquet#1`) go too.
 pub async fn vacuum(table: &CirroTable, retain_hours: u64) -> Result<u64> {
     let retention = chrono::Duration::hours(retain_hours.min(i64::MAX as u64 / 3_600_000) as i64);
     let (_, metrics) = table
@@ -147,5 +148,53 @@ pub async fn vacuum(table: &CirroTable, retain_hours: u64) -> Result<u64> {
         .with_enforce_retention_duration(false)
         .with_mode(VacuumMode::Full)
         .await?;
-    Ok(metrics.files_deleted.len() as u64)
+    let mut deleted = metrics.files_deleted.len() as u64;
+    if table.url().scheme() == "file"
+        && let Ok(dir) = table.url().to_file_path()
+    {
+        let cutoff = std::time::SystemTime::now()
+            .checked_sub(std::time::Duration::from_secs(
+                retain_hours.saturating_mul(3600),
+            ))
+            .unwrap_or(std::time::UNIX_EPOCH);
+        deleted += remove_staging_files(&dir, cutoff)?;
+    }
+    Ok(deleted)
+}
+
+/// object_store's local store writes a file as `name#n` and renames it to
+/// `name` once complete. A writer killed midway leaves the staging file, which
+/// no listing shows (so it is never read, and delta-rs's VACUUM never sees
+/// it): remove those under `dir` last modified before `cutoff`. Returns how
+/// many.
+fn remove_staging_files(dir: &std::path::Path, cutoff: std::time::SystemTime) -> Result<u64> {
+    let is_staging = |name: &str| {
+        name.rsplit_once('#')
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let mut removed = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            let name = entry.file_name();
+            if meta.is_dir() {
+                if name != "_delta_log" {
+                    pending.push(path);
+                }
+            } else if is_staging(&name.to_string_lossy())
+                && meta.modified().is_ok_and(|m| m <= cutoff)
+            {
+                std::fs::remove_file(&path)?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
 }

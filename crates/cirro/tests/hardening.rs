@@ -171,3 +171,32 @@ fn statement_timeout_stops_the_work() {
     );
     assert_eq!(server.sql("SELECT 41 + 1").trim(), "42");
 }
+
+/// A writer killed midway leaves object_store's staging file
+/// (`part-….parquet#1`) in the table folder: it is never read, VACUUM keeps
+/// it while younger than the retention and removes it after.
+#[test]
+fn vacuum_removes_the_staging_files_of_killed_writers() {
+    let data = common::DataDir::new();
+    data.sql_ok(
+        "CREATE TABLE t (id BIGINT); INSERT INTO t SELECT value FROM generate_series(1, 1000)",
+    );
+    let dir = common::table_dir(&data, "t");
+    let data_file = std::fs::read_dir(&dir)
+        .expect("table dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .expect("a data file");
+    // Half a file, as a killed writer leaves it.
+    let bytes = std::fs::read(&data_file).expect("read");
+    let staging = dir.join("part-00000-killed.zstd.parquet#1");
+    std::fs::write(&staging, &bytes[..bytes.len() / 2]).expect("write");
+    let count = || common::scalar(&data, "SELECT count(*), sum(id) FROM t");
+    assert_eq!(count(), "1000|500500");
+    data.sql_ok("VACUUM t RETAIN 1 HOURS");
+    assert!(staging.exists(), "a fresh staging file was removed");
+    data.sql_ok("VACUUM t RETAIN 0 HOURS");
+    assert!(!staging.exists(), "VACUUM left the staging file");
+    assert!(data_file.exists());
+    assert_eq!(count(), "1000|500500");
+}
