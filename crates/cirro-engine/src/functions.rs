@@ -105,14 +105,12 @@ struct GuardedUrlTables {
 #[async_trait::async_trait]
 impl UrlTableFactory for GuardedUrlTables {
     async fn try_new(&self, url: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
-        if !self.superuser.holds() {
-            if url.contains('/') || url.contains('.') || url.contains(':') {
-                return Err(self
-                    .superuser
-                    .require(READING_FILES)
-                    .expect_err("not a superuser")
-                    .into_datafusion());
-            }
+        let looks_like_a_path = url.contains('/') || url.contains('.') || url.contains(':');
+        if looks_like_a_path {
+            self.superuser
+                .require(READING_FILES)
+                .map_err(CirroError::into_datafusion)?;
+        } else if !self.superuser.holds() {
             return Ok(None);
         }
         self.inner.try_new(url).await

@@ -90,20 +90,33 @@ pub(crate) async fn run_script(engine: &Engine, shell: &mut Shell, text: &str) -
         if shell.quit {
             return Ok(());
         }
-        if buffer.trim().is_empty() && line.trim_start().starts_with('\\') {
-            Box::pin(crate::meta::run(engine, shell, line.trim())).await?;
-            continue;
-        }
-        buffer.push_str(line);
-        buffer.push('\n');
-        if is_complete(&buffer) {
-            let statements = split_statements(&std::mem::take(&mut buffer));
-            for statement in statements {
-                run_statement(engine, shell, &statement).await?;
-            }
-        }
+        feed_line(engine, shell, &mut buffer, line).await?;
     }
-    for statement in split_statements(&buffer) {
+    run_rest(engine, shell, &buffer).await
+}
+
+/// Take one line of input: a backslash command where a statement could
+/// start, else part of the statement in `buffer`, run once complete.
+async fn feed_line(
+    engine: &Engine,
+    shell: &mut Shell,
+    buffer: &mut String,
+    line: &str,
+) -> Result<()> {
+    if buffer.trim().is_empty() && line.trim_start().starts_with('\\') {
+        return Box::pin(crate::meta::run(engine, shell, line.trim())).await;
+    }
+    buffer.push_str(line);
+    buffer.push('\n');
+    if is_complete(buffer) {
+        run_rest(engine, shell, &std::mem::take(buffer)).await?;
+    }
+    Ok(())
+}
+
+/// Run the statements of `text` (no backslash commands).
+async fn run_rest(engine: &Engine, shell: &mut Shell, text: &str) -> Result<()> {
+    for statement in split_statements(text) {
         run_statement(engine, shell, &statement).await?;
     }
     Ok(())
@@ -128,18 +141,9 @@ async fn run_piped(engine: &Engine, shell: &mut Shell) -> Result<()> {
         if shell.quit {
             return Ok(());
         }
-        if buffer.trim().is_empty() && line.trim_start().starts_with('\\') {
-            crate::meta::run(engine, shell, line.trim()).await?;
-            continue;
-        }
-        buffer.push_str(&line);
-        buffer.push('\n');
-        if is_complete(&buffer) {
-            let text = std::mem::take(&mut buffer);
-            run_script(engine, shell, &text).await?;
-        }
+        feed_line(engine, shell, &mut buffer, &line).await?;
     }
-    run_script(engine, shell, &buffer).await
+    run_rest(engine, shell, &buffer).await
 }
 
 /// Run one statement and print what it produced. A panic inside the engine (a
