@@ -15,6 +15,7 @@
 //!     Sql          AS OF resolved on the AST (time_travel.rs), then planned once:
 //!         CREATE/DROP DATABASE, CREATE VIEW, CREATE TABLE … WITH → ddl.rs / views.rs
 //!         CREATE/DROP TABLE, SCHEMA, VIEW (DDL plans)             → ddl.rs / views.rs
+//!         ALTER TABLE                                              → alter.rs
 //!         DELETE, UPDATE, MERGE, DML in a transaction             → dml.rs
 //!         SELECT, INSERT, EXPLAIN, COPY TO file, …                 → DataFusion executes
 //! ```
@@ -26,6 +27,7 @@
 
 mod access;
 pub mod activity;
+mod alter;
 mod copy;
 mod copy_text;
 mod ddl;
@@ -467,6 +469,7 @@ impl Engine {
                     return ddl::create_database(self, &db_name.to_string(), *if_not_exists).await;
                 }
                 SqlStatement::CreateView(view) => return views::create_view(self, view).await,
+                SqlStatement::AlterTable(alter) => return alter::alter_table(self, alter).await,
                 SqlStatement::CreateTable(create)
                     if !matches!(create.table_options, CreateTableOptions::None) =>
                 {

@@ -35,6 +35,11 @@ impl Dialect for CirroDialect {
         true
     }
 
+    /// `ALTER COLUMN c TYPE t USING expr`, as in PostgreSQL.
+    fn supports_alter_column_type_using(&self) -> bool {
+        true
+    }
+
     fn is_delimited_identifier_start(&self, ch: char) -> bool {
         GenericDialect {}.is_delimited_identifier_start(ch)
     }

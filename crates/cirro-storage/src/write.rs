@@ -82,9 +82,36 @@ pub struct TableWriter {
 impl TableWriter {
     /// `mode` is `Append` (INSERT) or `Overwrite` (replace all rows).
     pub fn new(table: &DeltaTable, stored_schema: SchemaRef, mode: SaveMode) -> Result<Self> {
+        Self::build(
+            table,
+            RecordBatchWriter::for_table(table)?,
+            stored_schema,
+            mode,
+        )
+    }
+
+    /// A writer of files with `stored_schema` instead of the table's current
+    /// schema, for a commit that changes the schema (ALTER TABLE): delta-rs's
+    /// `for_table` takes the schema from the snapshot, `try_new` from us.
+    pub fn with_new_schema(table: &DeltaTable, stored_schema: SchemaRef) -> Result<Self> {
+        let writer = RecordBatchWriter::try_new(
+            table.table_url().as_str(),
+            Arc::clone(&stored_schema),
+            None,
+            None,
+        )?;
+        Self::build(table, writer, stored_schema, SaveMode::Append)
+    }
+
+    fn build(
+        table: &DeltaTable,
+        writer: RecordBatchWriter,
+        stored_schema: SchemaRef,
+        mode: SaveMode,
+    ) -> Result<Self> {
         let options =
             TableOptions::from_configuration(table.snapshot()?.metadata().configuration());
-        let writer = RecordBatchWriter::for_table(table)?
+        let writer = writer
             .with_writer_properties(writer_properties(&options)?)
             .with_target_file_size(data_file_bytes_target());
         Ok(Self {
@@ -217,6 +244,24 @@ pub async fn commit_actions(
         other => other,
     };
     let finalized = builder
+        .build(Some(snapshot), table.log_store(), operation)
+        .await?;
+    Ok(finalized.version() as i64)
+}
+
+/// Commit `actions` to `table` only if no other commit came after the
+/// table's snapshot (else 40001, and nothing is committed): for changes
+/// that read the whole table and its schema (ALTER TABLE), which delta-rs's
+/// conflict checker would let a concurrent append slip past.
+pub async fn commit_exclusive(
+    table: &DeltaTable,
+    actions: Vec<Action>,
+    operation: DeltaOperation,
+) -> Result<i64> {
+    let snapshot = table.snapshot()?;
+    let finalized = CommitBuilder::from(CommitProperties::default())
+        .with_actions(actions)
+        .with_max_retries(0)
         .build(Some(snapshot), table.log_store(), operation)
         .await?;
     Ok(finalized.version() as i64)
@@ -361,7 +406,7 @@ where
 }
 
 /// Write all of `batches` with `writer`; on an error, remove what it wrote.
-async fn fill<S>(writer: &mut TableWriter, batches: &mut S) -> Result<()>
+pub(crate) async fn fill<S>(writer: &mut TableWriter, batches: &mut S) -> Result<()>
 where
     S: futures::Stream<Item = Result<RecordBatch>> + Unpin,
 {

@@ -118,3 +118,75 @@ fn duckdb_and_deltalake_read_what_cirro_wrote_including_deletion_vectors() {
     let rows = check("delete, update and merge");
     assert!(rows > 5000 && rows < 6000, "{rows} rows");
 }
+
+/// The header line and the sorted rows of a CSV output.
+fn header_and_rows(csv: &str) -> (String, Vec<String>) {
+    let header = csv.lines().next().unwrap_or_default().to_string();
+    (header, sorted_rows(csv))
+}
+
+#[test]
+fn duckdb_and_deltalake_read_tables_after_alter_table() {
+    let data = DataDir::new();
+    data.sql_ok("CREATE TABLE t (id INT NOT NULL, name VARCHAR, price DECIMAL(8,2), qty SMALLINT)");
+    data.sql_ok(
+        "INSERT INTO t SELECT CAST(value AS INT) AS id, 'n' || value AS name, \
+         CAST(value AS DECIMAL(8,2)) / 4 AS price, CAST(value % 100 AS SMALLINT) AS qty \
+         FROM generate_series(1, 2000) AS g(value)",
+    );
+    data.sql_ok("DELETE FROM t WHERE id % 5 = 0");
+    let table = table_dir(&data, "t");
+    let check = |stage: &str, columns: &str| {
+        let out = data.sql_output("SELECT * FROM t", &["--format", "csv", "--null", "NULL"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (header, expected) = header_and_rows(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(header, columns, "Cirro's columns after {stage}");
+        for reader in ["duckdb", "deltalake"] {
+            let out = Command::new(python())
+                .arg(script())
+                .arg(reader)
+                .arg(&table)
+                .output()
+                .expect("run python");
+            assert!(
+                out.status.success(),
+                "{reader} could not read the table after {stage}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let (got_header, got) = header_and_rows(&String::from_utf8_lossy(&out.stdout));
+            assert_eq!(got_header, columns, "{reader}'s columns after {stage}");
+            assert_eq!(
+                got.len(),
+                expected.len(),
+                "{reader} after {stage}: row count"
+            );
+            assert!(got == expected, "{reader} after {stage}: contents differ");
+        }
+    };
+    check("delete", "id,name,price,qty");
+
+    // Metadata only: the old files lack the column, every reader fills NULL.
+    data.sql_ok("ALTER TABLE t ADD COLUMN note VARCHAR");
+    data.sql_ok("INSERT INTO t VALUES (5000, 'new', 1.25, 7, 'added later')");
+    check("add column", "id,name,price,qty,note");
+    assert_eq!(
+        data.query_csv("SELECT count(*) AS n, count(note) AS notes FROM t"),
+        "n|notes\n1601|1\n",
+        "the 1,600 old rows read NULL in the new column"
+    );
+
+    // Rewrites in one commit each.
+    data.sql_ok(
+        "ALTER TABLE t ALTER COLUMN qty TYPE BIGINT, ALTER COLUMN price TYPE DECIMAL(12,3)",
+    );
+    data.sql_ok("ALTER TABLE t RENAME COLUMN name TO label");
+    data.sql_ok("ALTER TABLE t DROP COLUMN note");
+    check("type change, rename and drop", "id,label,price,qty");
+    data.sql_ok("ALTER TABLE t ALTER COLUMN label SET NOT NULL");
+    data.sql_ok("ALTER TABLE t ALTER COLUMN id DROP NOT NULL");
+    check("not null changes", "id,label,price,qty");
+}

@@ -413,12 +413,19 @@ impl sqllogictest::AsyncDB for FlightSql {
 
 // ------------------------------------------------------------ the suite
 
+/// The suite's files; `CIRRO_SLT=name` (a file stem) runs one file only,
+/// for working on it.
 fn slt_files() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/slt");
+    let only = std::env::var("CIRRO_SLT").ok();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("tests/slt")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+        .filter(|p| {
+            only.as_deref()
+                .is_none_or(|only| p.file_stem().is_some_and(|s| s == only))
+        })
         .collect();
     files.sort();
     assert!(!files.is_empty(), "no .slt files in {}", dir.display());
