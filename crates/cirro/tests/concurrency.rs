@@ -75,3 +75,77 @@ fn concurrent_ddl_from_several_processes_all_lands() {
     );
     assert_eq!(schemas, PROCESSES.to_string());
 }
+
+/// Inserts the test runs beside one ALTER TABLE at most.
+const INSERTS_BESIDE_ALTER: usize = 60;
+
+#[test]
+fn alter_table_beside_concurrent_inserts_loses_no_row() {
+    // RENAME COLUMN rewrites the table. An INSERT that commits while the
+    // rewrite runs must make the ALTER fail (40001), else its file, written
+    // under the old column name, would read NULL in the renamed column; an
+    // INSERT after the ALTER's commit fails (40001) or lands under the new name.
+    let data = DataDir::new();
+    data.sql_ok("CREATE TABLE t (id BIGINT NOT NULL, name VARCHAR NOT NULL)");
+    data.sql_ok("INSERT INTO t SELECT value, 'n' || value FROM generate_series(1, 2000000)");
+    let mut alter: Command = data.command();
+    alter
+        .args(["sql", "-c", "ALTER TABLE t RENAME COLUMN name TO label"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let alter = alter.spawn().expect("spawn ALTER");
+    let mut landed = 0;
+    let mut refused = 0;
+    let alter_out = {
+        let mut alter = Some(alter);
+        let mut out = None;
+        for i in 0..INSERTS_BESIDE_ALTER {
+            let insert = data.sql_output(&format!("INSERT INTO t VALUES (-{i}, 'x{i}')"), &[]);
+            if insert.status.success() {
+                landed += 1;
+            } else {
+                let err = String::from_utf8_lossy(&insert.stderr).into_owned();
+                assert!(err.contains("40001"), "an INSERT failed otherwise: {err}");
+                refused += 1;
+            }
+            if let Some(child) = alter.as_mut()
+                && child.try_wait().expect("poll").is_some()
+            {
+                out = Some(
+                    alter
+                        .take()
+                        .expect("child")
+                        .wait_with_output()
+                        .expect("wait"),
+                );
+                break;
+            }
+        }
+        out.unwrap_or_else(|| alter.expect("child").wait_with_output().expect("wait"))
+    };
+    let alter_err = String::from_utf8_lossy(&alter_out.stderr).into_owned();
+    let column = if alter_out.status.success() {
+        "label"
+    } else {
+        assert!(
+            alter_err.contains("40001"),
+            "ALTER failed otherwise: {alter_err}"
+        );
+        "name"
+    };
+    eprintln!(
+        "ALTER ok: {}, inserts landed {landed}, refused {refused}",
+        alter_out.status.success()
+    );
+    assert!(landed + refused > 0);
+    assert_eq!(
+        scalar(
+            &data,
+            &format!("SELECT count(*) || ':' || count({column}) FROM t")
+        ),
+        format!("{0}:{0}", 2_000_000 + landed),
+        "every landed row is there, with its value in the (renamed) column \
+         (ALTER ok: {}, inserts landed {landed}, refused {refused})",
+        alter_out.status.success()
+    );
+}
