@@ -405,9 +405,11 @@ impl Engine {
     /// Plan a statement: SQL to a logical plan (counted, see [`Counters`]).
     /// A SELECT list whose names DataFusion cannot tell apart (`SELECT 1, 1`,
     /// `SELECT x, x::text`) is planned again with PostgreSQL's names made
-    /// unique (see `cirro_sql::names`).
-    pub(crate) async fn plan(&self, statement: DfStatement) -> Result<LogicalPlan> {
+    /// unique (see `cirro_sql::names`). VALUES lists nested in an INSERT's
+    /// query are typed by their own values (see `cirro_sql::values`).
+    pub(crate) async fn plan(&self, mut statement: DfStatement) -> Result<LogicalPlan> {
         self.counters.plans.fetch_add(1, Ordering::Relaxed);
+        cirro_sql::values::detach_insert_values(&mut statement);
         let state = self.ctx.state();
         match state.statement_to_plan(statement.clone()).await {
             Err(e)

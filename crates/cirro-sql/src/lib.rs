@@ -32,6 +32,7 @@ mod pg_catalog;
 mod shape;
 pub mod split;
 pub mod statement;
+pub mod values;
 mod words;
 
 use std::sync::atomic::{AtomicU64, Ordering};
