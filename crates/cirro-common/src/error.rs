@@ -25,6 +25,8 @@ impl SqlState {
     pub const INVALID_PARAMETER_VALUE: SqlState = SqlState("22023");
     pub const BAD_COPY_FILE_FORMAT: SqlState = SqlState("22P04");
     pub const INVALID_TEXT_REPRESENTATION: SqlState = SqlState("22P02");
+    pub const SUBSTRING_ERROR: SqlState = SqlState("22011");
+    pub const INVALID_COLUMN_REFERENCE: SqlState = SqlState("42P10");
     pub const CHARACTER_NOT_IN_REPERTOIRE: SqlState = SqlState("22021");
     pub const NOT_NULL_VIOLATION: SqlState = SqlState("23502");
     pub const ACTIVE_SQL_TRANSACTION: SqlState = SqlState("25001");
@@ -300,9 +302,15 @@ fn from_datafusion_ref(err: &DataFusionError) -> CirroError {
             SqlState::FEATURE_NOT_SUPPORTED,
             format!("not supported: {msg}"),
         ),
+        // DataFusion reports some errors in the user's statement as internal
+        // ones (a call no signature of the function accepts, operand types
+        // it cannot coerce): those the message names are the user's.
         D::Internal(msg) => match no_matching_function(msg) {
             Some(err) => err,
-            None => CirroError::internal(format!("internal error: {msg}")),
+            None => match classify_message(msg) {
+                SqlState::INTERNAL_ERROR => CirroError::internal(format!("internal error: {msg}")),
+                state => CirroError::new(state, clean_message(msg)),
+            },
         },
         D::Plan(msg) | D::Execution(msg) | D::Configuration(msg) => no_matching_function(msg)
             .unwrap_or_else(|| CirroError::new(classify_message(msg), clean_message(msg))),
@@ -386,7 +394,18 @@ fn classify_message(msg: &str) -> SqlState {
         SqlState::NOT_NULL_VIOLATION
     } else if has("divide by zero") || has("division by zero") {
         SqlState::DIVISION_BY_ZERO
-    } else if has("overflow") || has("out of range") || has("too large to store") {
+    } else if has("negative count not allowed") {
+        // substr with a negative length, as PostgreSQL classes it
+        SqlState::SUBSTRING_ERROR
+    } else if has("cannot find column with position") {
+        SqlState::INVALID_COLUMN_REFERENCE
+    } else if has("failed to match any signature") {
+        SqlState::UNDEFINED_FUNCTION
+    } else if has("overflow")
+        || has("out of range")
+        || has("too large to store")
+        || has("too small to store")
+    {
         SqlState::NUMERIC_VALUE_OUT_OF_RANGE
     } else if has("cannot cast")
         || has("can't cast")
@@ -415,6 +434,9 @@ fn classify_message(msg: &str) -> SqlState {
         || has("does not support")
         || has("no function matches")
         || has("failed to coerce")
+        || has("common type to coerce")
+        || has("compatible types to compare")
+        || has("invalid comparison operation")
         || has("cannot be cast")
         || has("inserting query must have the same schema")
         || has("insert") && (has("expected") && has("columns") || has("type") && has("mismatch"))

@@ -37,7 +37,7 @@ mod words;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cirro_common::limits::STATEMENT_NESTING_DEPTH_MAX;
+use cirro_common::limits::statement_nesting_depth_max;
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::sql::parser::DFParserBuilder;
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
@@ -166,7 +166,7 @@ fn parse_datafusion(tokens: Vec<TokenWithSpan>) -> Result<datafusion::sql::parse
     count_parse();
     let mut parser = DFParserBuilder::new(tokens)
         .with_dialect(&CirroDialect)
-        .with_recursion_limit(STATEMENT_NESTING_DEPTH_MAX)
+        .with_recursion_limit(statement_nesting_depth_max())
         .build()?;
     let mut statements = parser.parse_statements()?;
     match (statements.pop_front(), statements.is_empty()) {

@@ -25,7 +25,9 @@
 //! any tree the parser can build is (so that even the tree of a refused
 //! statement can be dropped safely); nesting (parentheses, subqueries) is
 //! bounded by the parser's recursion limit ([`STATEMENT_NESTING_DEPTH_MAX`]).
-//! Every limit gives 54001 before any deep walk.
+//! Subquery expressions may nest [`SUBQUERY_NESTING_DEPTH_MAX`] deep (DataFusion's
+//! plan checks are exponential in that depth). Every limit gives 54001
+//! before any deep walk.
 //!
 //! [`STATEMENT_THREAD_STACK_BYTES`]: cirro_common::limits::STATEMENT_THREAD_STACK_BYTES
 //! [`STATEMENT_NESTING_DEPTH_MAX`]: cirro_common::limits::STATEMENT_NESTING_DEPTH_MAX
@@ -34,7 +36,7 @@ use std::ops::ControlFlow;
 
 use cirro_common::limits::{
     CHAIN_SEGMENT_FUNCTION, CHAIN_SEGMENT_LEVELS, EXPRESSION_CHAIN_LENGTH_MAX,
-    EXPRESSION_OPERATORS_MAX, STATEMENT_BYTES_MAX,
+    EXPRESSION_OPERATORS_MAX, STATEMENT_BYTES_MAX, SUBQUERY_NESTING_DEPTH_MAX,
 };
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
@@ -164,12 +166,38 @@ fn too_complex(what: String) -> CirroError {
 }
 
 #[derive(Default)]
-struct Shaper;
+struct Shaper {
+    /// Subquery expressions around the expression being visited.
+    subquery_depth: usize,
+}
+
+fn is_subquery(expr: &Expr) -> bool {
+    matches!(
+        expr,
+        Expr::Subquery(_) | Expr::Exists { .. } | Expr::InSubquery { .. }
+    )
+}
 
 impl VisitorMut for Shaper {
     type Break = CirroError;
 
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<CirroError> {
+        if is_subquery(expr) {
+            self.subquery_depth -= 1;
+        }
+        ControlFlow::Continue(())
+    }
+
     fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<CirroError> {
+        if is_subquery(expr) {
+            self.subquery_depth += 1;
+            if self.subquery_depth > SUBQUERY_NESTING_DEPTH_MAX {
+                return ControlFlow::Break(too_complex(format!(
+                    "subqueries nested more than {SUBQUERY_NESTING_DEPTH_MAX} deep"
+                )));
+            }
+            return ControlFlow::Continue(());
+        }
         distinct_from_precedence(expr);
         current_role_is_a_function(expr);
         complete_time_literal(expr);

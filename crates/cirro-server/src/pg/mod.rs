@@ -25,6 +25,7 @@ use async_trait::async_trait;
 use cirro_common::{CirroError, SqlState};
 use cirro_engine::{Engine, Outcome, Prepared, split_statements};
 use cirro_sql::{CopyStatement, Parsed, Statement};
+use datafusion::arrow::array::RecordBatch;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::scalar::ScalarValue;
 use futures::stream::{self, BoxStream};
@@ -145,12 +146,41 @@ fn encode_rows(
     batches
         .flat_map(move |batch| {
             let rows: Vec<PgWireResult<_>> = match batch {
-                Ok(batch) => encode_recordbatch(Arc::clone(&fields), batch).collect(),
+                Ok(batch) => encoded_rows(&fields, batch),
                 Err(e) => vec![Err(e)],
             };
             stream::iter(rows)
         })
+        // The first error ends the result.
+        .scan(false, |failed, row| {
+            let next = (!*failed).then(|| {
+                *failed = row.is_err();
+                row
+            });
+            std::future::ready(next)
+        })
         .boxed()
+}
+
+/// The rows of `batch`, up to and including the first that cannot be
+/// encoded. (arrow-pg 0.16's row iterator returns the same error again and
+/// again without moving on, so collecting it whole never ended and grew
+/// without bound: a DECIMAL(36,15) value, which its NUMERIC encoder cannot
+/// hold, hung the statement and ate the server's memory; found by the fuzz
+/// test.)
+fn encoded_rows(
+    fields: &Arc<Vec<FieldInfo>>,
+    batch: RecordBatch,
+) -> Vec<PgWireResult<pgwire::messages::data::DataRow>> {
+    let mut rows = Vec::with_capacity(batch.num_rows());
+    for row in encode_recordbatch(Arc::clone(fields), batch) {
+        let failed = row.is_err();
+        rows.push(row);
+        if failed {
+            break;
+        }
+    }
+    rows
 }
 
 pub(crate) fn transaction_status(engine: &Engine) -> TransactionStatus {

@@ -13,6 +13,18 @@ pub const PASSWORD: &str = "s3cret-Pw";
 /// returns the process, its PostgreSQL and Flight SQL ports and the line
 /// announcing the PostgreSQL port.
 pub fn spawn_serve(data: &Path, args: &[&str], password: &str) -> (Child, u16, u16, String) {
+    spawn_serve_with(data, args, password, &[], Stdio::null())
+}
+
+/// [`spawn_serve`] with extra environment variables and the server's stderr
+/// going to `stderr`.
+pub fn spawn_serve_with(
+    data: &Path,
+    args: &[&str],
+    password: &str,
+    envs: &[(&str, &str)],
+    stderr: Stdio,
+) -> (Child, u16, u16, String) {
     let mut child = Command::new(cirro_bin())
         .args(["--data", data.to_str().expect("utf8 path")])
         .args([
@@ -27,8 +39,9 @@ pub fn spawn_serve(data: &Path, args: &[&str], password: &str) -> (Child, u16, u
         .args(args)
         .env("CIRRO_PASSWORD", password)
         .env_remove("CIRRO_USER")
+        .envs(envs.iter().copied())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("start cirro serve");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
