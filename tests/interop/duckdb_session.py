@@ -2,7 +2,7 @@
 """A DuckDB session driven line by line: each input line is one SQL statement;
 each reply is one line of JSON, {"ok": true, "rows": [[...], ...]} or
 {"ok": false, "error": "..."}. Values are strings as Cirro's CSV writes them
-(NULL, true/false). Used by the differential test."""
+(NULL as null, true/false). Used by the differential test."""
 import json
 import sys
 
@@ -11,7 +11,7 @@ import duckdb
 
 def show(value):
     if value is None:
-        return "NULL"
+        return None
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)

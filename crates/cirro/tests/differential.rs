@@ -5,78 +5,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-
+use common::duckdb::DuckDb;
 use common::{DataDir, Reply, Session};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const STATEMENTS: usize = 200;
 const SEEDS: [u64; 3] = [7, 1234, 99_991];
-
-struct DuckDb {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl DuckDb {
-    fn start() -> Self {
-        let python = std::env::var_os("CIRRO_TEST_PYTHON")
-            .map(PathBuf::from)
-            .expect("CIRRO_TEST_PYTHON is not set: run the tests with scripts/test.sh");
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/interop/duckdb_session.py");
-        let mut child = Command::new(python)
-            .arg(script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start duckdb session");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        Self {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn run(&mut self, sql: &str) -> Vec<String> {
-        writeln!(self.stdin, "{}", sql.replace('\n', " ")).expect("write to duckdb");
-        self.stdin.flush().expect("flush");
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("duckdb reply");
-        let reply: serde_json::Value = serde_json::from_str(&line).expect("json reply");
-        assert!(
-            reply["ok"].as_bool().unwrap_or(false),
-            "DuckDB failed on {sql}: {}",
-            reply["error"]
-        );
-        reply["rows"]
-            .as_array()
-            .expect("rows")
-            .iter()
-            .map(|row| {
-                row.as_array()
-                    .expect("row")
-                    .iter()
-                    .map(|v| v.as_str().unwrap_or_default().to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .collect()
-    }
-}
-
-impl Drop for DuckDb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn value_list(rng: &mut StdRng, ids: &[i64]) -> String {
     ids.iter()

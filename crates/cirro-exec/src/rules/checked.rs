@@ -2,7 +2,9 @@
 //! 22003 on overflow (through the functions of `functions/checked.rs`), and
 //! sums and averages widen: `sum` of a BIGINT is NUMERIC (DECIMAL(38,0)) where
 //! DataFusion's wraps, `avg` of an integer is NUMERIC where DataFusion's is a
-//! float. (`sum` of SMALLINT/INTEGER is BIGINT in both.)
+//! float. (`sum` of SMALLINT/INTEGER is BIGINT in both.) NUMERIC division
+//! and casts of floats and NUMERICs to integers round as PostgreSQL's do
+//! (`functions/numeric.rs`).
 //!
 //! Runs after type coercion, so both operands of an operator have one type.
 //! It walks top-down: the type of an operand is then asked of the original,
@@ -10,16 +12,27 @@
 
 use arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{DFSchema, Result};
+use datafusion::common::{DFSchema, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::expr::{AggregateFunction, Cast, ScalarFunction};
-use datafusion::logical_expr::{BinaryExpr, Expr, ExprSchemable, LogicalPlan};
+use datafusion::logical_expr::{BinaryExpr, Expr, ExprSchemable, LogicalPlan, Operator};
 use datafusion::optimizer::AnalyzerRule;
 
 use crate::functions::checked::{CheckedOp, checked_udf};
+use crate::functions::numeric::{WIRE_DIGITS_MAX, numeric_divide_udf, round_to_integer_udf};
 
-/// NUMERIC for sums and averages of integers.
+/// The NUMERIC an integer divided with a NUMERIC is read as.
+const INTEGER_AS_DECIMAL: DataType = DataType::Decimal128(20, 0);
+
+/// NUMERIC for sums of integers.
 const WIDE_DECIMAL: DataType = DataType::Decimal128(38, 0);
+
+/// The scale averages are summed at: DataFusion's `avg` of a DECIMAL(p, s)
+/// is a DECIMAL(p+4, s+4), truncated, so this gives PostgreSQL's 16 decimals
+/// (`avg` of 1, 2, 2 is 1.6666666666666667 there; it was 1.6666), fewer
+/// where the integer digits would not fit the wire's 28 (`avg` of a BIGINT:
+/// 4 decimals + 4).
+const AVG_SCALE: i8 = 12;
 
 #[derive(Debug, Default)]
 pub struct CheckedArithmetic;
@@ -39,7 +52,8 @@ fn candidate(expr: &Expr) -> bool {
     match expr {
         Expr::BinaryExpr(b) => CheckedOp::of(b.op).is_some(),
         Expr::Negative(_) => true,
-        Expr::AggregateFunction(a) => matches!(a.func.name(), "sum" | "avg"),
+        Expr::AggregateFunction(a) => a.func.name() == "sum",
+        Expr::Cast(Cast { field, .. }) => field.data_type().is_integer(),
         _ => false,
     }
 }
@@ -57,16 +71,41 @@ fn is_integer(data_type: &DataType) -> bool {
     data_type.is_integer()
 }
 
-/// What a coercion cast was put around.
-fn uncast(expr: &Expr) -> &Expr {
+/// What the coercion cast of an aggregate's argument (to BIGINT for `sum`,
+/// to DOUBLE for `avg`) was put around. Other casts are the user's and stay:
+/// `sum(CAST(b AS DECIMAL(12,2)))` must still check that b fits (stripping
+/// every cast lost that check; found by the differential test).
+fn uncast(expr: Expr) -> Expr {
     match expr {
-        Expr::Cast(Cast { expr, .. }) => expr,
+        Expr::Cast(Cast { expr, field })
+            if matches!(field.data_type(), DataType::Int64 | DataType::Float64) =>
+        {
+            *expr
+        }
         other => other,
     }
 }
 
 fn check_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     match node {
+        Expr::Cast(Cast { expr, field }) if field.data_type().is_integer() => {
+            let rounds = matches!(
+                expr.get_type(schema),
+                Ok(DataType::Float32 | DataType::Float64 | DataType::Decimal128(..))
+            );
+            let expr = if rounds {
+                Box::new(Expr::ScalarFunction(ScalarFunction::new_udf(
+                    round_to_integer_udf(),
+                    vec![*expr],
+                )))
+            } else {
+                expr
+            };
+            Ok(Transformed::new_transformed(
+                Expr::Cast(Cast { expr, field }),
+                rounds,
+            ))
+        }
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
             let Some(checked) = CheckedOp::of(op) else {
                 return Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr {
@@ -101,28 +140,176 @@ fn check_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
             // function takes (`avg`: a float, `sum`: BIGINT): look at the
             // type the user's expression had.
             let widen = match (aggregate.func.name(), aggregate.params.args.as_slice()) {
-                ("sum", [arg]) => matches!(
-                    uncast(arg).get_type(schema),
-                    Ok(DataType::Int64 | DataType::UInt64)
-                ),
-                ("avg", [arg]) => {
-                    matches!(uncast(arg).get_type(schema), Ok(t) if is_integer(&t))
-                }
-                _ => false,
+                ("sum", [arg]) => match uncast(arg.clone()).get_type(schema) {
+                    Ok(DataType::Int64 | DataType::UInt64) => Some(WIDE_DECIMAL),
+                    _ => None,
+                },
+                _ => None,
             };
-            if !widen {
+            let Some(wide) = widen else {
                 return Ok(Transformed::no(Expr::AggregateFunction(aggregate)));
-            }
-            let AggregateFunction { params, .. } = &mut aggregate;
-            let arg = match params.args.remove(0) {
-                Expr::Cast(Cast { expr, .. }) => *expr,
-                other => other,
             };
-            params
-                .args
-                .push(Expr::Cast(Cast::new(Box::new(arg), WIDE_DECIMAL)));
+            let AggregateFunction { params, .. } = &mut aggregate;
+            let arg = uncast(params.args.remove(0));
+            params.args.push(Expr::Cast(Cast::new(Box::new(arg), wide)));
             Ok(Transformed::yes(Expr::AggregateFunction(aggregate)))
         }
         other => Ok(Transformed::no(other)),
+    }
+}
+
+/// Operators typed as PostgreSQL types them, before type coercion (so that
+/// what is built on them, a UNION's column, a sum, gets their real type):
+/// NUMERIC division (`functions/numeric.rs`; a NUMERIC divided by an
+/// integer or the other way round counts, with a float it stays a float),
+/// and `date - date`, an integer count of days (DataFusion's is a duration,
+/// which nothing else accepts: `(d1 - d2) < 3` failed).
+#[derive(Debug, Default)]
+pub struct PgOperators;
+
+impl AnalyzerRule for PgOperators {
+    fn name(&self) -> &str {
+        "cirro_pg_operators"
+    }
+
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up_with_subqueries(|plan| {
+            let divides = |e: &Expr| match e {
+                Expr::BinaryExpr(b) => matches!(b.op, Operator::Divide | Operator::Minus),
+                Expr::ScalarFunction(f) => f.func.name() == "round",
+                Expr::AggregateFunction(a) => a.func.name() == "avg",
+                _ => false,
+            };
+            super::rewrite_expressions(plan, divides, |expr, schema| {
+                expr.transform_up(|node| divide_expr(node, schema))
+            })?
+            .map_data(|plan| plan.recompute_schema())
+        })
+        .map(|transformed| transformed.data)
+    }
+}
+
+/// `operand` as a NUMERIC for division, or None if it is neither a NUMERIC
+/// nor an integer.
+fn as_numeric(operand: Expr, data_type: &DataType) -> Option<Expr> {
+    match data_type {
+        DataType::Decimal128(..) => Some(operand),
+        t if is_integer(t) => Some(Expr::Cast(Cast::new(Box::new(operand), INTEGER_AS_DECIMAL))),
+        _ => None,
+    }
+}
+
+fn divide_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    // `avg` of an integer or a NUMERIC of few decimals sums at AVG_SCALE
+    // decimals. Before type coercion, so that what compares with an average
+    // (TPC-H Q22's `c_acctbal > (SELECT avg(c_acctbal) …)`) is coerced to its
+    // real type.
+    if let Expr::AggregateFunction(mut aggregate) = node {
+        let wide = match (aggregate.func.name(), aggregate.params.args.as_slice()) {
+            ("avg", [arg]) => {
+                let (digits, scale) = match arg.get_type(schema) {
+                    Ok(DataType::Int8 | DataType::Int16 | DataType::UInt8) => (5, 0),
+                    Ok(DataType::Int32 | DataType::UInt16) => (10, 0),
+                    Ok(t) if is_integer(&t) => (20, 0),
+                    Ok(DataType::Decimal128(p, s)) => (p as i16 - s as i16, s as i16),
+                    _ => (0, AVG_SCALE as i16),
+                };
+                // DataFusion's average has 4 decimals more than its input.
+                let wanted = (AVG_SCALE as i16).min(WIRE_DIGITS_MAX - 4 - digits);
+                (scale < wanted).then(|| DataType::Decimal128(38, wanted as i8))
+            }
+            _ => None,
+        };
+        let changed = wide.is_some();
+        if let Some(wide) = wide {
+            let arg = aggregate.params.args.remove(0);
+            aggregate
+                .params
+                .args
+                .push(Expr::Cast(Cast::new(Box::new(arg), wide)));
+        }
+        return Ok(Transformed::new_transformed(
+            Expr::AggregateFunction(aggregate),
+            changed,
+        ));
+    }
+    // DataFusion 55's `round(numeric, places)` takes its result's scale from
+    // `places` only while that is a literal; type coercion wraps an INT8
+    // literal in a cast to INT4, and the type declared before and the one
+    // computed after differ (`round(n, 1) >= n`: "Invalid comparison
+    // operation: Decimal128(12, 1) >= Decimal128(13, 2)"). An INT4 literal
+    // needs no cast.
+    if let Expr::ScalarFunction(mut f) = node {
+        let narrowed = match f.args.get(1) {
+            Some(Expr::Literal(ScalarValue::Int64(Some(places)), meta))
+                if f.func.name() == "round" =>
+            {
+                i32::try_from(*places)
+                    .ok()
+                    .map(|p| Expr::Literal(ScalarValue::Int32(Some(p)), meta.clone()))
+            }
+            _ => None,
+        };
+        let changed = narrowed.is_some();
+        if let Some(places) = narrowed {
+            f.args[1] = places;
+        }
+        return Ok(Transformed::new_transformed(
+            Expr::ScalarFunction(f),
+            changed,
+        ));
+    }
+    if let Expr::BinaryExpr(BinaryExpr {
+        left,
+        op: Operator::Minus,
+        right,
+    }) = &node
+        && matches!(
+            (left.get_type(schema), right.get_type(schema)),
+            (Ok(DataType::Date32), Ok(DataType::Date32))
+        )
+    {
+        let days = |e: &Expr| Expr::Cast(Cast::new(Box::new(e.clone()), DataType::Int32));
+        return Ok(Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(
+            Box::new(days(left)),
+            Operator::Minus,
+            Box::new(days(right)),
+        ))));
+    }
+    let Expr::BinaryExpr(BinaryExpr {
+        left,
+        op: Operator::Divide,
+        right,
+    }) = node
+    else {
+        return Ok(Transformed::no(node));
+    };
+    let (Ok(l), Ok(r)) = (left.get_type(schema), right.get_type(schema)) else {
+        return Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr::new(
+            left,
+            Operator::Divide,
+            right,
+        ))));
+    };
+    let decimal = |t: &DataType| matches!(t, DataType::Decimal128(..));
+    if !(decimal(&l) || decimal(&r)) {
+        return Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr::new(
+            left,
+            Operator::Divide,
+            right,
+        ))));
+    }
+    match (
+        as_numeric((*left).clone(), &l),
+        as_numeric((*right).clone(), &r),
+    ) {
+        (Some(l_num), Some(r_num)) => Ok(Transformed::yes(Expr::ScalarFunction(
+            ScalarFunction::new_udf(numeric_divide_udf(), vec![l_num, r_num]),
+        ))),
+        _ => Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr::new(
+            left,
+            Operator::Divide,
+            right,
+        )))),
     }
 }

@@ -16,17 +16,19 @@ use datafusion::optimizer::AnalyzerRule;
 use datafusion::optimizer::analyzer::Analyzer;
 
 pub use chains::TypeChainSegments;
-pub use checked::CheckedArithmetic;
+pub use checked::{CheckedArithmetic, PgOperators};
 pub use segment::segment_udf;
 pub use yields::YieldAfterJoins;
 
 /// DataFusion's analyzer rules with Cirro's in their places:
-/// [`TypeChainSegments`] before type coercion, [`CheckedArithmetic`] after it.
+/// [`TypeChainSegments`] and [`PgOperators`] before type coercion,
+/// [`CheckedArithmetic`] after it.
 pub fn analyzer_rules() -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
     let mut rules = Vec::new();
     for rule in Analyzer::new().rules {
         if rule.name() == "type_coercion" {
             rules.push(Arc::new(TypeChainSegments) as Arc<dyn AnalyzerRule + Send + Sync>);
+            rules.push(Arc::new(PgOperators));
         }
         let coercion = rule.name() == "type_coercion";
         rules.push(rule);

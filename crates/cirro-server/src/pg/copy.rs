@@ -136,7 +136,7 @@ where
     let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
     let fields = crate::pg::fields_for(&schema, &Format::UnifiedText, options)?;
     let delimiter = char::from(format.delimiter).to_string();
-    let mut encoder = if format.csv {
+    let mut encoder = super::text::PgText(if format.csv {
         // Quote text columns always, so an empty string is not read back as
         // NULL (pgwire quotes only values holding special characters).
         let force_quote = schema
@@ -164,7 +164,7 @@ where
                 null_string: format.null.as_str().into(),
             },
         )
-    };
+    });
     let columns = schema.fields().len();
     client
         .send(PgWireBackendMessage::CopyOutResponse(CopyOutResponse::new(

@@ -15,12 +15,14 @@
 
 pub(crate) mod auth;
 pub(crate) mod copy;
+pub(crate) mod text;
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use arrow_pg::datatypes::df::deserialize_parameters_with_server_types;
-use arrow_pg::datatypes::{arrow_schema_to_pg_fields, encode_recordbatch, into_pg_type};
+use arrow_pg::datatypes::{arrow_schema_to_pg_fields, into_pg_type};
+use arrow_pg::encoder::{Encoder, encode_value};
 use async_trait::async_trait;
 use cirro_common::{CirroError, SqlState};
 use cirro_engine::{Engine, Outcome, Prepared, split_statements};
@@ -32,7 +34,7 @@ use futures::stream::{self, BoxStream};
 use futures::{Sink, SinkExt, StreamExt};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler, send_query_response};
-use pgwire::api::results::{FieldInfo, QueryResponse, Response, Tag};
+use pgwire::api::results::{DataRowEncoder, FieldInfo, QueryResponse, Response, Tag};
 use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::{Entry, PortalStore};
 use pgwire::api::{ClientInfo, ClientPortalStore, DEFAULT_NAME, PgWireConnectionState, Type};
@@ -163,7 +165,7 @@ fn encode_rows(
 }
 
 /// The rows of `batch`, up to and including the first that cannot be
-/// encoded. (arrow-pg 0.16's row iterator returns the same error again and
+/// encoded, times in PostgreSQL's text form ([`text`]). (arrow-pg 0.16's row iterator returns the same error again and
 /// again without moving on, so collecting it whole never ended and grew
 /// without bound: a DECIMAL(36,15) value, which its NUMERIC encoder cannot
 /// hold, hung the statement and ate the server's memory; found by the fuzz
@@ -173,12 +175,23 @@ fn encoded_rows(
     batch: RecordBatch,
 ) -> Vec<PgWireResult<pgwire::messages::data::DataRow>> {
     let mut rows = Vec::with_capacity(batch.num_rows());
-    for row in encode_recordbatch(Arc::clone(fields), batch) {
-        let failed = row.is_err();
-        rows.push(row);
-        if failed {
-            break;
+    let mut encoder = text::PgText(DataRowEncoder::new(Arc::clone(fields)));
+    let schema = batch.schema();
+    'rows: for row in 0..batch.num_rows() {
+        for (column, array) in batch.columns().iter().enumerate() {
+            let encoded = encode_value(
+                &mut encoder,
+                array,
+                row,
+                schema.field(column),
+                &fields[column],
+            );
+            if let Err(e) = encoded {
+                rows.push(Err(e));
+                break 'rows;
+            }
         }
+        rows.push(Ok(encoder.take_row()));
     }
     rows
 }

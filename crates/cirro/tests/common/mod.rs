@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod compare;
+pub mod duckdb;
 pub mod server;
 
 use std::path::{Path, PathBuf};
