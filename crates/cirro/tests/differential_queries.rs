@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::duckdb::DuckDb;
 use common::server::{PASSWORD, Server};
+use common::sqlgen::{Draw, Ty};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_postgres::SimpleQueryMessage;
@@ -55,18 +56,6 @@ const ONE_SIDED_ERRORS: &[(&str, &str, &str)] = &[(
      overflows only past BIGINT's range (PostgreSQL: 22003 integer out of range)",
 )];
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Ty {
-    Int,
-    Num,
-    Text,
-    Bool,
-    Date,
-    Ts,
-}
-
-const TYPES: [Ty; 6] = [Ty::Int, Ty::Num, Ty::Text, Ty::Bool, Ty::Date, Ty::Ts];
-
 /// The columns of both tables, by type.
 fn columns(ty: Ty) -> &'static [&'static str] {
     match ty {
@@ -88,22 +77,10 @@ struct Gen {
 }
 
 impl Gen {
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.rng.random_range(0..items.len())]
-    }
-
-    fn chance(&mut self, percent: u32) -> bool {
-        self.rng.random_range(0..100) < percent
-    }
-
-    fn any_type(&mut self) -> Ty {
-        TYPES[self.rng.random_range(0..TYPES.len())]
-    }
-
     /// One random row of the tables; `nulls` in percent.
     fn row(&mut self, nulls: u32) -> String {
         let value = |g: &mut Gen, text: String| {
-            if g.chance(nulls) {
+            if g.rng.chance(nulls) {
                 "NULL".to_string()
             } else {
                 text
@@ -111,8 +88,8 @@ impl Gen {
         };
         let k = self.rng.random_range(0..12).to_string();
         let s = self.rng.random_range(-300..300).to_string();
-        let i = if self.chance(3) {
-            self.pick(&["2147483647", "-2147483648"]).to_string()
+        let i = if self.rng.chance(3) {
+            self.rng.pick(&["2147483647", "-2147483648"]).to_string()
         } else {
             self.rng.random_range(-5000..5000).to_string()
         };
@@ -128,11 +105,11 @@ impl Gen {
         );
         let v = format!(
             "'{}'",
-            self.pick(&[
+            self.rng.pick(&[
                 "", "a", "A", "ab", "abc", "b", "Bob", "bob ", "x%y", "42", "Zürich", "a_b"
             ])
         );
-        let o = self.pick(&["true", "false"]).to_string();
+        let o = self.rng.pick(&["true", "false"]).to_string();
         let dt = format!(
             "DATE '202{}-{:02}-{:02}'",
             self.rng.random_range(0..6),
@@ -158,21 +135,27 @@ impl Gen {
 
     fn column(&mut self, ty: Ty) -> String {
         let alias = self.aliases[self.rng.random_range(0..self.aliases.len())];
-        let name = self.pick(columns(ty));
+        let name = self.rng.pick(columns(ty));
         format!("{alias}.{name}")
     }
 
     fn literal(&mut self, ty: Ty) -> String {
         match ty {
             Ty::Int => self
+                .rng
                 .pick(&["0", "1", "-1", "2", "3", "7", "100", "-250"])
                 .into(),
-            Ty::Num => self.pick(&["0.5", "1.25", "-2.75", "100.01", "3.0"]).into(),
+            Ty::Num => self
+                .rng
+                .pick(&["0.5", "1.25", "-2.75", "100.01", "3.0"])
+                .into(),
             Ty::Text => self
+                .rng
                 .pick(&["''", "'a'", "'ab'", "'b'", "'Bob'", "'42'"])
                 .into(),
-            Ty::Bool => self.pick(&["true", "false"]).into(),
+            Ty::Bool => self.rng.pick(&["true", "false"]).into(),
             Ty::Date => self
+                .rng
                 .pick(&[
                     "DATE '2022-06-15'",
                     "DATE '2020-01-01'",
@@ -180,6 +163,7 @@ impl Gen {
                 ])
                 .into(),
             Ty::Ts => self
+                .rng
                 .pick(&[
                     "TIMESTAMP '2022-06-15 12:00:00'",
                     "TIMESTAMP '2024-01-01 00:00:00'",
@@ -197,7 +181,7 @@ impl Gen {
     }
 
     fn expr(&mut self, ty: Ty, depth: usize) -> String {
-        if depth == 0 || self.chance(35) {
+        if depth == 0 || self.rng.chance(35) {
             return self.leaf(ty);
         }
         let d = depth - 1;
@@ -273,7 +257,7 @@ impl Gen {
                 0 => format!(
                     "({} + {})",
                     self.expr(Ty::Date, d),
-                    self.pick(&["1", "30", "-7"])
+                    self.rng.pick(&["1", "30", "-7"])
                 ),
                 1 => format!("CAST({} AS DATE)", self.expr(Ty::Ts, d)),
                 _ => format!("coalesce({}, DATE '2000-01-01')", self.expr(Ty::Date, d)),
@@ -296,23 +280,23 @@ impl Gen {
         match self.rng.random_range(0..13) {
             0..=3 => {
                 // comparisons within a type, and between integers and numbers
-                let ty = self.any_type();
+                let ty = self.rng.any_type();
                 let (a, b) = match ty {
-                    Ty::Int | Ty::Num if self.chance(30) => {
+                    Ty::Int | Ty::Num if self.rng.chance(30) => {
                         (self.expr(Ty::Int, d), self.expr(Ty::Num, d))
                     }
                     _ => (self.expr(ty, d), self.expr(ty, d)),
                 };
-                let op = self.pick(&["=", "<>", "<", "<=", ">", ">="]);
+                let op = self.rng.pick(&["=", "<>", "<", "<=", ">", ">="]);
                 format!("({a} {op} {b})")
             }
             4 => {
-                let ty = self.any_type();
-                let not = if self.chance(30) { "NOT " } else { "" };
+                let ty = self.rng.any_type();
+                let not = if self.rng.chance(30) { "NOT " } else { "" };
                 format!("({} IS {not}NULL)", self.expr(ty, d))
             }
             5 => {
-                let not = if self.chance(30) { "NOT " } else { "" };
+                let not = if self.rng.chance(30) { "NOT " } else { "" };
                 let (lo, hi) = (
                     self.rng.random_range(-300..100),
                     self.rng.random_range(100..5000),
@@ -320,10 +304,10 @@ impl Gen {
                 format!("({} {not}BETWEEN {lo} AND {hi})", self.expr(Ty::Int, d))
             }
             6 => {
-                let not = if self.chance(30) { "NOT " } else { "" };
+                let not = if self.rng.chance(30) { "NOT " } else { "" };
                 let items: Vec<String> = (0..self.rng.random_range(1..5))
                     .map(|_| {
-                        if self.chance(10) {
+                        if self.rng.chance(10) {
                             "NULL".into()
                         } else {
                             self.literal(Ty::Int)
@@ -340,8 +324,8 @@ impl Gen {
             ),
             9 => format!("({} OR {})", self.expr(Ty::Bool, d), self.expr(Ty::Bool, d)),
             10 => {
-                let pattern = self.pick(&["'a%'", "'%b%'", "'_'", "'%'", "'B%'"]);
-                let like = self.pick(&["LIKE", "NOT LIKE", "ILIKE"]);
+                let pattern = self.rng.pick(&["'a%'", "'%b%'", "'_'", "'%'", "'B%'"]);
+                let like = self.rng.pick(&["LIKE", "NOT LIKE", "ILIKE"]);
                 format!("({} {like} {pattern})", self.expr(Ty::Text, d))
             }
             11 => self.column(Ty::Bool),
@@ -362,8 +346,8 @@ impl Gen {
             3 => format!("sum({})", self.expr(Ty::Num, 1)),
             4 => format!("avg({})", self.expr(Ty::Int, 1)),
             5 => {
-                let ty = self.any_type();
-                let f = self.pick(&["min", "max"]);
+                let ty = self.rng.any_type();
+                let f = self.rng.pick(&["min", "max"]);
                 format!("{f}({})", self.expr(ty, 1))
             }
             6 => format!("count(DISTINCT {})", self.expr(Ty::Int, 1)),
@@ -384,7 +368,7 @@ impl Gen {
         let count = self.rng.random_range(1..=most);
         (0..count)
             .map(|_| {
-                let ty = self.any_type();
+                let ty = self.rng.any_type();
                 self.expr(ty, depth)
             })
             .collect()
@@ -393,7 +377,7 @@ impl Gen {
     /// A random query and whether its row order is defined (ORDER BY over
     /// every output column with a LIMIT; else rows compare as a multiset).
     fn query(&mut self) -> (String, bool) {
-        let table = self.pick(&["t1", "t2"]);
+        let table = self.rng.pick(&["t1", "t2"]);
         let sql = match self.rng.random_range(0..20) {
             0..=4 => self.with_aliases(&["x"], |g| {
                 let items = g.items(3, 3);
@@ -401,17 +385,17 @@ impl Gen {
                 format!("SELECT {} FROM {table} x WHERE {filter}", items.join(", "))
             }),
             5..=7 => self.with_aliases(&["x"], |g| {
-                let key_ty = g.any_type();
+                let key_ty = g.rng.any_type();
                 let key = g.expr(key_ty, 1);
                 let aggs: Vec<String> = (0..g.rng.random_range(1..4))
                     .map(|_| g.aggregate())
                     .collect();
-                let filter = if g.chance(50) {
+                let filter = if g.rng.chance(50) {
                     format!(" WHERE {}", g.predicate(2))
                 } else {
                     String::new()
                 };
-                let having = if g.chance(25) {
+                let having = if g.rng.chance(25) {
                     " HAVING count(*) > 1"
                 } else {
                     ""
@@ -429,14 +413,16 @@ impl Gen {
                 format!("SELECT {} FROM {table} x WHERE {filter}", aggs.join(", "))
             }),
             10..=12 => self.with_aliases(&["x", "y"], |g| {
-                let join = g.pick(&["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"]);
-                let on = if g.chance(30) {
+                let join = g
+                    .rng
+                    .pick(&["JOIN", "LEFT JOIN", "RIGHT JOIN", "FULL JOIN"]);
+                let on = if g.rng.chance(30) {
                     format!(" AND {}", g.predicate(1))
                 } else {
                     String::new()
                 };
                 let items = g.items(3, 2);
-                let filter = if g.chance(50) {
+                let filter = if g.rng.chance(50) {
                     format!(" WHERE {}", g.predicate(2))
                 } else {
                     String::new()
@@ -453,8 +439,8 @@ impl Gen {
             14 => {
                 let items = self.with_aliases(&["x"], |g| g.items(2, 2));
                 let inner = self.with_aliases(&["y"], |g| g.predicate(2));
-                let not = if self.chance(30) { "NOT " } else { "" };
-                let column = self.pick(&["k", "s", "i"]);
+                let not = if self.rng.chance(30) { "NOT " } else { "" };
+                let column = self.rng.pick(&["k", "s", "i"]);
                 format!(
                     "SELECT {} FROM t1 x WHERE x.{column} {not}IN (SELECT y.{column} FROM t2 y WHERE {inner})",
                     items.join(", ")
@@ -463,7 +449,7 @@ impl Gen {
             15 => {
                 let items = self.with_aliases(&["x"], |g| g.items(2, 2));
                 let inner = self.with_aliases(&["x", "y"], |g| g.predicate(2));
-                let not = if self.chance(30) { "NOT " } else { "" };
+                let not = if self.rng.chance(30) { "NOT " } else { "" };
                 format!(
                     "SELECT {} FROM t1 x WHERE {not}EXISTS (SELECT 1 FROM t2 y WHERE y.k = x.k AND {inner})",
                     items.join(", ")
@@ -472,7 +458,7 @@ impl Gen {
             16 => {
                 let items = self.with_aliases(&["x"], |g| g.items(1, 2));
                 let agg = self.with_aliases(&["y"], |g| g.aggregate());
-                let correlated = if self.chance(50) {
+                let correlated = if self.rng.chance(50) {
                     " WHERE y.k = x.k"
                 } else {
                     ""
@@ -483,31 +469,33 @@ impl Gen {
                 )
             }
             17 => {
-                let ty = self.any_type();
+                let ty = self.rng.any_type();
                 let (a, b) = (
                     self.with_aliases(&["x"], |g| g.expr(ty, 2)),
                     self.with_aliases(&["y"], |g| g.expr(ty, 2)),
                 );
-                let op = self.pick(&["UNION", "UNION ALL", "EXCEPT", "INTERSECT"]);
+                let op = self
+                    .rng
+                    .pick(&["UNION", "UNION ALL", "EXCEPT", "INTERSECT"]);
                 format!("SELECT {a} FROM t1 x {op} SELECT {b} FROM t2 y")
             }
             _ => {
                 let sub = self.with_aliases(&["x"], |g| {
-                    let key = g.pick(columns(Ty::Int));
+                    let key = g.rng.pick(columns(Ty::Int));
                     let agg = g.aggregate();
                     format!("SELECT x.{key} AS g, {agg} AS a FROM t1 x GROUP BY x.{key}")
                 });
-                let filter = self.pick(&["q.a IS NOT NULL", "q.g > 0", "true"]);
+                let filter = self.rng.pick(&["q.a IS NOT NULL", "q.g > 0", "true"]);
                 format!("SELECT q.g, q.a FROM ({sub}) q WHERE {filter}")
             }
         };
-        if self.chance(25) {
+        if self.rng.chance(25) {
             let columns = output_columns(&sql);
             let order: Vec<String> = (1..=columns)
-                .map(|c| format!("{c} {} NULLS FIRST", self.pick(&["ASC", "DESC"])))
+                .map(|c| format!("{c} {} NULLS FIRST", self.rng.pick(&["ASC", "DESC"])))
                 .collect();
             let limit = self.rng.random_range(0..12);
-            let offset = if self.chance(30) {
+            let offset = if self.rng.chance(30) {
                 format!(" OFFSET {}", self.rng.random_range(0..5))
             } else {
                 String::new()

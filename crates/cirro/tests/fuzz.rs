@@ -23,6 +23,7 @@ use cirro_common::limits::{
 };
 use common::DataDir;
 use common::server::{PASSWORD, spawn_serve_with};
+use common::sqlgen::{Draw, Ty};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -62,43 +63,20 @@ const SETUP: &[&str] = &[
      (7, 42, 1000000, 'NaN', 0.01, '%_', false, DATE '1970-01-01', TIMESTAMP '1970-01-01 00:00:00')",
 ];
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Ty {
-    Int,
-    Num,
-    Text,
-    Bool,
-    Date,
-    Ts,
-}
-
-const TYPES: [Ty; 6] = [Ty::Int, Ty::Num, Ty::Text, Ty::Bool, Ty::Date, Ty::Ts];
-
 struct Gen {
     rng: StdRng,
 }
 
 impl Gen {
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.rng.random_range(0..items.len())]
-    }
-
-    fn chance(&mut self, percent: u32) -> bool {
-        self.rng.random_range(0..100) < percent
-    }
-
-    fn any_type(&mut self) -> Ty {
-        TYPES[self.rng.random_range(0..TYPES.len())]
-    }
-
     fn leaf(&mut self, ty: Ty) -> String {
-        if self.chance(5) {
+        if self.rng.chance(5) {
             return "NULL".into();
         }
-        let column = self.chance(60);
+        let column = self.rng.chance(60);
         match ty {
-            Ty::Int if column => self.pick(&["s", "i", "b"]).into(),
+            Ty::Int if column => self.rng.pick(&["s", "i", "b"]).into(),
             Ty::Int => self
+                .rng
                 .pick(&[
                     "0",
                     "1",
@@ -114,8 +92,9 @@ impl Gen {
                     "CAST(3 AS SMALLINT)",
                 ])
                 .into(),
-            Ty::Num if column => self.pick(&["d", "n"]).into(),
+            Ty::Num if column => self.rng.pick(&["d", "n"]).into(),
             Ty::Num => self
+                .rng
                 .pick(&[
                     "0.5",
                     "1.005",
@@ -130,6 +109,7 @@ impl Gen {
                 .into(),
             Ty::Text if column => "t".into(),
             Ty::Text => self
+                .rng
                 .pick(&[
                     "''",
                     "'abc'",
@@ -141,9 +121,10 @@ impl Gen {
                 ])
                 .into(),
             Ty::Bool if column => "o".into(),
-            Ty::Bool => self.pick(&["true", "false"]).into(),
+            Ty::Bool => self.rng.pick(&["true", "false"]).into(),
             Ty::Date if column => "dt".into(),
             Ty::Date => self
+                .rng
                 .pick(&[
                     "DATE '2024-02-29'",
                     "DATE '0001-01-01'",
@@ -152,6 +133,7 @@ impl Gen {
                 .into(),
             Ty::Ts if column => "ts".into(),
             Ty::Ts => self
+                .rng
                 .pick(&[
                     "TIMESTAMP '2024-05-17 10:00'",
                     "TIMESTAMP '1970-01-01 00:00:00'",
@@ -163,15 +145,15 @@ impl Gen {
 
     fn sql_type(&mut self, ty: Ty) -> &'static str {
         match ty {
-            Ty::Int => self.pick(&["SMALLINT", "INT", "BIGINT"]),
-            Ty::Num => self.pick(&[
+            Ty::Int => self.rng.pick(&["SMALLINT", "INT", "BIGINT"]),
+            Ty::Num => self.rng.pick(&[
                 "DOUBLE",
                 "REAL",
                 "DECIMAL(12,2)",
                 "DECIMAL(5,4)",
                 "DECIMAL(38,0)",
             ]),
-            Ty::Text => self.pick(&["VARCHAR", "TEXT"]),
+            Ty::Text => self.rng.pick(&["VARCHAR", "TEXT"]),
             Ty::Bool => "BOOLEAN",
             Ty::Date => "DATE",
             Ty::Ts => "TIMESTAMP",
@@ -180,14 +162,14 @@ impl Gen {
 
     /// An expression of type `ty` at most `depth` levels deep.
     fn expr(&mut self, ty: Ty, depth: usize) -> String {
-        if depth == 0 || self.chance(25) {
+        if depth == 0 || self.rng.chance(25) {
             return self.leaf(ty);
         }
         let d = depth - 1;
         // Forms any type has.
         match self.rng.random_range(0..14) {
             0 => {
-                let from = self.any_type();
+                let from = self.rng.any_type();
                 let inner = self.expr(from, d);
                 return format!("CAST({inner} AS {})", self.sql_type(ty));
             }
@@ -200,7 +182,7 @@ impl Gen {
                 return format!("COALESCE({a}, {b})");
             }
             3 => return format!("({})", self.expr(ty, d)),
-            4 if self.chance(30) => {
+            4 if self.rng.chance(30) => {
                 let (e, w) = (self.expr(ty, d.min(3)), self.expr(Ty::Bool, d.min(3)));
                 let agg = if matches!(ty, Ty::Int | Ty::Num) {
                     "max"
@@ -218,7 +200,7 @@ impl Gen {
         match ty {
             Ty::Int => match self.rng.random_range(0..9) {
                 0..=3 => {
-                    let op = self.pick(&["+", "-", "*", "/", "%"]);
+                    let op = self.rng.pick(&["+", "-", "*", "/", "%"]);
                     format!("{} {op} {}", self.expr(Ty::Int, d), self.expr(Ty::Int, d))
                 }
                 4 => format!("-{}", self.expr(Ty::Int, d)),
@@ -226,13 +208,13 @@ impl Gen {
                 6 => format!("length({})", self.expr(Ty::Text, d)),
                 7 => format!("extract(year FROM {})", self.expr(Ty::Date, d)),
                 _ => {
-                    let f = self.pick(&["greatest", "least"]);
+                    let f = self.rng.pick(&["greatest", "least"]);
                     format!("{f}({}, {})", self.expr(Ty::Int, d), self.expr(Ty::Int, d))
                 }
             },
             Ty::Num => match self.rng.random_range(0..7) {
                 0..=2 => {
-                    let op = self.pick(&["+", "-", "*", "/"]);
+                    let op = self.rng.pick(&["+", "-", "*", "/"]);
                     let (a, b) = (self.num_or_int(d), self.num_or_int(d));
                     format!("{a} {op} {b}")
                 }
@@ -269,26 +251,26 @@ impl Gen {
             },
             Ty::Bool => match self.rng.random_range(0..10) {
                 0..=2 => {
-                    let operand = self.any_type();
-                    let op = self.pick(&["=", "<>", "<", "<=", ">", ">="]);
+                    let operand = self.rng.any_type();
+                    let op = self.rng.pick(&["=", "<>", "<", "<=", ">", ">="]);
                     format!("{} {op} {}", self.expr(operand, d), self.expr(operand, d))
                 }
                 3 => {
-                    let op = self.pick(&["AND", "OR"]);
+                    let op = self.rng.pick(&["AND", "OR"]);
                     format!("{} {op} {}", self.expr(Ty::Bool, d), self.expr(Ty::Bool, d))
                 }
                 4 => format!("NOT {}", self.expr(Ty::Bool, d)),
                 5 => {
-                    let operand = self.any_type();
-                    let not = self.pick(&["", "NOT "]);
+                    let operand = self.rng.any_type();
+                    let not = self.rng.pick(&["", "NOT "]);
                     format!("{} IS {not}NULL", self.expr(operand, d))
                 }
                 6 => {
-                    let operand = self.any_type();
+                    let operand = self.rng.any_type();
                     let list: Vec<String> = (0..self.rng.random_range(0..4))
                         .map(|_| self.leaf(operand))
                         .collect();
-                    let not = self.pick(&["", "NOT "]);
+                    let not = self.rng.pick(&["", "NOT "]);
                     format!("{} {not}IN ({})", self.expr(operand, d), list.join(", "))
                 }
                 7 => format!(
@@ -299,7 +281,7 @@ impl Gen {
                 ),
                 8 => format!("{} LIKE {}", self.expr(Ty::Text, d), self.leaf(Ty::Text)),
                 _ => {
-                    let operand = self.any_type();
+                    let operand = self.rng.any_type();
                     format!(
                         "{} IS DISTINCT FROM {}",
                         self.expr(operand, d),
@@ -321,13 +303,17 @@ impl Gen {
     }
 
     fn num_or_int(&mut self, depth: usize) -> String {
-        let ty = if self.chance(50) { Ty::Num } else { Ty::Int };
+        let ty = if self.rng.chance(50) {
+            Ty::Num
+        } else {
+            Ty::Int
+        };
         self.expr(ty, depth)
     }
 
     /// Nesting past the limit now and then, else a few levels.
     fn depth(&mut self) -> usize {
-        if self.chance(1) {
+        if self.rng.chance(1) {
             self.deep_depth()
         } else {
             self.rng.random_range(1..6)
@@ -396,11 +382,17 @@ impl Gen {
         match self.rng.random_range(0..20) {
             0 => self.chain(),
             1..=4 => {
-                let ty = self.any_type();
+                let ty = self.rng.any_type();
                 let key = self.expr(ty, 2);
-                let agg_ty = if self.chance(50) { Ty::Int } else { Ty::Num };
+                let agg_ty = if self.rng.chance(50) {
+                    Ty::Int
+                } else {
+                    Ty::Num
+                };
                 let arg = self.expr(agg_ty, depth);
-                let agg = self.pick(&["sum", "avg", "min", "max", "count", "count(DISTINCT"]);
+                let agg = self
+                    .rng
+                    .pick(&["sum", "avg", "min", "max", "count", "count(DISTINCT"]);
                 let call = if agg.ends_with("DISTINCT") {
                     format!("{agg} {arg})")
                 } else {
@@ -423,11 +415,11 @@ impl Gen {
             _ => {
                 let items: Vec<String> = (0..self.rng.random_range(1..4))
                     .map(|_| {
-                        let ty = self.any_type();
+                        let ty = self.rng.any_type();
                         self.expr(ty, depth)
                     })
                     .collect();
-                let filter = if self.chance(40) {
+                let filter = if self.rng.chance(40) {
                     format!(" WHERE {}", self.expr(Ty::Bool, depth))
                 } else {
                     String::new()

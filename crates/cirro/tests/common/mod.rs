@@ -5,6 +5,7 @@
 pub mod compare;
 pub mod duckdb;
 pub mod server;
+pub mod sqlgen;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
