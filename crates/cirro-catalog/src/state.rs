@@ -147,6 +147,18 @@ pub struct Catalog {
     current: RwLock<Arc<CatalogState>>,
     /// Opened tables by location, reused while their Delta version is unchanged.
     open_tables: Mutex<HashMap<String, CirroTable>>,
+    /// Write locks by table location (see [`Catalog::write_lock`]).
+    write_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Directory (under a local data root) of the tables' write-lock files.
+const LOCK_DIR: &str = "_cirro_locks";
+
+/// A held table write lock (see [`Catalog::lock_table_writes`]); dropping
+/// it releases the lock.
+pub struct TableWriteGuard {
+    _file: Option<std::fs::File>,
+    _local: tokio::sync::OwnedMutexGuard<()>,
 }
 
 pub fn now_ms() -> i64 {
@@ -171,6 +183,7 @@ impl Catalog {
             versions,
             current: RwLock::new(Arc::new(CatalogState::initial())),
             open_tables: Mutex::new(HashMap::new()),
+            write_locks: Mutex::new(HashMap::new()),
         });
         catalog.refresh().await?;
         if catalog.snapshot().version == 0 {
@@ -305,6 +318,50 @@ impl Catalog {
             map.insert(location.to_string(), table.clone());
         }
         Ok(table)
+    }
+
+    fn write_lock(&self, location: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .write_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(locks.entry(location.to_string()).or_default())
+    }
+
+    /// Take the write lock of the table at `location`: writers of a table
+    /// with constraints hold it from their constraint check to their commit,
+    /// so that no other such writer commits in between (two INSERTs of one
+    /// new key would otherwise both pass). Within the process it is a mutex;
+    /// on a local data directory also an OS file lock
+    /// (`_cirro_locks/<table>.lock`), so that `cirro` processes sharing the
+    /// directory exclude one another too. Object stores have no such lock:
+    /// the cluster takes it in ZooKeeper.
+    pub async fn lock_table_writes(&self, location: &str) -> Result<TableWriteGuard> {
+        let local = self.write_lock(location).lock_owned().await;
+        let file = match self.root.url().to_file_path() {
+            Ok(root) if self.root.url().scheme() == "file" => {
+                let dir = root.join(LOCK_DIR);
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| CirroError::io(format!("cannot create {}: {e}", dir.display())))?;
+                let path = dir.join(format!("{}.lock", location.replace('/', "_")));
+                let file = std::fs::File::options()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| CirroError::io(format!("cannot open {}: {e}", path.display())))?;
+                let locked = tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+                    .await
+                    .map_err(|e| CirroError::internal(format!("lock task failed: {e}")))?
+                    .map_err(|e| CirroError::io(format!("cannot lock {}: {e}", path.display())))?;
+                Some(locked)
+            }
+            _ => None,
+        };
+        Ok(TableWriteGuard {
+            _file: file,
+            _local: local,
+        })
     }
 
     /// Forget a cached table (after it was dropped or replaced).

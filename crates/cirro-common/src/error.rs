@@ -29,6 +29,10 @@ impl SqlState {
     pub const INVALID_COLUMN_REFERENCE: SqlState = SqlState("42P10");
     pub const CHARACTER_NOT_IN_REPERTOIRE: SqlState = SqlState("22021");
     pub const NOT_NULL_VIOLATION: SqlState = SqlState("23502");
+    pub const UNIQUE_VIOLATION: SqlState = SqlState("23505");
+    pub const CHECK_VIOLATION: SqlState = SqlState("23514");
+    pub const INVALID_TABLE_DEFINITION: SqlState = SqlState("42P16");
+    pub const GROUPING_ERROR: SqlState = SqlState("42803");
     pub const ACTIVE_SQL_TRANSACTION: SqlState = SqlState("25001");
     pub const NO_ACTIVE_SQL_TRANSACTION: SqlState = SqlState("25P01");
     pub const SAVEPOINT_EXCEPTION: SqlState = SqlState("3B001");
@@ -62,6 +66,7 @@ impl SqlState {
     pub const DISK_FULL: SqlState = SqlState("53100");
     pub const OUT_OF_MEMORY: SqlState = SqlState("53200");
     pub const QUERY_CANCELED: SqlState = SqlState("57014");
+    pub const ADMIN_SHUTDOWN: SqlState = SqlState("57P01");
     pub const IO_ERROR: SqlState = SqlState("58030");
     pub const UNDEFINED_FILE: SqlState = SqlState("58P01");
     pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState("54000");

@@ -68,6 +68,10 @@ struct Model {
     operations: Vec<String>,
     notices: Vec<String>,
     cluster_by: Vec<String>,
+    /// Columns renamed (old, new) and dropped, in order: indexes and
+    /// constraints follow them.
+    renamed: Vec<(String, String)>,
+    dropped: Vec<String>,
 }
 
 impl Model {
@@ -89,7 +93,7 @@ fn undefined_column(name: &str, table: &str) -> CirroError {
 }
 
 /// An identifier as DataFusion resolves it: unquoted names fold to lower case.
-fn ident_name(ident: &Ident) -> String {
+pub(crate) fn ident_name(ident: &Ident) -> String {
     if ident.quote_style.is_some() {
         ident.value.clone()
     } else {
@@ -152,6 +156,8 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
         operations: Vec::new(),
         notices: Vec::new(),
         cluster_by: table.options().cluster_by.clone(),
+        renamed: Vec::new(),
+        dropped: Vec::new(),
     };
     for operation in &alter.operations {
         apply(engine, &mut model, operation, &name)?;
@@ -173,6 +179,7 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     );
     let mut options = table.options().clone();
     options.cluster_by = model.cluster_by.clone();
+    follow_columns(&mut options, &model);
     let operation = delta_operation(&model, &table, &new_schema)?;
     let rows = if model.rewrite {
         let exprs = model
@@ -187,6 +194,99 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     };
     cirro_storage::evolve::change_schema(&table, &new_schema, &options, rows, operation).await?;
     Ok(notice_outcome(model.notices))
+}
+
+/// Indexes and constraints after the statement's column changes, as in
+/// PostgreSQL: a renamed column is renamed in them (CHECK expressions
+/// included); those involving a dropped column are dropped.
+fn follow_columns(options: &mut cirro_storage::TableOptions, model: &Model) {
+    use cirro_storage::options::ConstraintKind;
+    for (old, new) in &model.renamed {
+        for index in &mut options.indexes {
+            for key in &mut index.columns {
+                if key.name == *old {
+                    key.name = new.clone();
+                }
+            }
+        }
+        for constraint in &mut options.constraints {
+            match &mut constraint.kind {
+                ConstraintKind::PrimaryKey(columns) | ConstraintKind::Unique(columns) => {
+                    for c in columns.iter_mut() {
+                        if c == old {
+                            *c = new.clone();
+                        }
+                    }
+                }
+                ConstraintKind::Check(sql) => *sql = rename_in_sql(sql, old, new),
+            }
+        }
+    }
+    for dropped in &model.dropped {
+        options
+            .indexes
+            .retain(|i| !i.columns.iter().any(|k| k.name == *dropped));
+        options.constraints.retain(|c| match &c.kind {
+            ConstraintKind::PrimaryKey(columns) | ConstraintKind::Unique(columns) => {
+                !columns.contains(dropped)
+            }
+            ConstraintKind::Check(sql) => !sql_names_column(sql, dropped),
+        });
+    }
+}
+
+fn parse_sql_expr(sql: &str) -> Option<SqlExpr> {
+    datafusion::sql::sqlparser::parser::Parser::new(
+        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
+    )
+    .try_with_sql(sql)
+    .and_then(|mut p| p.parse_expr())
+    .ok()
+}
+
+/// `sql` (an expression) with column `old` named `new`.
+fn rename_in_sql(sql: &str, old: &str, new: &str) -> String {
+    use datafusion::sql::sqlparser::ast::VisitMut;
+    let Some(mut expr) = parse_sql_expr(sql) else {
+        return sql.to_string();
+    };
+    let _ = expr.visit(&mut RenameColumn { old, new });
+    expr.to_string()
+}
+
+struct RenameColumn<'a> {
+    old: &'a str,
+    new: &'a str,
+}
+
+impl datafusion::sql::sqlparser::ast::VisitorMut for RenameColumn<'_> {
+    type Break = ();
+    fn pre_visit_expr(&mut self, expr: &mut SqlExpr) -> std::ops::ControlFlow<()> {
+        if let SqlExpr::Identifier(ident) = expr
+            && ident_name(ident) == self.old
+        {
+            *ident = Ident::with_quote('"', self.new);
+        }
+        std::ops::ControlFlow::Continue(())
+    }
+}
+
+/// Whether expression `sql` names column `name`.
+fn sql_names_column(sql: &str, name: &str) -> bool {
+    use datafusion::sql::sqlparser::ast::Visit;
+    struct Find<'a>(&'a str);
+    impl datafusion::sql::sqlparser::ast::Visitor for Find<'_> {
+        type Break = ();
+        fn pre_visit_expr(&mut self, expr: &SqlExpr) -> std::ops::ControlFlow<()> {
+            match expr {
+                SqlExpr::Identifier(ident) if ident_name(ident) == self.0 => {
+                    std::ops::ControlFlow::Break(())
+                }
+                _ => std::ops::ControlFlow::Continue(()),
+            }
+        }
+    }
+    parse_sql_expr(sql).is_none_or(|e| e.visit(&mut Find(name)).is_break())
 }
 
 fn notice_outcome(notices: Vec<String>) -> Outcome {
@@ -290,6 +390,7 @@ fn apply(
                 }
                 model.columns.remove(index);
                 model.cluster_by.retain(|c| c != &name);
+                model.dropped.push(name.clone());
                 model.rewrite = true;
                 model.operations.push(format!("DROP COLUMN {name}"));
             }
@@ -311,6 +412,7 @@ fn apply(
                 ));
             }
             model.columns[index].name = new.clone();
+            model.renamed.push((old.clone(), new.clone()));
             for key in &mut model.cluster_by {
                 if *key == old {
                     *key = new.clone();

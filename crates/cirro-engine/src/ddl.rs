@@ -29,6 +29,7 @@ pub(crate) async fn create_table(
     engine: &Engine,
     cmd: CreateMemoryTable,
     options: &[(String, String)],
+    constraints: Vec<cirro_storage::options::ConstraintDef>,
 ) -> Result<Outcome> {
     let (db, schema, name) = engine.resolve(&cmd.name);
     let snapshot = engine.catalog().snapshot();
@@ -55,8 +56,6 @@ pub(crate) async fn create_table(
             "column defaults are not supported yet (DEFAULT on \"{column}\")"
         )));
     }
-    let notice = (!cmd.constraints.is_empty())
-        .then(|| "PRIMARY KEY and UNIQUE constraints are accepted but not enforced".to_string());
     let is_query =
         !matches!(cmd.input.as_ref(), LogicalPlan::EmptyRelation(e) if !e.produce_one_row);
     let planned = cmd.input.schema().as_arrow().clone();
@@ -67,7 +66,14 @@ pub(crate) async fn create_table(
         .map(|f| Field::new(f.name(), f.data_type().clone(), is_query || f.is_nullable()))
         .collect();
     let table_schema = Schema::new(columns);
-    let options = TableOptions::from_sql(options, &table_schema)?;
+    let mut options = TableOptions::from_sql(options, &table_schema)?;
+    crate::constraints::validate(engine, &name, &table_schema, &constraints)?;
+    if is_query && !constraints.is_empty() {
+        return Err(CirroError::unsupported(
+            "constraints in CREATE TABLE … AS are not supported: create the table, then INSERT … SELECT",
+        ));
+    }
+    options.constraints = constraints;
     let data = if is_query {
         let mut input = cmd.input.as_ref().clone();
         if !options.cluster_by.is_empty() {
@@ -109,7 +115,7 @@ pub(crate) async fn create_table(
     };
     Ok(Outcome::Command {
         tag,
-        notice,
+        notice: None,
         reports: vec![],
     })
 }

@@ -90,13 +90,14 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
                 }
             };
             let mut input = dml.input.as_ref().clone();
-            if !table.options().cluster_by.is_empty() {
-                // New rows of a clustered table are written in key order.
-                let keys = table
-                    .options()
-                    .cluster_by
+            let order = table.options().write_order();
+            if !order.is_empty() {
+                // New rows of a clustered or indexed table are written in key order.
+                let keys = order
                     .iter()
-                    .map(|c| Expr::Column(Column::from_name(c)).sort(true, false))
+                    .map(|k| {
+                        Expr::Column(Column::from_name(&k.name)).sort(!k.descending, k.descending)
+                    })
                     .collect::<Vec<_>>();
                 input = LogicalPlanBuilder::from(input).sort(keys)?.build()?;
             }

@@ -28,12 +28,14 @@
 mod access;
 pub mod activity;
 mod alter;
+mod constraints;
 mod copy;
 mod copy_text;
 mod ddl;
 mod dml;
 mod functions;
 mod history;
+mod indexes;
 mod maintenance;
 mod pg_compat;
 mod prepared;
@@ -440,6 +442,7 @@ impl Engine {
                 | SqlStatement::CreateTable(_)
                 | SqlStatement::CreateSchema { .. }
                 | SqlStatement::AlterTable(_)
+                | SqlStatement::CreateIndex(_)
         ) {
             self.check_transaction_allows("DDL")?;
         }
@@ -471,15 +474,31 @@ impl Engine {
                     return ddl::create_database(self, &db_name.to_string(), *if_not_exists).await;
                 }
                 SqlStatement::CreateView(view) => return views::create_view(self, view).await,
+                SqlStatement::CreateIndex(create) => {
+                    return indexes::create_index(self, create).await;
+                }
+                SqlStatement::Drop {
+                    object_type: ObjectType::Index,
+                    if_exists,
+                    names,
+                    ..
+                } => return indexes::drop_index(self, names, *if_exists).await,
                 SqlStatement::AlterTable(alter) => return alter::alter_table(self, alter).await,
-                SqlStatement::CreateTable(create)
-                    if !matches!(create.table_options, CreateTableOptions::None) =>
-                {
-                    // DataFusion refuses WITH (…); take the options out, plan
-                    // the rest, and create the table with them.
+                SqlStatement::CreateTable(create) => {
+                    // DataFusion refuses WITH (…) and does not enforce
+                    // constraints: take both out, plan the rest, and create
+                    // the table with them.
                     let options = ddl::table_options(&create.table_options)?;
                     let mut stripped = create.clone();
                     stripped.table_options = CreateTableOptions::None;
+                    let table_name = create
+                        .name
+                        .0
+                        .last()
+                        .and_then(|part| part.as_ident())
+                        .map(alter::ident_name)
+                        .unwrap_or_default();
+                    let constraints = constraints::take_from_create(&mut stripped, &table_name)?;
                     let plan = self
                         .plan(DfStatement::Statement(Box::new(SqlStatement::CreateTable(
                             stripped,
@@ -488,7 +507,7 @@ impl Engine {
                     self.check_plan(&plan)?;
                     return match plan {
                         LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
-                            ddl::create_table(self, cmd, &options).await
+                            ddl::create_table(self, cmd, &options, constraints).await
                         }
                         _ => Err(CirroError::internal(
                             "CREATE TABLE planned as something else",
@@ -526,7 +545,9 @@ impl Engine {
         }
         match plan {
             LogicalPlan::Ddl(ddl) => match ddl {
-                DdlStatement::CreateMemoryTable(cmd) => ddl::create_table(self, cmd, &[]).await,
+                DdlStatement::CreateMemoryTable(cmd) => {
+                    ddl::create_table(self, cmd, &[], Vec::new()).await
+                }
                 DdlStatement::DropTable(cmd) => {
                     let (db, schema, name) = self.resolve(&cmd.name);
                     self.check_owner(&db, &schema, &name, "DROP it")?;
@@ -572,7 +593,13 @@ impl Engine {
                     _ => "DML",
                 };
                 let in_txn = self.in_transaction();
-                if in_txn || dml::row_change_tag(&dml.op).is_some() {
+                // Plain INSERTs commit in their sink, unless the table has
+                // constraints to check before the commit.
+                let constrained = matches!(dml.op, WriteOp::Insert(_))
+                    && dml::target_table(&dml, tag)
+                        .map(|t| t.options().has_checks())
+                        .unwrap_or(false);
+                if in_txn || constrained || dml::row_change_tag(&dml.op).is_some() {
                     let input = Arc::clone(&dml.input);
                     return self
                         .execute_dml(&dml, tag, (db, schema, name.clone()), in_txn)
@@ -654,23 +681,54 @@ impl Engine {
     ) -> Result<Outcome> {
         let prepared = dml::prepare(self, dml, tag).await?;
         let outcome = Outcome::command(dml::tag_of(tag, prepared.count));
-        if !in_txn {
-            if !prepared.change.is_empty() {
-                prepared.change.commit(prepared.operation).await?;
+        let location = match time_travel::location_of(self, &db, &schema, &name) {
+            Ok(location) => location,
+            Err(e) => {
+                prepared.change.discard().await;
+                return Err(e);
             }
+        };
+        let checked = prepared.change.table().options().has_checks()
+            && !prepared.change.new_files().is_empty();
+        if !in_txn {
+            if prepared.change.is_empty() {
+                return Ok(outcome);
+            }
+            if !checked {
+                prepared.change.commit(prepared.operation).await?;
+                return Ok(outcome);
+            }
+            // Check and commit under the table's write lock (see constraints.rs).
+            let checked = async {
+                let held = self.catalog.lock_table_writes(&location).await?;
+                let latest = self.catalog.open_table(&location).await?;
+                let post = prepared.change.apply_to(&latest)?;
+                constraints::check(self, &name, &post, prepared.change.new_files()).await?;
+                Ok(held)
+            }
+            .await;
+            let _held = match checked {
+                Ok(held) => held,
+                Err(e) => {
+                    prepared.change.discard().await;
+                    return Err(e);
+                }
+            };
+            prepared.change.commit(prepared.operation).await?;
             return Ok(outcome);
         }
-        let location = self
-            .catalog
-            .snapshot()
-            .table(&db, &schema, &name)
-            .map(|entry| entry.location.clone())
-            .ok_or_else(|| {
-                CirroError::new(
-                    SqlState::UNDEFINED_TABLE,
-                    format!("relation \"{name}\" does not exist"),
-                )
-            })?;
+        if checked {
+            // In a transaction: against its view; COMMIT checks again.
+            let verdict = async {
+                let view = prepared.change.apply()?;
+                constraints::check(self, &name, &view, prepared.change.new_files()).await
+            }
+            .await;
+            if let Err(e) = verdict {
+                prepared.change.discard().await;
+                return Err(e);
+            }
+        }
         let changes_rows = !matches!(
             prepared.operation,
             deltalake::protocol::DeltaOperation::Write {

@@ -45,7 +45,7 @@
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_sql::TransactionStatement;
 use cirro_storage::CirroTable;
-use cirro_storage::mutate::{Change, commit_difference, remove_paths};
+use cirro_storage::mutate::{Change, commit_difference, difference, remove_paths};
 use deltalake::protocol::DeltaOperation;
 use object_store::path::Path;
 
@@ -391,6 +391,40 @@ impl Engine {
         };
         self.session.end();
         if commit && !failed {
+            // A table with constraints: check again, under its write lock,
+            // against what other writers committed since the transaction
+            // read it (see constraints.rs).
+            let checked = txn
+                .written
+                .as_ref()
+                .filter(|w| w.current.options().has_checks() && !w.new_files.is_empty());
+            if let Some(written) = checked {
+                let verdict = async {
+                    let held = self.catalog().lock_table_writes(&written.location).await?;
+                    let latest = self.catalog().open_table(&written.location).await?;
+                    if latest.version() == written.base.version() {
+                        return Ok(Some(held));
+                    }
+                    let post = latest.with_changes(&difference(&written.base, &written.current))?;
+                    crate::constraints::check(self, &written.name, &post, &written.new_files)
+                        .await?;
+                    Ok(Some(held))
+                }
+                .await;
+                match verdict {
+                    Ok(held) => {
+                        // Committed while the lock is held.
+                        let committed = txn.commit().await;
+                        drop(held);
+                        committed?;
+                        return Ok(Outcome::command("COMMIT"));
+                    }
+                    Err(e) => {
+                        txn.rollback().await;
+                        return Err(e);
+                    }
+                }
+            }
             txn.commit().await?;
             Ok(Outcome::command("COMMIT"))
         } else {

@@ -36,9 +36,6 @@ use crate::schema::storage_schema;
 use crate::table::CirroTable;
 use crate::write::{TableWriter, commit_exclusive, fill, remove_files};
 
-/// Cirro's keys in the Delta configuration that [`TableOptions`] rewrites.
-const OPTION_KEYS: [&str; 3] = ["cirro.compression", "cirro.rowGroupRows", "cirro.clusterBy"];
-
 /// Change `table` (at the snapshot it holds) to `schema` and `options` in one
 /// commit. `rows`, if given, are the table's rows under the new schema (by
 /// position), and replace all of its files; without them only the metadata
@@ -64,19 +61,23 @@ where
         .clone()
         .with_schema(&kernel)
         .map_err(bad_metadata)?;
-    let configuration = options.to_configuration();
-    for key in OPTION_KEYS {
-        metadata = match configuration.get(key) {
-            Some(value) => metadata
-                .add_config_key(key.to_string(), value.clone())
-                .map_err(bad_metadata)?,
-            None => metadata.remove_config_key(key).map_err(bad_metadata)?,
-        };
+    // The entries TableOptions owns are replaced whole; others are kept.
+    let old_keys: Vec<String> = metadata
+        .configuration()
+        .keys()
+        .filter(|k| crate::options::is_option_key(k))
+        .cloned()
+        .collect();
+    for key in old_keys {
+        metadata = metadata.remove_config_key(&key).map_err(bad_metadata)?;
+    }
+    for (key, value) in options.to_configuration() {
+        metadata = metadata.add_config_key(key, value).map_err(bad_metadata)?;
     }
     let mut actions = vec![Action::Metadata(metadata)];
     let mut adds = Vec::new();
     if let Some(mut rows) = rows {
-        let mut writer = TableWriter::with_new_schema(table.delta(), Arc::clone(&stored))?;
+        let mut writer = TableWriter::with_new_schema(table.delta(), Arc::clone(&stored), options)?;
         fill(&mut writer, &mut rows).await?;
         adds = writer.finish().await?;
         actions.extend(table.files().iter().map(|f| Action::Remove(remove_of(f))));

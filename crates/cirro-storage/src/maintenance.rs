@@ -2,8 +2,9 @@
 //! clustering) and VACUUM (removing files no version needs any more).
 //!
 //! OPTIMIZE rewrites, in one commit:
-//! - a clustered table (`cluster_by`): every file, when there is more than one
-//!   or any has deletion vectors, into files sorted by the cluster key;
+//! - a clustered or indexed table (`cluster_by`, an index or primary key):
+//!   every file, when there is more than one
+//!   or any has deletion vectors, into files sorted by its key;
 //! - any other table: the files that carry deletion vectors, and the small
 //!   files (under half the target file size) when there are at least two.
 //!
@@ -47,7 +48,7 @@ pub struct OptimizeSummary {
 fn files_to_rewrite(table: &CirroTable) -> Vec<usize> {
     let files = table.files();
     let with_dv = files.iter().any(|f| f.deletion_vector().is_some());
-    if !table.options().cluster_by.is_empty() {
+    if !table.options().write_order().is_empty() {
         return if files.len() > 1 || with_dv {
             (0..files.len()).collect()
         } else {
@@ -80,12 +81,17 @@ pub async fn optimize(table: &CirroTable, state: &dyn Session) -> Result<Optimiz
     let deletion_vectors_removed = deleted.iter().filter(|d| d.is_some()).count() as u64;
     let files: Vec<_> = chosen.iter().copied().zip(deleted).collect();
     let mut plan = table.scan_files(state, files, None, None).await?;
-    if !table.options().cluster_by.is_empty() {
+    let order = table.options().write_order();
+    if !order.is_empty() {
         let schema = plan.schema();
         let mut keys = Vec::new();
-        for column in &table.options().cluster_by {
-            keys.push(PhysicalSortExpr::new_default(
-                datafusion::physical_expr::expressions::col(column, &schema)?,
+        for key in &order {
+            keys.push(PhysicalSortExpr::new(
+                datafusion::physical_expr::expressions::col(&key.name, &schema)?,
+                arrow::compute::SortOptions {
+                    descending: key.descending,
+                    nulls_first: key.descending,
+                },
             ));
         }
         if let Some(ordering) = LexOrdering::new(keys) {

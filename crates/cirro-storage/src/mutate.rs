@@ -240,6 +240,12 @@ impl Change {
         self.table.with_changes(&self.actions)
     }
 
+    /// `latest` (a newer snapshot of the same table) with this change
+    /// applied: what the table will hold if the change commits now.
+    pub fn apply_to(&self, latest: &CirroTable) -> Result<CirroTable> {
+        latest.with_changes(&self.actions)
+    }
+
     /// Commit the change as one new version; returns the version. If the
     /// commit fails (conflict, I/O), the change's files are removed.
     pub async fn commit(self, operation: DeltaOperation) -> Result<i64> {
@@ -272,6 +278,19 @@ pub async fn commit_difference(
     current: &CirroTable,
     operation: DeltaOperation,
 ) -> Result<Option<i64>> {
+    let actions = difference(base, current);
+    if actions.is_empty() {
+        return Ok(None);
+    }
+    commit_actions(base.delta(), actions, operation)
+        .await
+        .map(Some)
+}
+
+/// The actions that take snapshot `base` to the view `current`: removes for
+/// files that are gone or whose deletion vector changed, adds for files that
+/// are new or changed.
+pub fn difference(base: &CirroTable, current: &CirroTable) -> Vec<Action> {
     let key = |f: &crate::table::DataFile| {
         let dv = f.add.deletion_vector.as_ref();
         (
@@ -294,12 +313,7 @@ pub async fn commit_difference(
             .filter(|f| !before.contains(&key(f)))
             .map(|f| Action::Add(f.add.clone())),
     );
-    if actions.is_empty() {
-        return Ok(None);
-    }
-    commit_actions(base.delta(), actions, operation)
-        .await
-        .map(Some)
+    actions
 }
 
 /// Remove files of `table` (paths relative to its directory); failures are

@@ -234,6 +234,22 @@ impl CirroTable {
         })
     }
 
+    /// The same snapshot restricted to the data files named in `paths`
+    /// (relative to the table directory), e.g. the files one write added.
+    pub fn with_only_files(&self, paths: &[object_store::path::Path]) -> Self {
+        let wanted: std::collections::HashSet<&str> = paths.iter().map(|p| p.as_ref()).collect();
+        let files = self
+            .files
+            .iter()
+            .filter(|f| wanted.contains(f.add.path.as_str()))
+            .cloned()
+            .collect();
+        Self {
+            files: Arc::new(files),
+            ..self.clone()
+        }
+    }
+
     /// The same snapshot, scanned with the row-id columns appended.
     pub fn with_row_ids(&self) -> Self {
         Self {
@@ -254,14 +270,18 @@ impl CirroTable {
         &self.options
     }
 
-    /// The ordering new rows must have: the cluster key, if the table has one.
-    fn cluster_requirement(&self) -> DfResult<Option<LexRequirement>> {
+    /// The ordering new rows must have: the table's write order (cluster
+    /// key, primary key or index key), if it has one.
+    fn write_requirement(&self) -> DfResult<Option<LexRequirement>> {
         let mut requirements = Vec::new();
-        for column in &self.options.cluster_by {
-            let expr = datafusion::physical_expr::expressions::col(column, &self.schema)?;
+        for key in self.options.write_order() {
+            let expr = datafusion::physical_expr::expressions::col(&key.name, &self.schema)?;
             requirements.push(PhysicalSortRequirement::new(
                 expr,
-                Some(arrow::compute::SortOptions::default()),
+                Some(arrow::compute::SortOptions {
+                    descending: key.descending,
+                    nulls_first: key.descending,
+                }),
             ));
         }
         Ok(LexRequirement::new(requirements))
@@ -566,8 +586,8 @@ impl TableProvider for CirroTable {
             Arc::clone(&self.schema),
             mode,
         );
-        // Rows of a clustered table are written sorted by its cluster key.
-        let order = self.cluster_requirement()?;
+        // Rows of a clustered or indexed table are written sorted by its key.
+        let order = self.write_requirement()?;
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), order)))
     }
 }

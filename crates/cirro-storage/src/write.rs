@@ -35,6 +35,7 @@ use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use crate::failpoint;
 use crate::options::TableOptions;
@@ -60,14 +61,28 @@ const DICTIONARY_PAGE_BYTES_MAX: usize = 128 * 1024;
 /// Parquet writer settings of a table: its codec and row-group size (see
 /// [`TableOptions`]; zstd level 1 and 1 Mi rows by default), and pages of at
 /// most [`DATA_PAGE_ROWS_MAX`] rows.
+///
+/// Key columns of indexes and of PRIMARY KEY/UNIQUE constraints get a bloom
+/// filter in every row group, sized for a row group of distinct values and
+/// folded down by the writer to what the values need (1 % false positives).
 fn writer_properties(options: &TableOptions) -> Result<WriterProperties> {
-    Ok(WriterProperties::builder()
+    let mut builder = WriterProperties::builder()
         .set_compression(options.codec()?)
         .set_max_row_group_row_count(Some(options.row_group_rows()))
         .set_data_page_row_count_limit(DATA_PAGE_ROWS_MAX)
-        .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES_MAX)
-        .build())
+        .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES_MAX);
+    for column in options.bloom_filter_columns() {
+        let path = ColumnPath::from(column);
+        builder = builder
+            .set_column_bloom_filter_enabled(path.clone(), true)
+            .set_column_bloom_filter_fpp(path.clone(), BLOOM_FILTER_FPP)
+            .set_column_bloom_filter_max_ndv(path, options.row_group_rows() as u64);
+    }
+    Ok(builder.build())
 }
+
+/// False-positive rate of the bloom filters of key columns.
+const BLOOM_FILTER_FPP: f64 = 0.01;
 
 /// Streams batches into new data files of one table and commits them at once.
 pub struct TableWriter {
@@ -87,20 +102,32 @@ impl TableWriter {
             RecordBatchWriter::for_table(table)?,
             stored_schema,
             mode,
+            None,
         )
     }
 
     /// A writer of files with `stored_schema` instead of the table's current
     /// schema, for a commit that changes the schema (ALTER TABLE): delta-rs's
     /// `for_table` takes the schema from the snapshot, `try_new` from us.
-    pub fn with_new_schema(table: &DeltaTable, stored_schema: SchemaRef) -> Result<Self> {
+    /// The options (indexes, codec) are the new ones too.
+    pub fn with_new_schema(
+        table: &DeltaTable,
+        stored_schema: SchemaRef,
+        options: &TableOptions,
+    ) -> Result<Self> {
         let writer = RecordBatchWriter::try_new(
             table.table_url().as_str(),
             Arc::clone(&stored_schema),
             None,
             None,
         )?;
-        Self::build(table, writer, stored_schema, SaveMode::Append)
+        Self::build(
+            table,
+            writer,
+            stored_schema,
+            SaveMode::Append,
+            Some(options),
+        )
     }
 
     fn build(
@@ -108,9 +135,12 @@ impl TableWriter {
         writer: RecordBatchWriter,
         stored_schema: SchemaRef,
         mode: SaveMode,
+        options: Option<&TableOptions>,
     ) -> Result<Self> {
-        let options =
-            TableOptions::from_configuration(table.snapshot()?.metadata().configuration());
+        let options = match options {
+            Some(options) => options.clone(),
+            None => TableOptions::from_configuration(table.snapshot()?.metadata().configuration()),
+        };
         let writer = writer
             .with_writer_properties(writer_properties(&options)?)
             .with_target_file_size(data_file_bytes_target());

@@ -149,3 +149,37 @@ fn alter_table_beside_concurrent_inserts_loses_no_row() {
         alter_out.status.success()
     );
 }
+
+#[test]
+fn concurrent_inserts_of_one_key_keep_the_primary_key_unique() {
+    // Every process inserts the same keys (plainly, or in a transaction):
+    // the constraint check and the commit hold the table's write lock, which
+    // spans processes on a local data directory, so exactly one of each kind
+    // lands and the others fail with 23505.
+    let data = DataDir::new();
+    data.sql_ok("CREATE TABLE k (id BIGINT PRIMARY KEY, src VARCHAR)");
+    let mut children = Vec::new();
+    for p in 0..PROCESSES {
+        children.push(spawn_sql(
+            &data,
+            &format!("INSERT INTO k SELECT value, 'p{p}' FROM generate_series(1, 20000)"),
+        ));
+        children.push(spawn_sql(
+            &data,
+            &format!("BEGIN; INSERT INTO k VALUES (-1, 't{p}'); COMMIT"),
+        ));
+    }
+    let mut landed = 0;
+    for child in children {
+        let out = child.wait_with_output().expect("wait");
+        if out.status.success() {
+            landed += 1;
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("23505"), "an INSERT failed otherwise: {err}");
+        }
+    }
+    assert_eq!(landed, 2, "one plain INSERT and one transaction land");
+    assert_eq!(scalar(&data, "SELECT count(*) FROM k"), "20001");
+    assert_eq!(scalar(&data, "SELECT count(DISTINCT id) FROM k"), "20001");
+}

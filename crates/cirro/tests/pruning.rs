@@ -77,3 +77,59 @@ fn files_outside_the_range_are_not_read() {
         "101"
     );
 }
+
+#[test]
+fn an_index_skips_row_groups_by_its_sort_order_and_bloom_filters() {
+    let data = DataDir::new();
+    data.sql_ok("CREATE TABLE ix (id BIGINT, k INT, pad VARCHAR) WITH (row_group_rows = 5000)");
+    // k is a permutation of id: no order of id narrows it
+    for start in [0, 50_000] {
+        data.sql_ok(&format!(
+            "INSERT INTO ix SELECT value, CAST((value * 7919) % 100000 AS INT), 'x' || value \
+             FROM generate_series({}, {}) AS g(value)",
+            start + 1,
+            start + 50_000
+        ));
+    }
+    let lookup = "SELECT count(*) FROM ix WHERE k IN (7919, 7920)";
+    let explain = |sql: &str| data.sql_ok(&format!("EXPLAIN ANALYZE {sql}"));
+    let before = explain(lookup);
+    let (groups, matched) = metric(&before, "row_groups_pruned_statistics");
+    assert!(groups == 20 && matched >= 10, "{before}");
+
+    // the index sorts the table by k: the min/max ranges find the values
+    data.sql_ok("CREATE INDEX ix_k ON ix (k)");
+    let sorted = explain(lookup);
+    let (groups, matched) = metric(&sorted, "row_groups_pruned_statistics");
+    assert_eq!((groups, matched), (20, 1), "{sorted}");
+    assert_eq!(common::scalar(&data, lookup), "2");
+
+    // a second index (on pad, not the sort key): its bloom filters skip the
+    // row groups whose min/max ranges cannot
+    data.sql_ok("CREATE INDEX ix_pad ON ix (pad)");
+    let by_pad = explain("SELECT id FROM ix WHERE pad = 'x77777'");
+    let (groups, matched) = metric(&by_pad, "row_groups_pruned_bloom_filter");
+    assert!(groups >= 10 && matched == 1, "{by_pad}");
+    // a value no row has: every row group is skipped
+    let absent = explain("SELECT id FROM ix WHERE pad IN ('x0', 'y5')");
+    let (_, matched) = metric(&absent, "row_groups_pruned_bloom_filter");
+    assert_eq!(matched, 0, "{absent}");
+
+    // rows written later are sorted and filtered too
+    data.sql_ok("INSERT INTO ix SELECT value, CAST(value AS INT), 'n' || value FROM generate_series(200001, 210000) AS g(value)");
+    let later = explain("SELECT id FROM ix WHERE pad = 'n205000'");
+    let (_, matched) = metric(&later, "row_groups_pruned_bloom_filter");
+    assert_eq!(matched, 1, "{later}");
+    assert_eq!(
+        common::scalar(&data, "SELECT id FROM ix WHERE pad = 'n205000'"),
+        "205000"
+    );
+
+    // without the index, nothing is filtered by bloom filters any more
+    data.sql_ok("DROP INDEX ix_pad");
+    data.sql_ok("INSERT INTO ix VALUES (300000, 1, 'z1')");
+    assert_eq!(
+        common::scalar(&data, "SELECT count(*) FROM ix WHERE pad = 'z1'"),
+        "1"
+    );
+}
