@@ -6,6 +6,11 @@ when every check passed, raises otherwise.
 
     flight_client.py basics URI PASSWORD
     flight_client.py tls URI PASSWORD CERT_PEM
+    flight_client.py activity URI USER PASSWORD
+
+`activity` runs a long query twice: the test cancels the first with
+pg_cancel_backend and terminates the session during the second with
+pg_terminate_backend, from a PostgreSQL connection.
 """
 
 import sys
@@ -111,6 +116,25 @@ def basics(uri, password):
     print("ok")
 
 
+LONG_QUERY = "SELECT count(*) FROM generate_series(1, 5000000000)"
+
+
+def activity(uri, user, password):
+    conn = connect(uri, user, password)
+    message = refused(lambda: scalar(conn, LONG_QUERY), "57014")
+    check("canceling statement" in message, True, "the cancel's message")
+    check(scalar(conn, "SELECT 6 * 7"), 42, "the session goes on after a cancel")
+    print("cancelled", flush=True)
+    refused(lambda: scalar(conn, LONG_QUERY), "57014", "57P01")
+    # the terminated session is gone: its token no longer works
+    refused(lambda: scalar(conn, "SELECT 1"), "57P01", "28000")
+    try:
+        conn.close()
+    except Exception:
+        pass
+    print("ok")
+
+
 def tls(uri, password, cert):
     with open(cert, "rb") as f:
         root = f.read()
@@ -136,5 +160,7 @@ if __name__ == "__main__":
         basics(sys.argv[2], sys.argv[3])
     elif what == "tls":
         tls(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif what == "activity":
+        activity(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         raise SystemExit(f"unknown check {what}")

@@ -235,6 +235,24 @@ impl Backend {
         }
     }
 
+    /// Like [`Backend::running`], for work that outlives a borrow of the
+    /// session (a Flight SQL result streamed by DoGet): active until the
+    /// guard drops, then `after`.
+    pub fn running_owned(&self, query: &str, after: BackendState) -> RunningOwned {
+        let now = now_micros();
+        self.activity.update(self.pid, |info| {
+            info.state = BackendState::Active;
+            info.query = query.to_string();
+            info.query_start = Some(now);
+            info.state_change = now;
+        });
+        RunningOwned {
+            activity: Arc::clone(&self.activity),
+            pid: self.pid,
+            after,
+        }
+    }
+
     fn finished(&self, state: BackendState) {
         let now = now_micros();
         self.activity.update(self.pid, |info| {
@@ -252,6 +270,24 @@ impl Drop for Backend {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         backends.remove(&self.pid);
+    }
+}
+
+/// Marks a backend active while it lives (see [`Backend::running_owned`]).
+pub struct RunningOwned {
+    activity: Arc<Activity>,
+    pid: i32,
+    after: BackendState,
+}
+
+impl Drop for RunningOwned {
+    fn drop(&mut self) {
+        let now = now_micros();
+        let after = self.after;
+        self.activity.update(self.pid, |info| {
+            info.state = after;
+            info.state_change = now;
+        });
     }
 }
 

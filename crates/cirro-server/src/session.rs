@@ -44,6 +44,11 @@ impl Canceller {
         }
     }
 
+    /// Whether `pg_terminate_backend` ended the session.
+    pub(crate) fn is_terminated(&self) -> bool {
+        self.terminated.load(Ordering::SeqCst)
+    }
+
     pub(crate) fn cancel(&self) {
         self.cancelled.store(true, Ordering::SeqCst);
         self.notify.notify_waiters();

@@ -481,6 +481,62 @@ fn pg_stat_activity_cancel_and_terminate_backends() {
 }
 
 #[test]
+fn flight_sql_sessions_are_backends_that_can_be_cancelled_and_terminated() {
+    // A Flight SQL session is in the same registry as PostgreSQL ones: it
+    // shows in pg_stat_activity while its query runs (as the DoGet streams
+    // it), and pg_cancel_backend / pg_terminate_backend stop it.
+    let server = Server::start();
+    server.sql("CREATE USER flyer WITH PASSWORD 'flyer-pw'");
+    let uri = format!("grpc://127.0.0.1:{}", server.flight_port);
+    let mut child = Command::new(common::server::python())
+        .arg(common::server::interop_dir().join("flight_client.py"))
+        .args(["activity", &uri, "flyer", "flyer-pw"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python");
+    // (pid, query_start) of flyer's running long query
+    let active = || {
+        let row = server.sql(
+            "SELECT pid, query_start FROM pg_stat_activity WHERE usename = 'flyer' \
+             AND state = 'active' AND application_name = 'Flight SQL' \
+             AND query LIKE '%generate_series%'",
+        );
+        let (pid, start) = row.trim().split_once('|')?;
+        Some((pid.parse::<i64>().ok()?, start.to_string()))
+    };
+    assert!(
+        eventually(100, || active().is_some()),
+        "the Flight SQL query never showed"
+    );
+    let (pid, first_start) = active().expect("pid");
+    assert_eq!(
+        server.sql(&format!("SELECT pg_cancel_backend({pid})")),
+        "t\n"
+    );
+    // the client sees 57014, then runs a second long query in the same session
+    assert!(
+        eventually(100, || active()
+            .is_some_and(|(p, s)| p == pid && s != first_start)),
+        "the session's second query never showed"
+    );
+    assert_eq!(
+        server.sql(&format!("SELECT pg_terminate_backend({pid})")),
+        "t\n"
+    );
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("cancelled") && stdout.contains("ok"),
+        "flight_client.py activity: {stdout}\n{}",
+        stderr(&out)
+    );
+    assert!(eventually(50, || server.sql(
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = 'flyer'"
+    ) == "0\n"));
+}
+
+#[test]
 fn restart_keeps_users_and_ignores_the_environment() {
     let server = Server::start();
     server.sql("CREATE TABLE t AS SELECT 1 AS x");

@@ -53,7 +53,7 @@ use cirro_common::{CirroError, SqlState};
 use cirro_engine::{Engine, EngineConfig, Outcome};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::EmptyRecordBatchStream;
-use futures::{Stream, TryStreamExt, stream};
+use futures::{Stream, StreamExt, TryStreamExt, stream};
 use prost::Message;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -66,6 +66,8 @@ use prepared::{FlightPrepared, PREPARED_STATEMENTS_MAX};
 
 /// A Flight SQL session unused this long is dropped with its pending results.
 const IDLE_SESSION: Duration = Duration::from_secs(3600);
+/// `application_name` of Flight SQL sessions in pg_stat_activity.
+pub(crate) const FLIGHT_APPLICATION_NAME: &str = "Flight SQL";
 /// Results a session may leave unread before new statements are refused.
 const MAX_PENDING_RESULTS: usize = 64;
 
@@ -73,8 +75,9 @@ const MAX_PENDING_RESULTS: usize = 64;
 struct FlightSession {
     session: Session,
     last_used: Mutex<Instant>,
-    /// Results waiting for their DoGet, by ticket handle.
-    results: Mutex<HashMap<Vec<u8>, SendableRecordBatchStream>>,
+    /// Results waiting for their DoGet, by ticket handle, with the text of
+    /// the statement that computes them.
+    results: Mutex<HashMap<Vec<u8>, (SendableRecordBatchStream, String)>>,
     /// Prepared statements, by handle.
     prepared: Mutex<HashMap<Vec<u8>, Arc<FlightPrepared>>>,
 }
@@ -85,6 +88,7 @@ impl FlightSession {
         &self,
         outcome: Outcome,
         descriptor: FlightDescriptor,
+        sql: &str,
     ) -> Result<FlightInfo, Status> {
         let (rows, total) = match outcome {
             Outcome::Rows(rows) => (rows, -1),
@@ -106,7 +110,7 @@ impl FlightSession {
                     ),
                 )));
             }
-            results.insert(handle.clone(), rows);
+            results.insert(handle.clone(), (rows, sql.to_string()));
         }
         let ticket = TicketStatementQuery {
             statement_handle: handle.into(),
@@ -135,10 +139,36 @@ impl FlightSession {
         prepared: &FlightPrepared,
         values: Vec<datafusion::scalar::ScalarValue>,
     ) -> Result<Outcome, Status> {
+        let work = self
+            .session
+            .engine
+            .execute_prepared(&prepared.prepared, values);
+        self.interruptible(&prepared.sql, work).await
+    }
+
+    /// Run statement `sql`.
+    async fn run(&self, sql: &str) -> Result<Outcome, Status> {
+        self.interruptible(sql, self.session.engine.execute(sql))
+            .await
+    }
+
+    /// Run `work` (statement `sql`; the session is active meanwhile) until
+    /// it ends, is cancelled (`pg_cancel_backend`) or passes
+    /// `statement_timeout`: then it is dropped (its plan's streams and tasks
+    /// with it) and the call fails with 57014.
+    async fn interruptible(
+        &self,
+        sql: &str,
+        work: impl std::future::Future<Output = cirro_common::Result<Outcome>>,
+    ) -> Result<Outcome, Status> {
+        let engine = &self.session.engine;
+        let _running = engine
+            .backend()
+            .map(|b| b.running(sql, || engine.idle_state()));
         self.session.canceller.reset();
         let timeout = self.session.statement_timeout();
         let ran = tokio::select! {
-            ran = self.session.engine.execute_prepared(&prepared.prepared, values) => ran,
+            ran = work => ran,
             error = self.session.canceller.interrupted(timeout) => {
                 self.session.engine.fail_transaction();
                 Err(error)
@@ -193,14 +223,32 @@ impl FlightSql {
                 "the session has ended or the token is not valid: authenticate again",
             ))
         })?;
+        if session.session.canceller.is_terminated() {
+            // pg_terminate_backend: the session ends, its token with it.
+            drop(sessions);
+            if let Ok(mut sessions) = self.sessions.lock() {
+                sessions.remove(token);
+            }
+            return Err(status(CirroError::new(
+                SqlState::ADMIN_SHUTDOWN,
+                "terminating connection due to administrator command",
+            )));
+        }
         if let Ok(mut used) = session.last_used.lock() {
             *used = Instant::now();
         }
         Ok(session)
     }
 
-    /// Check `user`'s password and open a session for them.
-    async fn login(&self, user: &str, password: &str) -> Result<Session, CirroError> {
+    /// Check `user`'s password and open a session for them, registered in
+    /// the server's backend registry (pg_stat_activity, pg_cancel_backend,
+    /// pg_terminate_backend) like a PostgreSQL connection.
+    async fn login(
+        &self,
+        user: &str,
+        password: &str,
+        client_addr: Option<String>,
+    ) -> Result<Session, CirroError> {
         let snapshot = self.shared.catalog.refresh().await?;
         let Some(entry) = snapshot.users.get(user) else {
             return Err(CirroError::new(
@@ -229,7 +277,17 @@ impl FlightSql {
             config,
             Some(user.to_string()),
         );
-        Session::new(engine, DEFAULT_DATABASE, Arc::new(Canceller::default()))
+        let canceller = Arc::new(Canceller::default());
+        let signal: Arc<dyn cirro_engine::activity::BackendSignal> = canceller.clone();
+        let backend = self.shared.activity.register(
+            user,
+            DEFAULT_DATABASE,
+            FLIGHT_APPLICATION_NAME,
+            client_addr,
+            Arc::downgrade(&signal),
+        );
+        engine.attach_backend(backend)?;
+        Session::new(engine, DEFAULT_DATABASE, canceller)
     }
 
     fn forget_idle_sessions(&self) {
@@ -423,6 +481,34 @@ fn encode(
     )
 }
 
+/// `batches`, ended with 57014 when the session is cancelled or `timeout`
+/// passes while they stream (the rows of a query are computed as DoGet
+/// reads them): the query's streams are dropped then.
+fn until_interrupted<S>(
+    batches: S,
+    canceller: Arc<Canceller>,
+    timeout: Option<Duration>,
+) -> impl Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static
+where
+    S: Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
+{
+    let interrupted = Box::pin(async move { canceller.interrupted(timeout).await });
+    stream::unfold(
+        (Box::pin(batches), interrupted, false),
+        |(mut batches, mut interrupted, done)| async move {
+            if done {
+                return None;
+            }
+            tokio::select! {
+                item = batches.next() => item.map(|i| (i, (batches, interrupted, false))),
+                error = &mut interrupted => {
+                    Some((Err(FlightError::Tonic(Box::new(status(error)))), (batches, interrupted, true)))
+                }
+            }
+        },
+    )
+}
+
 type DoGetStream = <FlightSql as FlightService>::DoGetStream;
 
 type HandshakeStream = Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>;
@@ -437,7 +523,11 @@ impl FlightSqlService for FlightSql {
     ) -> Result<Response<HandshakeStream>, Status> {
         self.forget_idle_sessions();
         let (user, password) = basic_credentials(request.metadata())?;
-        let session = self.login(&user, &password).await.map_err(status)?;
+        let client_addr = request.remote_addr().map(|a| a.ip().to_string());
+        let session = self
+            .login(&user, &password, client_addr)
+            .await
+            .map_err(status)?;
         let token = URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
         self.sessions.lock().map_err(|_| poisoned())?.insert(
             token.clone(),
@@ -466,16 +556,12 @@ impl FlightSqlService for FlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let session = self.session(&request)?;
-        session.session.canceller.reset();
-        let outcome = session
-            .session
-            .engine
-            .execute(&query.query)
-            .await
-            .map_err(status)?;
-        Ok(Response::new(
-            session.pending_result(outcome, request.into_inner())?,
-        ))
+        let outcome = session.run(&query.query).await?;
+        Ok(Response::new(session.pending_result(
+            outcome,
+            request.into_inner(),
+            &query.query,
+        )?))
     }
 
     async fn do_get_statement(
@@ -495,10 +581,25 @@ impl FlightSqlService for FlightSql {
                     "no result for this ticket: it was read already",
                 ))
             })?;
+        let (rows, sql) = rows;
         let schema = rows.schema();
+        // The rows are computed as they stream: the session is active until
+        // the stream ends or is dropped.
+        let engine = &session.session.engine;
+        let running = engine
+            .backend()
+            .map(|b| b.running_owned(&sql, engine.idle_state()));
         let batches = rows
             .map_err(|e| FlightError::Tonic(Box::new(status(CirroError::from(e)))))
-            .and_then(|batch| async move { compact(batch).map_err(FlightError::Arrow) });
+            .and_then(|batch| async move { compact(batch).map_err(FlightError::Arrow) })
+            .inspect(move |_| {
+                let _ = &running;
+            });
+        let batches = until_interrupted(
+            batches,
+            Arc::clone(&session.session.canceller),
+            session.session.statement_timeout(),
+        );
         Ok(Response::new(encode(schema, batches)))
     }
 
@@ -508,14 +609,7 @@ impl FlightSqlService for FlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let session = self.session(&request)?;
-        session.session.canceller.reset();
-        match session
-            .session
-            .engine
-            .execute(&command.query)
-            .await
-            .map_err(status)?
-        {
+        match session.run(&command.query).await? {
             Outcome::Command { tag, .. } => Ok(row_count(&tag)),
             Outcome::Rows(_) => Err(status(CirroError::new(
                 SqlState::WRONG_OBJECT_TYPE,
@@ -576,6 +670,7 @@ impl FlightSqlService for FlightSql {
                 handle.clone(),
                 Arc::new(FlightPrepared {
                     prepared: Arc::new(prepared),
+                    sql: query.query.clone(),
                     rows: Mutex::new(Vec::new()),
                 }),
             );
@@ -631,9 +726,11 @@ impl FlightSqlService for FlightSql {
             .cloned()
             .unwrap_or_default();
         let outcome = session.execute(&prepared, values).await?;
-        Ok(Response::new(
-            session.pending_result(outcome, request.into_inner())?,
-        ))
+        Ok(Response::new(session.pending_result(
+            outcome,
+            request.into_inner(),
+            &prepared.sql,
+        )?))
     }
 
     async fn do_put_prepared_statement_update(

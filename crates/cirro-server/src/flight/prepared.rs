@@ -26,6 +26,8 @@ pub(super) const PREPARED_STATEMENTS_MAX: usize = 256;
 /// One prepared statement of a Flight SQL session.
 pub(super) struct FlightPrepared {
     pub(super) prepared: Arc<Prepared>,
+    /// Its text (pg_stat_activity's `query` while it runs).
+    pub(super) sql: String,
     /// Rows of parameter values from the last DoPut (each one execution).
     pub(super) rows: Mutex<Vec<Vec<ScalarValue>>>,
 }
