@@ -105,6 +105,12 @@ pub(crate) async fn run(engine: &Engine, shell: &mut Shell, line: &str) -> Resul
                     CirroError::new(SqlState::IO_ERROR, format!("\\o: {path}: {e}"))
                 })?),
             };
+            // Tables in a file are not wrapped to the screen.
+            shell.writer.set_width(if shell.output.is_some() {
+                None
+            } else {
+                crate::output::screen_width()
+            });
         }
         "i" | "include" => {
             let path = argument.ok_or_else(|| invalid("\\i: missing required argument"))?;

@@ -17,6 +17,53 @@ fn io_error(e: impl std::fmt::Display) -> CirroError {
     CirroError::io(format!("cannot write output: {e}"))
 }
 
+/// Narrowest width tables are wrapped to.
+const SCREEN_WIDTH_MIN: usize = 20;
+
+/// The width tables are wrapped to: `COLUMNS` if set (as psql reads it),
+/// else the terminal's when standard output is one; None (no wrapping) when
+/// the output is a pipe or file.
+pub fn screen_width() -> Option<usize> {
+    let columns = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok());
+    columns
+        .or_else(terminal_width)
+        .map(|w| w.max(SCREEN_WIDTH_MIN))
+}
+
+#[allow(unsafe_code)] // one ioctl, see SAFETY below
+fn terminal_width() -> Option<usize> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let mut size = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one `winsize` through the pointer, which
+    // points to a live, properly aligned `winsize` for the whole call.
+    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) };
+    (rc == 0 && size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
+/// `text` with each line's leading spaces made no-break spaces: wrapping
+/// splits lines at spaces and drops them, which would flatten the
+/// indentation of an EXPLAIN plan.
+fn keep_indents(text: &str) -> String {
+    text.split('\n')
+        .map(|line| {
+            let trimmed = line.trim_start_matches(' ');
+            let indent = line.len() - trimmed.len();
+            format!("{}{trimmed}", "\u{a0}".repeat(indent))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Writes one result set in the chosen format.
 pub struct ResultWriter {
     format: Format,
@@ -24,6 +71,8 @@ pub struct ResultWriter {
     null: String,
     /// Tables one column per line, record by record (the shell's `\x`).
     expanded: bool,
+    /// Width tables are wrapped to (None: not wrapped), see [`screen_width`].
+    width: Option<usize>,
 }
 
 impl ResultWriter {
@@ -43,7 +92,13 @@ impl ResultWriter {
             delimiter,
             null: null.to_string(),
             expanded: false,
+            width: screen_width(),
         })
+    }
+
+    /// Wrap tables to `width` columns (None: never wrap, as for `\o FILE`).
+    pub fn set_width(&mut self, width: Option<usize>) {
+        self.width = width;
     }
 
     pub fn format(&self) -> Format {
@@ -146,14 +201,7 @@ impl ResultWriter {
         match self.format {
             Format::Table if self.expanded => self.write_expanded(out, schema, batches),
             Format::Table => {
-                let options = arrow::util::display::FormatOptions::default().with_null(&self.null);
-                let text = if batches.iter().all(|b| b.num_rows() == 0) {
-                    let empty = RecordBatch::new_empty(Arc::clone(schema));
-                    arrow::util::pretty::pretty_format_batches_with_options(&[empty], &options)
-                } else {
-                    arrow::util::pretty::pretty_format_batches_with_options(batches, &options)
-                }
-                .map_err(CirroError::from)?;
+                let text = self.aligned(schema, batches)?;
                 writeln!(out, "{text}").map_err(io_error)
             }
             Format::Csv => {
@@ -181,6 +229,43 @@ impl ResultWriter {
 }
 
 impl ResultWriter {
+    /// The aligned table of `batches` (arrow's pretty layout), its cells
+    /// wrapped at word boundaries so that no line is wider than the screen
+    /// when there is a width: EXPLAIN plans and DESCRIBE HISTORY stay
+    /// readable instead of one cell thousands of characters wide.
+    fn aligned(&self, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<String> {
+        use comfy_table::{Cell, ContentArrangement, Table};
+        let options = arrow::util::display::FormatOptions::default().with_null(&self.null);
+        let mut table = Table::new();
+        table.load_preset("||--+-++|    ++++++");
+        table.set_header(schema.fields().iter().map(|f| Cell::new(f.name())));
+        for batch in batches {
+            let formatters = batch
+                .columns()
+                .iter()
+                .map(|c| arrow::util::display::ArrayFormatter::try_new(c.as_ref(), &options))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            for row in 0..batch.num_rows() {
+                let cells = formatters
+                    .iter()
+                    .map(|f| {
+                        let text = f.value(row).try_to_string()?;
+                        Ok(Cell::new(match self.width {
+                            Some(_) => keep_indents(&text),
+                            None => text,
+                        }))
+                    })
+                    .collect::<std::result::Result<Vec<_>, arrow::error::ArrowError>>()?;
+                table.add_row(cells);
+            }
+        }
+        if let Some(width) = self.width {
+            table.set_content_arrangement(ContentArrangement::Dynamic);
+            table.set_width(u16::try_from(width).unwrap_or(u16::MAX));
+        }
+        Ok(table.to_string())
+    }
+
     /// psql's expanded display: each record as `name | value` lines.
     fn write_expanded(
         &self,

@@ -137,6 +137,47 @@ fn explain_and_explain_analyze() {
 }
 
 #[test]
+fn explain_and_history_are_wrapped_to_the_screen_width() {
+    let data = setup();
+    data.sql_ok("UPDATE p SET name = upper(name) WHERE id = 1");
+    let run = |sql: &str, columns: Option<&str>| {
+        let mut command = data.command();
+        command.args(["sql", "-c", sql]);
+        if let Some(columns) = columns {
+            command.env("COLUMNS", columns);
+        }
+        let out = command.output().expect("run cirro");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let widest = |text: &str| text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    let words = |text: &str| {
+        text.split(|c: char| c.is_whitespace() || c == '|' || c == '+')
+            .filter(|w| !w.is_empty() && !w.chars().all(|c| c == '-'))
+            .count()
+    };
+    for sql in [
+        "EXPLAIN SELECT name, count(*) FROM p WHERE id > 1 GROUP BY name ORDER BY name",
+        "DESCRIBE HISTORY p",
+    ] {
+        // piped without COLUMNS: not wrapped, some line is wide
+        let wide = run(sql, None);
+        assert!(widest(&wide) > 100, "{sql}: nothing wide to wrap:\n{wide}");
+        // COLUMNS=80: no line is wider, and no word is lost
+        let narrow = run(sql, Some("80"));
+        assert!(widest(&narrow) <= 80, "{sql} at 80 columns:\n{narrow}");
+        assert!(
+            words(&narrow) >= words(&wide),
+            "{sql}: words lost:\n{narrow}"
+        );
+    }
+}
+
+#[test]
 fn tables_persist_across_processes_and_data_env_is_honoured() {
     let data = DataDir::new();
     data.sql_ok("CREATE TABLE keep (v VARCHAR); INSERT INTO keep VALUES ('kept')");

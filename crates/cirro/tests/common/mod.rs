@@ -36,7 +36,9 @@ pub fn command_at(data: &Path) -> Command {
         .arg("--data")
         .arg(data)
         .env_remove("CIRRO_DATA")
-        .env_remove("CIRRO_CRASH_POINT");
+        .env_remove("CIRRO_CRASH_POINT")
+        // tables are wrapped to COLUMNS when it is set
+        .env_remove("COLUMNS");
     command
 }
 
