@@ -9,6 +9,8 @@
 //! | `DROP [COLUMN] [IF EXISTS] c`          | metadata + rewrite              |
 //! | `RENAME [COLUMN] a TO b`               | metadata + rewrite              |
 //! | `ALTER [COLUMN] c [SET DATA] TYPE t [USING e]` | metadata + rewrite      |
+//! | `ADD [CONSTRAINT c] PRIMARY KEY/UNIQUE/CHECK …` | metadata, after checking the rows |
+//! | `DROP CONSTRAINT [IF EXISTS] c`        | metadata                        |
 //!
 //! Several column operations in one statement are applied in order to one
 //! model of the columns and committed together. A value that does not fit a
@@ -21,6 +23,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use cirro_catalog::TableEntry;
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::CirroTable;
+use cirro_storage::options::{ConstraintDef, ConstraintKind};
 use cirro_storage::schema::storage_type;
 use datafusion::common::{Column, DFSchema, TableReference};
 use datafusion::logical_expr::{Expr, ExprSchemable, cast, col, lit};
@@ -72,6 +75,10 @@ struct Model {
     /// constraints follow them.
     renamed: Vec<(String, String)>,
     dropped: Vec<String>,
+    /// The table's constraints as the statement changes them, and those it
+    /// adds (checked against the existing rows).
+    constraints: Vec<ConstraintDef>,
+    added_constraints: Vec<ConstraintDef>,
 }
 
 impl Model {
@@ -158,6 +165,8 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
         cluster_by: table.options().cluster_by.clone(),
         renamed: Vec::new(),
         dropped: Vec::new(),
+        constraints: table.options().constraints.clone(),
+        added_constraints: Vec::new(),
     };
     for operation in &alter.operations {
         apply(engine, &mut model, operation, &name)?;
@@ -170,6 +179,24 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     for column in &model.check_not_null {
         check_no_nulls(&frame, &model, column, &name).await?;
     }
+    if !model.added_constraints.is_empty() {
+        if model.rewrite {
+            return Err(CirroError::unsupported(
+                "ADD CONSTRAINT cannot be combined with dropping, renaming or retyping columns: use two ALTER TABLE statements",
+            ));
+        }
+        let schema = Schema::new(
+            model
+                .columns
+                .iter()
+                .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
+                .collect::<Vec<_>>(),
+        );
+        crate::constraints::validate(engine, &name, &schema, &model.added_constraints)?;
+        for def in &model.added_constraints {
+            crate::constraints::validate_rows(&frame, &name, def).await?;
+        }
+    }
     let new_schema = Schema::new(
         model
             .columns
@@ -179,6 +206,7 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     );
     let mut options = table.options().clone();
     options.cluster_by = model.cluster_by.clone();
+    options.constraints = model.constraints.clone();
     follow_columns(&mut options, &model);
     let operation = delta_operation(&model, &table, &new_schema)?;
     let rows = if model.rewrite {
@@ -473,6 +501,77 @@ fn apply(
                 SqlState::SYNTAX_ERROR,
                 "RENAME TO cannot be combined with other ALTER TABLE operations",
             ));
+        }
+        AlterTableOperation::AddConstraint {
+            constraint,
+            not_valid,
+        } => {
+            let Some((given, kind, check_column)) =
+                crate::constraints::from_table_constraint(constraint)?
+            else {
+                return Err(CirroError::unsupported(format!(
+                    "ALTER TABLE … ADD {constraint} is not supported"
+                )));
+            };
+            if *not_valid {
+                return Err(CirroError::unsupported(
+                    "NOT VALID constraints are not supported: existing rows are always checked",
+                ));
+            }
+            if let ConstraintKind::PrimaryKey(columns) = &kind {
+                if model
+                    .constraints
+                    .iter()
+                    .any(|c| matches!(c.kind, ConstraintKind::PrimaryKey(_)))
+                {
+                    return Err(CirroError::new(
+                        SqlState::INVALID_TABLE_DEFINITION,
+                        format!("multiple primary keys for table \"{table}\" are not allowed"),
+                    ));
+                }
+                // A primary key's columns become NOT NULL (checked below).
+                for column in columns {
+                    let index = model.column(column, table)?;
+                    if model.columns[index].nullable {
+                        model.columns[index].nullable = false;
+                        model.check_not_null.push(column.clone());
+                    }
+                }
+            }
+            let taken: Vec<String> = model.constraints.iter().map(|c| c.name.clone()).collect();
+            let name = crate::constraints::constraint_name(
+                table,
+                given,
+                &kind,
+                check_column.as_deref(),
+                &taken,
+            )?;
+            let def = ConstraintDef { name, kind };
+            model
+                .operations
+                .push(format!("ADD CONSTRAINT {}", def.name));
+            model.constraints.push(def.clone());
+            model.added_constraints.push(def);
+        }
+        AlterTableOperation::DropConstraint {
+            if_exists, name, ..
+        } => {
+            let name = ident_name(name);
+            let before = model.constraints.len();
+            model.constraints.retain(|c| c.name != name);
+            if model.constraints.len() == before {
+                if *if_exists {
+                    model.notices.push(format!(
+                        "constraint \"{name}\" of relation \"{table}\" does not exist, skipping"
+                    ));
+                    return Ok(());
+                }
+                return Err(CirroError::new(
+                    SqlState::UNDEFINED_OBJECT,
+                    format!("constraint \"{name}\" of relation \"{table}\" does not exist"),
+                ));
+            }
+            model.operations.push(format!("DROP CONSTRAINT {name}"));
         }
         other => {
             return Err(CirroError::unsupported(format!(

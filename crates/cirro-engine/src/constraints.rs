@@ -92,32 +92,14 @@ pub(crate) fn take_from_create(
     }
     let mut kept = Vec::new();
     for constraint in create.constraints.drain(..) {
-        match &constraint {
-            TableConstraint::PrimaryKey(pk) => {
-                let columns = key_columns(&pk.columns)?;
-                primary.extend(columns.iter().cloned());
-                found.push((
-                    pk.name.as_ref().map(ident_name),
-                    ConstraintKind::PrimaryKey(columns),
-                    None,
-                ));
+        match from_table_constraint(&constraint)? {
+            Some(found_one) => {
+                if let (_, ConstraintKind::PrimaryKey(columns), _) = &found_one {
+                    primary.extend(columns.iter().cloned());
+                }
+                found.push(found_one);
             }
-            TableConstraint::Unique(unique) => {
-                found.push((
-                    unique.name.as_ref().map(ident_name),
-                    ConstraintKind::Unique(key_columns(&unique.columns)?),
-                    None,
-                ));
-            }
-            TableConstraint::Check(check) => {
-                let first = first_column(&check.expr);
-                found.push((
-                    check.name.as_ref().map(ident_name),
-                    ConstraintKind::Check(check.expr.to_string()),
-                    first,
-                ));
-            }
-            _ => kept.push(constraint),
+            None => kept.push(constraint),
         }
     }
     create.constraints = kept;
@@ -150,31 +132,112 @@ pub(crate) fn take_from_create(
     }
     let mut defs: Vec<ConstraintDef> = Vec::new();
     for (given, kind, check_column) in found {
-        let name = match given {
-            Some(name) => {
-                if defs.iter().any(|d| d.name == name) {
-                    return Err(CirroError::new(
-                        SqlState::DUPLICATE_OBJECT,
-                        format!("constraint \"{name}\" for relation \"{table}\" already exists"),
-                    ));
-                }
-                name
-            }
-            None => {
-                let stem = match &kind {
-                    ConstraintKind::PrimaryKey(_) => format!("{table}_pkey"),
-                    ConstraintKind::Unique(c) => format!("{table}_{}_key", c.join("_")),
-                    ConstraintKind::Check(_) => match &check_column {
-                        Some(c) => format!("{table}_{c}_check"),
-                        None => format!("{table}_check"),
-                    },
-                };
-                free_name(&stem, |n| defs.iter().any(|d| d.name == n))
-            }
-        };
+        let taken: Vec<String> = defs.iter().map(|d| d.name.clone()).collect();
+        let name = constraint_name(table, given, &kind, check_column.as_deref(), &taken)?;
         defs.push(ConstraintDef { name, kind });
     }
     Ok(defs)
+}
+
+/// A constraint found in SQL: its given name, what it requires, and for a
+/// CHECK the column PostgreSQL names it after.
+pub(crate) type FoundConstraint = (Option<String>, ConstraintKind, Option<String>);
+
+/// A table constraint (`CONSTRAINT c UNIQUE (a)`, …) as Cirro keeps it;
+/// None for kinds Cirro leaves to DataFusion (foreign keys, …).
+pub(crate) fn from_table_constraint(
+    constraint: &TableConstraint,
+) -> Result<Option<FoundConstraint>> {
+    Ok(match constraint {
+        TableConstraint::PrimaryKey(pk) => Some((
+            pk.name.as_ref().map(ident_name),
+            ConstraintKind::PrimaryKey(key_columns(&pk.columns)?),
+            None,
+        )),
+        TableConstraint::Unique(unique) => Some((
+            unique.name.as_ref().map(ident_name),
+            ConstraintKind::Unique(key_columns(&unique.columns)?),
+            None,
+        )),
+        TableConstraint::Check(check) => Some((
+            check.name.as_ref().map(ident_name),
+            ConstraintKind::Check(check.expr.to_string()),
+            first_column(&check.expr),
+        )),
+        _ => None,
+    })
+}
+
+/// The name of a new constraint of `table`: the given one (42710 if
+/// `taken`), else PostgreSQL's (`t_pkey`, `t_a_b_key`, `t_a_check`), made
+/// free of `taken` with a number.
+pub(crate) fn constraint_name(
+    table: &str,
+    given: Option<String>,
+    kind: &ConstraintKind,
+    check_column: Option<&str>,
+    taken: &[String],
+) -> Result<String> {
+    if let Some(name) = given {
+        if taken.contains(&name) {
+            return Err(CirroError::new(
+                SqlState::DUPLICATE_OBJECT,
+                format!("constraint \"{name}\" for relation \"{table}\" already exists"),
+            ));
+        }
+        return Ok(name);
+    }
+    let stem = match kind {
+        ConstraintKind::PrimaryKey(_) => format!("{table}_pkey"),
+        ConstraintKind::Unique(c) => format!("{table}_{}_key", c.join("_")),
+        ConstraintKind::Check(_) => match check_column {
+            Some(c) => format!("{table}_{c}_check"),
+            None => format!("{table}_check"),
+        },
+    };
+    Ok(free_name(&stem, |n| taken.iter().any(|t| t == n)))
+}
+
+/// 23514/23505 unless every row of `rows` (a table's) satisfies `def`, a
+/// constraint being added to it.
+pub(crate) async fn validate_rows(
+    rows: &DataFrame,
+    table: &str,
+    def: &ConstraintDef,
+) -> Result<()> {
+    match &def.kind {
+        ConstraintKind::Check(sql) => {
+            let expr = rows.parse_sql_expr(sql)?;
+            let failing = rows
+                .clone()
+                .filter(expr.is_false())?
+                .limit(0, Some(1))?
+                .count()
+                .await?;
+            if failing > 0 {
+                return Err(CirroError::new(
+                    SqlState::CHECK_VIOLATION,
+                    format!(
+                        "check constraint \"{}\" of relation \"{table}\" is violated by some row",
+                        def.name
+                    ),
+                ));
+            }
+        }
+        ConstraintKind::PrimaryKey(key) | ConstraintKind::Unique(key) => {
+            if let Some(values) = first_duplicate(rows.clone(), key).await? {
+                return Err(CirroError::new(
+                    SqlState::UNIQUE_VIOLATION,
+                    format!(
+                        "could not create unique index \"{}\": key ({})={values} is duplicated",
+                        def.name,
+                        key.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `stem`, or `stem1`, `stem2`, … : the first that `taken` says is free.

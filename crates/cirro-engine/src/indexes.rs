@@ -20,7 +20,7 @@
 
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::CirroTable;
-use cirro_storage::options::{IndexDef, KeyColumn};
+use cirro_storage::options::{ConstraintDef, ConstraintKind, IndexDef, KeyColumn};
 use datafusion::common::{Column, TableReference};
 use datafusion::logical_expr::Expr;
 use datafusion::sql::sqlparser::ast::{CreateIndex, Expr as SqlExpr, IndexType, ObjectName};
@@ -28,7 +28,7 @@ use deltalake::protocol::{DeltaOperation, SaveMode};
 use futures::StreamExt;
 
 use crate::alter::ident_name;
-use crate::constraints::{first_duplicate, free_name};
+use crate::constraints::{free_name, validate_rows};
 use crate::time_travel::location_of;
 use crate::{Engine, Outcome};
 
@@ -205,7 +205,12 @@ pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Resul
         .context()
         .read_table(std::sync::Arc::new(table.clone()))?;
     if index.unique {
-        refuse_duplicates(&frame, &index).await?;
+        let key = index.columns.iter().map(|c| c.name.clone()).collect();
+        let as_constraint = ConstraintDef {
+            name: index.name.clone(),
+            kind: ConstraintKind::Unique(key),
+        };
+        validate_rows(&frame, &table_name, &as_constraint).await?;
     }
     let mut options = table.options().clone();
     options.indexes.push(index.clone());
@@ -234,22 +239,6 @@ pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Resul
     )
     .await?;
     Ok(Outcome::command("CREATE INDEX"))
-}
-
-/// 23505 if two rows of `frame` share a key of `index` (NULLs are distinct).
-async fn refuse_duplicates(frame: &datafusion::prelude::DataFrame, index: &IndexDef) -> Result<()> {
-    let key: Vec<String> = index.columns.iter().map(|c| c.name.clone()).collect();
-    if let Some(values) = first_duplicate(frame.clone(), &key).await? {
-        return Err(CirroError::new(
-            SqlState::UNIQUE_VIOLATION,
-            format!(
-                "could not create unique index \"{}\": key ({})={values} is duplicated",
-                index.name,
-                key.join(", "),
-            ),
-        ));
-    }
-    Ok(())
 }
 
 pub(crate) async fn drop_index(
