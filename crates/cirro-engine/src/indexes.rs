@@ -302,3 +302,53 @@ pub(crate) async fn drop_index(
         Outcome::with_notice("DROP INDEX", notices.join("\n"))
     })
 }
+
+impl Engine {
+    /// What psql's `\d table` prints under the columns: the table's indexes
+    /// (with the keys of its PRIMARY KEY and UNIQUE constraints) and CHECK
+    /// constraints. Empty for a view, or a table with neither.
+    pub async fn describe_footer(&self, table: &str) -> Result<Vec<String>> {
+        use cirro_storage::options::ConstraintKind;
+        let (db, schema, name) = self.resolve(&TableReference::from(table));
+        let Ok(location) = location_of(self, &db, &schema, &name) else {
+            return Ok(Vec::new());
+        };
+        let options = self
+            .catalog()
+            .open_table(&location)
+            .await?
+            .options()
+            .clone();
+        let mut indexes: Vec<String> = options
+            .constraints
+            .iter()
+            .filter(|c| c.key().is_some())
+            .map(|c| format!("    \"{}\" {}", c.name, c.definition()))
+            .collect();
+        indexes.extend(options.indexes.iter().map(|i| {
+            let columns: Vec<String> = i
+                .columns
+                .iter()
+                .map(|c| format!("{}{}", c.name, if c.descending { " DESC" } else { "" }))
+                .collect();
+            let unique = if i.unique { " UNIQUE," } else { "" };
+            format!("    \"{}\"{unique} ({})", i.name, columns.join(", "))
+        }));
+        let checks: Vec<String> = options
+            .constraints
+            .iter()
+            .filter(|c| matches!(c.kind, ConstraintKind::Check(_)))
+            .map(|c| format!("    \"{}\" {}", c.name, c.definition()))
+            .collect();
+        let mut lines = Vec::new();
+        if !indexes.is_empty() {
+            lines.push("Indexes:".to_string());
+            lines.extend(indexes);
+        }
+        if !checks.is_empty() {
+            lines.push("Check constraints:".to_string());
+            lines.extend(checks);
+        }
+        Ok(lines)
+    }
+}

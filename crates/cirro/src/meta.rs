@@ -119,7 +119,13 @@ pub(crate) async fn run(engine: &Engine, shell: &mut Shell, line: &str) -> Resul
         }
         "d" => match argument {
             None => run_statement(engine, shell, &relations(None)).await?,
-            Some(table) => run_statement(engine, shell, &format!("DESCRIBE {table}")).await?,
+            Some(table) => {
+                run_statement(engine, shell, &format!("DESCRIBE {table}")).await?;
+                let footer = engine.describe_footer(table).await?;
+                if !footer.is_empty() {
+                    crate::shell::print_text(shell, &footer.join("\n"))?;
+                }
+            }
         },
         "dt" => run_statement(engine, shell, &relations(Some("BASE TABLE"))).await?,
         "dv" => run_statement(engine, shell, &relations(Some("VIEW"))).await?,

@@ -190,6 +190,15 @@ async fn execute_and_print(engine: &Engine, shell: &mut Shell, sql: &str) -> Res
 
 /// Print a statement's rows or tag (to `\o`'s file if set), with the time
 /// it took unless `\timing` is off.
+/// Print lines of text where results go (the screen, or `\o`'s file).
+pub(crate) fn print_text(shell: &mut Shell, text: &str) -> Result<()> {
+    let result = match &mut shell.output {
+        Some(file) => writeln!(file, "{text}"),
+        None => writeln!(std::io::stdout().lock(), "{text}"),
+    };
+    result.map_err(|e| CirroError::io(format!("cannot write output: {e}")))
+}
+
 pub(crate) async fn print_outcome(
     shell: &mut Shell,
     outcome: Outcome,

@@ -385,7 +385,8 @@ fn backslash_commands_in_scripts() {
     std::fs::write(&included, "INSERT INTO t VALUES (2, 'b');\n\\timing off\n").expect("write");
     let results = dir.join("results.txt");
     let script = format!(
-        "CREATE TABLE t (id INT NOT NULL, name VARCHAR);\n\
+        "CREATE TABLE t (id INT NOT NULL PRIMARY KEY, name VARCHAR CHECK (name <> ''));\n\
+         CREATE INDEX t_name ON t (name DESC);\n\
          CREATE VIEW v AS SELECT id FROM t;\n\
          INSERT INTO t VALUES (1, 'a');\n\
          \\i {}\n\\dt\n\\dv\n\\d t\n\\l\n\\x on\nSELECT id, name FROM t ORDER BY id;\n\\x off\n\
@@ -411,6 +412,14 @@ fn backslash_commands_in_scripts() {
     assert!(stdout.contains("| public | v    | view |"), "{stdout}");
     assert!(
         stdout.contains("| id          | INTEGER   | NO          |"),
+        "{stdout}"
+    );
+    // \d t lists the table's indexes and CHECK constraints under its columns
+    assert!(
+        stdout.contains(
+            "Indexes:\n    \"t_pkey\" PRIMARY KEY (id)\n    \"t_name\" (name DESC)\n\
+             Check constraints:\n    \"t_name_check\" CHECK (name <> '')\n"
+        ),
         "{stdout}"
     );
     assert!(stdout.contains("| cirro |"), "{stdout}");
