@@ -272,6 +272,12 @@ impl Engine {
         let superuser = access::SuperuserCheck::new(Arc::clone(&catalog), user.clone());
         let ctx =
             functions::enable_url_tables(SessionContext::new_with_state(state), superuser.clone());
+        // Data files are read through the data location's store (a bucket's
+        // for s3://; local files are known to DataFusion already).
+        let root = catalog.root();
+        if root.url().scheme() != "file" {
+            ctx.register_object_store(root.url(), Arc::clone(root.store()));
+        }
         functions::register(&ctx, &superuser);
         functions::register_identity(
             &ctx,

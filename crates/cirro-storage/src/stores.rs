@@ -1,12 +1,29 @@
 //! Object stores by URL scheme: the one place that knows which storage
-//! Cirro reaches and how. `file` (a local directory) today; `hdfs` and `s3`
-//! come with cluster mode, each as one arm here.
+//! Cirro reaches and how.
+//!
+//! - `file` — a local directory (the default);
+//! - `s3` — an S3 bucket (or an S3-compatible server), configured by the
+//!   usual environment variables (`AWS_ACCESS_KEY_ID`,
+//!   `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL`,
+//!   `AWS_ALLOW_HTTP` for a plain-HTTP endpoint). Delta commits and catalog
+//!   versions are written with a conditional put (`If-None-Match: *`), so
+//!   two writers never both take one version.
+//!
+//! delta-rs finds stores through its own registry by scheme; `s3` is
+//! registered there once, with the same store, so tables and the catalog
+//! reach the bucket the same way.
 
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
-use cirro_common::{CirroError, Result};
+use cirro_common::{CirroError, Result, SqlState};
+use deltalake::logstore::{
+    LogStore, LogStoreFactory, ObjectStoreFactory, ObjectStoreRef, StorageConfig, default_logstore,
+    logstore_factories, object_store_factories,
+};
 use object_store::ObjectStore;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
+use object_store::path::Path;
 use url::Url;
 
 /// The object store of the data location at `url` (created if it is a new
@@ -26,8 +43,77 @@ pub(crate) fn open(url: Url) -> Result<(Url, Arc<dyn ObjectStore>)> {
                 .map_err(|e| CirroError::io(format!("cannot create {}: {e}", local.display())))?;
             Ok((url, Arc::new(LocalFileSystem::new())))
         }
+        "s3" | "s3a" => {
+            register_with_delta();
+            let store = s3_store(&url)?;
+            Ok((url, store))
+        }
         other => Err(CirroError::unsupported(format!(
-            "data location scheme '{other}' is not supported yet (use a local path or file://)"
+            "data location scheme '{other}' is not supported (use a local path, file:// or s3://)"
         ))),
     }
+}
+
+/// The store of the bucket `url` names, from the environment's settings.
+fn s3_store(url: &Url) -> Result<Arc<dyn ObjectStore>> {
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            format!("bad S3 URL {url}: it names no bucket (s3://bucket/path)"),
+        ));
+    }
+    let store = AmazonS3Builder::from_env()
+        .with_url(url.as_str())
+        .with_conditional_put(S3ConditionalPut::ETagMatch)
+        .build()
+        .map_err(|e| CirroError::io(format!("cannot reach {url}: {e}")))?;
+    Ok(Arc::new(store))
+}
+
+/// delta-rs's factory for `s3://` tables: the bucket's store and the
+/// table's path in it.
+struct S3Stores;
+
+impl ObjectStoreFactory for S3Stores {
+    fn parse_url_opts(
+        &self,
+        url: &Url,
+        _config: &StorageConfig,
+    ) -> deltalake::DeltaResult<(ObjectStoreRef, Path)> {
+        let store = s3_store(url).map_err(|e| deltalake::DeltaTableError::Generic(e.message))?;
+        let path = Path::from_url_path(url.path())?;
+        Ok((store, path))
+    }
+}
+
+/// delta-rs's default log store: commits are conditional puts.
+struct S3LogStores;
+
+impl LogStoreFactory for S3LogStores {
+    fn with_options(
+        &self,
+        prefixed_store: ObjectStoreRef,
+        root_store: ObjectStoreRef,
+        location: &Url,
+        options: &StorageConfig,
+    ) -> deltalake::DeltaResult<Arc<dyn LogStore>> {
+        Ok(default_logstore(
+            prefixed_store,
+            root_store,
+            location,
+            options,
+        ))
+    }
+}
+
+fn register_with_delta() {
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| {
+        for scheme in ["s3://", "s3a://"] {
+            if let Ok(key) = Url::parse(scheme) {
+                object_store_factories().insert(key.clone(), Arc::new(S3Stores));
+                logstore_factories().insert(key, Arc::new(S3LogStores));
+            }
+        }
+    });
 }

@@ -552,3 +552,34 @@ async fn sqllogictest_over_flight_sql() {
     })
     .await;
 }
+
+/// The suite over the PostgreSQL wire with the data location in an S3
+/// bucket (a local S3 server): every file in its own path of the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqllogictest_over_postgres_wire_on_s3() {
+    let s3 = Arc::new(common::s3::S3Server::start());
+    s3.bucket("slt");
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    run_suite("postgres", |_| {
+        let s3 = Arc::clone(&s3);
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        async move {
+            let url = format!("s3://slt/file{n}");
+            let envs = s3.envs();
+            let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let (mut child, port, _, _) = common::server::spawn_serve_with(
+                Path::new(&url),
+                &[],
+                PASSWORD,
+                &envs,
+                std::process::Stdio::null(),
+            );
+            let stop = Box::new(move || {
+                let _ = child.kill();
+                let _ = child.wait();
+            }) as Box<dyn FnOnce() + Send>;
+            (stop, Postgres { port })
+        }
+    })
+    .await;
+}
