@@ -35,6 +35,11 @@ if ! echo "$jdbc_sha1  $jdbc_jar" | sha1sum -c --status 2>/dev/null; then
   mv "$jdbc_jar.part" "$jdbc_jar"
 fi
 export CIRRO_TEST_JDBC_JAR="$jdbc_jar"
+# HDFS for the tests of hdfs:// data locations: a MiniDFSCluster built with
+# Maven (Hadoop's artifacts from Maven Central, once).
+need mvn maven
+scripts/minidfs.sh --build
+export CIRRO_TEST_MINIDFS="$PWD/scripts/minidfs.sh"
 # The interoperability test reads Cirro's tables with independent Delta readers
 # (DuckDB's delta extension, the deltalake package) from a Python environment.
 venv="${CIRRO_TEST_VENV:-${HOME:-/root}/.cache/cirro/venv}"

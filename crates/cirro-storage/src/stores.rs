@@ -8,6 +8,10 @@
 //!   `AWS_ALLOW_HTTP` for a plain-HTTP endpoint). Delta commits and catalog
 //!   versions are written with a conditional put (`If-None-Match: *`), so
 //!   two writers never both take one version.
+//! - `hdfs` — an HDFS name node (`hdfs://host:port/path`), through the
+//!   native HDFS client (no JVM); a conditional put there is a write to a
+//!   temporary file and a rename that refuses to overwrite, which HDFS does
+//!   atomically.
 //!
 //! delta-rs finds stores through its own registry by scheme; `s3` is
 //! registered there once, with the same store, so tables and the catalog
@@ -43,15 +47,42 @@ pub(crate) fn open(url: Url) -> Result<(Url, Arc<dyn ObjectStore>)> {
                 .map_err(|e| CirroError::io(format!("cannot create {}: {e}", local.display())))?;
             Ok((url, Arc::new(LocalFileSystem::new())))
         }
-        "s3" | "s3a" => {
+        "s3" | "s3a" | "hdfs" => {
             register_with_delta();
-            let store = s3_store(&url)?;
+            let store = remote_store(&url)?;
             Ok((url, store))
         }
         other => Err(CirroError::unsupported(format!(
-            "data location scheme '{other}' is not supported (use a local path, file:// or s3://)"
+            "data location scheme '{other}' is not supported (use a local path, file://, s3:// or hdfs://)"
         ))),
     }
+}
+
+/// The store at the root of remote location `url` (its bucket or name node).
+fn remote_store(url: &Url) -> Result<Arc<dyn ObjectStore>> {
+    match url.scheme() {
+        "hdfs" => hdfs_store(url),
+        _ => s3_store(url),
+    }
+}
+
+/// The store of the name node `url` names.
+fn hdfs_store(url: &Url) -> Result<Arc<dyn ObjectStore>> {
+    let Some(host) = url.host_str().filter(|h| !h.is_empty()) else {
+        return Err(CirroError::new(
+            SqlState::INVALID_PARAMETER_VALUE,
+            format!("bad HDFS URL {url}: it names no name node (hdfs://host:port/path)"),
+        ));
+    };
+    let root = match url.port() {
+        Some(port) => format!("hdfs://{host}:{port}"),
+        None => format!("hdfs://{host}"),
+    };
+    let store = hdfs_native_object_store::HdfsObjectStoreBuilder::new()
+        .with_url(root)
+        .build()
+        .map_err(|e| CirroError::io(format!("cannot reach {url}: {e}")))?;
+    Ok(Arc::new(store))
 }
 
 /// The store of the bucket `url` names, from the environment's settings.
@@ -70,26 +101,27 @@ fn s3_store(url: &Url) -> Result<Arc<dyn ObjectStore>> {
     Ok(Arc::new(store))
 }
 
-/// delta-rs's factory for `s3://` tables: the bucket's store and the
-/// table's path in it.
-struct S3Stores;
+/// delta-rs's factory for `s3://` and `hdfs://` tables: the bucket's or
+/// name node's store and the table's path in it.
+struct RemoteStores;
 
-impl ObjectStoreFactory for S3Stores {
+impl ObjectStoreFactory for RemoteStores {
     fn parse_url_opts(
         &self,
         url: &Url,
         _config: &StorageConfig,
     ) -> deltalake::DeltaResult<(ObjectStoreRef, Path)> {
-        let store = s3_store(url).map_err(|e| deltalake::DeltaTableError::Generic(e.message))?;
+        let store =
+            remote_store(url).map_err(|e| deltalake::DeltaTableError::Generic(e.message))?;
         let path = Path::from_url_path(url.path())?;
         Ok((store, path))
     }
 }
 
 /// delta-rs's default log store: commits are conditional puts.
-struct S3LogStores;
+struct RemoteLogStores;
 
-impl LogStoreFactory for S3LogStores {
+impl LogStoreFactory for RemoteLogStores {
     fn with_options(
         &self,
         prefixed_store: ObjectStoreRef,
@@ -109,10 +141,10 @@ impl LogStoreFactory for S3LogStores {
 fn register_with_delta() {
     static REGISTERED: Once = Once::new();
     REGISTERED.call_once(|| {
-        for scheme in ["s3://", "s3a://"] {
+        for scheme in ["s3://", "s3a://", "hdfs://"] {
             if let Ok(key) = Url::parse(scheme) {
-                object_store_factories().insert(key.clone(), Arc::new(S3Stores));
-                logstore_factories().insert(key, Arc::new(S3LogStores));
+                object_store_factories().insert(key.clone(), Arc::new(RemoteStores));
+                logstore_factories().insert(key, Arc::new(RemoteLogStores));
             }
         }
     });

@@ -583,3 +583,22 @@ async fn sqllogictest_over_postgres_wire_on_s3() {
     })
     .await;
 }
+
+/// The suite over the PostgreSQL wire with the data location on HDFS (a
+/// MiniDFSCluster): every file in its own directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqllogictest_over_postgres_wire_on_hdfs() {
+    let hdfs = common::hdfs::Hdfs::start(1);
+    let base = hdfs.url.clone();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    run_suite("postgres", |_| {
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let url = format!("{base}/file{n}");
+        async move {
+            let (stop, port, _) = serve(Path::new(&url));
+            (stop, Postgres { port })
+        }
+    })
+    .await;
+    drop(hdfs);
+}

@@ -4,6 +4,7 @@
 
 pub mod compare;
 pub mod duckdb;
+pub mod hdfs;
 pub mod s3;
 pub mod server;
 pub mod sqlgen;

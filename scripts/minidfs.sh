@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# An HDFS for tests and scripts/cluster: a MiniDFSCluster (name node and data
+# nodes in one JVM, Hadoop's own test cluster) built from tools/minidfs with
+# Maven on the installed Java.
+#
+#   scripts/minidfs.sh --build                    fetch Hadoop's artifacts and build (once)
+#   scripts/minidfs.sh BASE_DIR [PORT [DATANODES]]
+#
+# The second form prints "ready hdfs://127.0.0.1:PORT" once clients can
+# connect (PORT 0: a free one) and runs until killed or until its standard
+# input closes.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+tool="$root/tools/minidfs"
+jar="$tool/target/minidfs-1.jar"
+classpath="$tool/target/classpath.txt"
+
+build() {
+  if [ ! -f "$jar" ] || [ ! -f "$classpath" ] \
+     || [ "$tool/pom.xml" -nt "$classpath" ] \
+     || [ "$tool/src/main/java/cirro/MiniDfs.java" -nt "$jar" ]; then
+    (cd "$tool" && mvn -q -B package dependency:build-classpath -Dmdep.outputFile=target/classpath.txt) >&2
+  fi
+}
+
+if [ "${1:-}" = "--build" ]; then
+  build
+  exit 0
+fi
+if [ $# -lt 1 ]; then
+  sed -n '2,11p' "$0" >&2
+  exit 2
+fi
+build
+exec java -Xmx512m -cp "$jar:$(cat "$classpath")" cirro.MiniDfs "$1" "${2:-0}" "${3:-1}"
