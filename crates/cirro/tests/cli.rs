@@ -208,9 +208,9 @@ fn tables_persist_across_processes_and_data_env_is_honoured() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Schemes that are not supported yet are refused clearly.
+    // Schemes Cirro does not reach are refused clearly.
     let out = std::process::Command::new(common::cirro_bin())
-        .args(["--data", "s3://bucket/path", "sql", "-c", "SELECT 1"])
+        .args(["--data", "gs://bucket/path", "sql", "-c", "SELECT 1"])
         .output()
         .expect("run");
     assert!(String::from_utf8_lossy(&out.stderr).contains("SQLSTATE 0A000"));
