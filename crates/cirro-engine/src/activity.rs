@@ -222,13 +222,7 @@ impl Backend {
         query: &str,
         after: impl Fn() -> BackendState + Send + Sync + 'a,
     ) -> Running<'a> {
-        let now = now_micros();
-        self.activity.update(self.pid, |info| {
-            info.state = BackendState::Active;
-            info.query = query.to_string();
-            info.query_start = Some(now);
-            info.state_change = now;
-        });
+        self.mark_active(query);
         Running {
             backend: self,
             after: Box::new(after),
@@ -239,6 +233,15 @@ impl Backend {
     /// session (a Flight SQL result streamed by DoGet): active until the
     /// guard drops, then `after`.
     pub fn running_owned(&self, query: &str, after: BackendState) -> RunningOwned {
+        self.mark_active(query);
+        RunningOwned {
+            activity: Arc::clone(&self.activity),
+            pid: self.pid,
+            after,
+        }
+    }
+
+    fn mark_active(&self, query: &str) {
         let now = now_micros();
         self.activity.update(self.pid, |info| {
             info.state = BackendState::Active;
@@ -246,11 +249,6 @@ impl Backend {
             info.query_start = Some(now);
             info.state_change = now;
         });
-        RunningOwned {
-            activity: Arc::clone(&self.activity),
-            pid: self.pid,
-            after,
-        }
     }
 
     fn finished(&self, state: BackendState) {

@@ -705,7 +705,7 @@ impl Engine {
                 return Ok(outcome);
             }
             // Check and commit under the table's write lock (see constraints.rs).
-            let checked = async {
+            let locked_and_checked = async {
                 let held = self.catalog.lock_table_writes(&location).await?;
                 let latest = self.catalog.open_table(&location).await?;
                 let post = prepared.change.apply_to(&latest)?;
@@ -713,7 +713,7 @@ impl Engine {
                 Ok(held)
             }
             .await;
-            let _held = match checked {
+            let _held = match locked_and_checked {
                 Ok(held) => held,
                 Err(e) => {
                     prepared.change.discard().await;

@@ -447,6 +447,25 @@ mod tests {
     }
 
     #[test]
+    fn tables_of_the_previous_release_have_no_indexes_or_constraints() {
+        // The previous release wrote only these keys (and delta's own).
+        let old: HashMap<String, String> = [
+            ("cirro.compression", "snappy"),
+            ("cirro.clusterBy", "a"),
+            ("delta.enableDeletionVectors", "true"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let options = TableOptions::from_configuration(&old);
+        assert!(options.indexes.is_empty() && options.constraints.is_empty());
+        assert!(!options.has_checks());
+        assert!(options.bloom_filter_columns().is_empty());
+        assert_eq!(options.write_order()[0].name, "a");
+        assert!(!is_option_key("delta.enableDeletionVectors"));
+    }
+
+    #[test]
     fn bad_options_are_refused() {
         let err = |list: &[(&str, &str)]| {
             TableOptions::from_sql(&pairs(list), &schema())

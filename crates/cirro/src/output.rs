@@ -17,6 +17,19 @@ fn io_error(e: impl std::fmt::Display) -> CirroError {
     CirroError::io(format!("cannot write output: {e}"))
 }
 
+/// One display formatter per column of `batch`.
+fn formatters<'a>(
+    batch: &'a RecordBatch,
+    options: &'a arrow::util::display::FormatOptions<'a>,
+) -> Result<Vec<arrow::util::display::ArrayFormatter<'a>>> {
+    batch
+        .columns()
+        .iter()
+        .map(|c| arrow::util::display::ArrayFormatter::try_new(c.as_ref(), options))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(CirroError::from)
+}
+
 /// Narrowest width tables are wrapped to.
 const SCREEN_WIDTH_MIN: usize = 20;
 
@@ -240,11 +253,7 @@ impl ResultWriter {
         table.load_preset("||--+-++|    ++++++");
         table.set_header(schema.fields().iter().map(|f| Cell::new(f.name())));
         for batch in batches {
-            let formatters = batch
-                .columns()
-                .iter()
-                .map(|c| arrow::util::display::ArrayFormatter::try_new(c.as_ref(), &options))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let formatters = formatters(batch, &options)?;
             for row in 0..batch.num_rows() {
                 let cells = formatters
                     .iter()
@@ -282,11 +291,7 @@ impl ResultWriter {
             .unwrap_or(0);
         let mut record = 0;
         for batch in batches {
-            let formatters = batch
-                .columns()
-                .iter()
-                .map(|c| arrow::util::display::ArrayFormatter::try_new(c.as_ref(), &options))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let formatters = formatters(batch, &options)?;
             for row in 0..batch.num_rows() {
                 record += 1;
                 writeln!(out, "-[ RECORD {record} ]{}", "-".repeat(width.max(4)))
