@@ -264,12 +264,7 @@ fn follow_columns(options: &mut cirro_storage::TableOptions, model: &Model) {
 }
 
 fn parse_sql_expr(sql: &str) -> Option<SqlExpr> {
-    datafusion::sql::sqlparser::parser::Parser::new(
-        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
-    )
-    .try_with_sql(sql)
-    .and_then(|mut p| p.parse_expr())
-    .ok()
+    crate::constraints::parse_check(sql).ok()
 }
 
 /// `sql` (an expression) with column `old` named `new`.

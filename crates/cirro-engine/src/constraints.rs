@@ -198,6 +198,29 @@ pub(crate) fn constraint_name(
     Ok(free_name(&stem, |n| taken.iter().any(|t| t == n)))
 }
 
+/// A CHECK expression (SQL text) parsed as PostgreSQL writes it.
+pub(crate) fn parse_check(sql: &str) -> Result<SqlExpr> {
+    datafusion::sql::sqlparser::parser::Parser::new(
+        &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
+    )
+    .try_with_sql(sql)
+    .and_then(|mut p| p.parse_expr())
+    .map_err(|e| CirroError::new(SqlState::SYNTAX_ERROR, e.to_string()))
+}
+
+/// The first row of `rows` that makes CHECK expression `sql` false, as
+/// `(1, abc)`; None when every row passes (true or NULL).
+async fn first_failing(rows: &DataFrame, sql: &str) -> Result<Option<String>> {
+    let expr = rows.parse_sql_expr(sql)?;
+    let failing = rows
+        .clone()
+        .filter(expr.is_false())?
+        .limit(0, Some(1))?
+        .collect()
+        .await?;
+    Ok(first_row(&failing).map(|(batch, row)| row_text(batch, row)))
+}
+
 /// 23514/23505 unless every row of `rows` (a table's) satisfies `def`, a
 /// constraint being added to it.
 pub(crate) async fn validate_rows(
@@ -207,14 +230,7 @@ pub(crate) async fn validate_rows(
 ) -> Result<()> {
     match &def.kind {
         ConstraintKind::Check(sql) => {
-            let expr = rows.parse_sql_expr(sql)?;
-            let failing = rows
-                .clone()
-                .filter(expr.is_false())?
-                .limit(0, Some(1))?
-                .count()
-                .await?;
-            if failing > 0 {
+            if first_failing(rows, sql).await?.is_some() {
                 return Err(CirroError::new(
                     SqlState::CHECK_VIOLATION,
                     format!(
@@ -323,13 +339,7 @@ pub(crate) fn validate(
                 }
             }
             ConstraintKind::Check(sql) => {
-                let parsed = datafusion::sql::sqlparser::parser::Parser::new(
-                    &datafusion::sql::sqlparser::dialect::PostgreSqlDialect {},
-                )
-                .try_with_sql(sql)
-                .and_then(|mut p| p.parse_expr())
-                .map_err(|e| CirroError::new(SqlState::SYNTAX_ERROR, e.to_string()))?;
-                if has_subquery(&parsed) {
+                if has_subquery(&parse_check(sql)?) {
                     return Err(CirroError::unsupported(
                         "cannot use subquery in check constraint",
                     ));
@@ -415,20 +425,12 @@ pub(crate) async fn check(
         let ConstraintKind::Check(sql) = &constraint.kind else {
             continue;
         };
-        let expr = new_rows.parse_sql_expr(sql)?;
-        let failing = new_rows
-            .clone()
-            .filter(expr.is_false())?
-            .limit(0, Some(1))?
-            .collect()
-            .await?;
-        if let Some((batch, row)) = first_row(&failing) {
+        if let Some(row) = first_failing(&new_rows, sql).await? {
             return Err(CirroError::new(
                 SqlState::CHECK_VIOLATION,
                 format!(
-                    "new row for relation \"{table}\" violates check constraint \"{}\": failing row contains {}",
+                    "new row for relation \"{table}\" violates check constraint \"{}\": failing row contains {row}",
                     constraint.name,
-                    row_text(batch, row)
                 ),
             ));
         }
