@@ -4,11 +4,12 @@
 # Maven on the installed Java.
 #
 #   scripts/minidfs.sh --build                    fetch Hadoop's artifacts and build (once)
-#   scripts/minidfs.sh BASE_DIR [PORT [DATANODES]]
+#   scripts/minidfs.sh BASE_DIR [PORT [DATANODES [HOST]]]
 #
-# The second form prints "ready hdfs://127.0.0.1:PORT" once clients can
-# connect (PORT 0: a free one) and runs until killed or until its standard
-# input closes.
+# The second form prints "ready hdfs://HOST:PORT" once clients can connect
+# (PORT 0: a free one; HOST, default 127.0.0.1, the address clients reach it
+# at: scripts/cluster gives its bridge's) and runs until killed or until its
+# standard input closes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tool="$root/tools/minidfs"
@@ -28,8 +29,8 @@ if [ "${1:-}" = "--build" ]; then
   exit 0
 fi
 if [ $# -lt 1 ]; then
-  sed -n '2,11p' "$0" >&2
+  sed -n '2,12p' "$0" >&2
   exit 2
 fi
 build
-exec java -Xmx512m -cp "$jar:$(cat "$classpath")" cirro.MiniDfs "$1" "${2:-0}" "${3:-1}"
+exec java -Xmx512m -cp "$jar:$(cat "$classpath")" cirro.MiniDfs "$1" "${2:-0}" "${3:-1}" "${4:-127.0.0.1}"

@@ -40,6 +40,9 @@ export CIRRO_TEST_JDBC_JAR="$jdbc_jar"
 need mvn maven
 scripts/minidfs.sh --build
 export CIRRO_TEST_MINIDFS="$PWD/scripts/minidfs.sh"
+# ZooKeeper for the cluster tests (scripts/cluster starts it, standalone).
+[ -f /usr/share/java/zookeeper.jar ] || need zookeeper-jar-missing zookeeper
+need ip iproute2
 # The interoperability test reads Cirro's tables with independent Delta readers
 # (DuckDB's delta extension, the deltalake package) from a Python environment.
 venv="${CIRRO_TEST_VENV:-${HOME:-/root}/.cache/cirro/venv}"

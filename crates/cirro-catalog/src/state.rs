@@ -8,6 +8,7 @@ use cirro_common::{CirroError, Result, SqlState};
 use cirro_storage::{CirroTable, StorageRoot};
 use serde::{Deserialize, Serialize};
 
+use crate::coordination::{Coordination, HeldLock};
 use crate::users::{Grants, UserEntry};
 use crate::versions::{FileVersions, VersionStore};
 
@@ -149,6 +150,11 @@ pub struct Catalog {
     open_tables: Mutex<HashMap<String, CirroTable>>,
     /// Write locks by table location (see [`Catalog::write_lock`]).
     write_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The cluster's coordination service (None: a single node).
+    coordination: Option<Arc<dyn Coordination>>,
+    /// Whether the last refresh could not reach the coordination service
+    /// (the snapshot may be behind the cluster's).
+    stale: std::sync::atomic::AtomicBool,
 }
 
 /// Directory (under a local data root) of the tables' write-lock files.
@@ -157,6 +163,7 @@ const LOCK_DIR: &str = "_cirro_locks";
 /// A held table write lock (see [`Catalog::lock_table_writes`]); dropping
 /// it releases the lock.
 pub struct TableWriteGuard {
+    _cluster: Option<HeldLock>,
     _file: Option<std::fs::File>,
     _local: tokio::sync::OwnedMutexGuard<()>,
 }
@@ -178,12 +185,38 @@ impl Catalog {
         root: StorageRoot,
         versions: Arc<dyn VersionStore>,
     ) -> Result<Arc<Self>> {
+        Self::open_inner(root, versions, None).await
+    }
+
+    /// Open the catalog of `root` as a member of a cluster: the current
+    /// version's number comes from `coordination`, changes take its lock.
+    pub async fn open_in_cluster(
+        root: StorageRoot,
+        coordination: Arc<dyn Coordination>,
+    ) -> Result<Arc<Self>> {
+        let versions = Arc::new(FileVersions::new(root.clone()));
+        let stored = versions.latest().await?;
+        // A location written by a single node (or a change whose publication
+        // was lost with its node) has versions newer than the published one.
+        if coordination.catalog_version().await?.unwrap_or(0) < stored {
+            coordination.publish_catalog_version(stored).await?;
+        }
+        Self::open_inner(root, versions, Some(coordination)).await
+    }
+
+    async fn open_inner(
+        root: StorageRoot,
+        versions: Arc<dyn VersionStore>,
+        coordination: Option<Arc<dyn Coordination>>,
+    ) -> Result<Arc<Self>> {
         let catalog = Arc::new(Self {
             root,
             versions,
             current: RwLock::new(Arc::new(CatalogState::initial())),
             open_tables: Mutex::new(HashMap::new()),
             write_locks: Mutex::new(HashMap::new()),
+            coordination,
+            stale: Default::default(),
         });
         catalog.refresh().await?;
         if catalog.snapshot().version == 0 {
@@ -196,6 +229,17 @@ impl Catalog {
 
     pub fn root(&self) -> &StorageRoot {
         &self.root
+    }
+
+    /// The cluster's coordination service (None on a single node).
+    pub fn coordination(&self) -> Option<&Arc<dyn Coordination>> {
+        self.coordination.as_ref()
+    }
+
+    /// Whether the last refresh could not reach the cluster's coordination
+    /// service, so that the snapshot may miss the newest changes.
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The catalog as last read.
@@ -234,9 +278,37 @@ impl Catalog {
         Ok(state)
     }
 
-    /// Read the latest catalog version if another process committed one.
+    /// Read the latest catalog version if another process committed one. In
+    /// a cluster whose coordination service cannot be reached, the newest on
+    /// the storage (see [`Catalog::is_stale`]).
     pub async fn refresh(&self) -> Result<Arc<CatalogState>> {
-        let latest = self.versions.latest().await?;
+        let latest = match &self.coordination {
+            None => self.versions.latest().await?,
+            Some(coordination) => match coordination.catalog_version().await {
+                Ok(Some(version)) => {
+                    self.stale
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    version
+                }
+                Ok(None) => self.versions.latest().await?,
+                Err(e) => {
+                    // The snapshots on the storage are authoritative (the
+                    // published number only saves listing them): read the
+                    // newest there, or keep the last one read.
+                    if !self.stale.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        log::warn!("reading the catalog from the storage: {e}");
+                    }
+                    match self.versions.latest().await {
+                        Ok(latest) => latest,
+                        Err(_) => return Ok(self.snapshot()),
+                    }
+                }
+            },
+        };
+        self.read_latest(latest).await
+    }
+
+    async fn read_latest(&self, latest: u64) -> Result<Arc<CatalogState>> {
         if latest > self.snapshot().version {
             let state = self.read_version(latest).await?;
             self.set_current(state);
@@ -250,8 +322,15 @@ impl Catalog {
     where
         F: FnMut(&mut CatalogState) -> Result<()>,
     {
+        // In a cluster, changes are serialized by the cluster's lock and
+        // read the newest version from the storage (authoritative: the
+        // published number may lag a change whose node died publishing).
+        let _held = match &self.coordination {
+            Some(coordination) => Some(coordination.lock("catalog").await?),
+            None => None,
+        };
         for _ in 0..CATALOG_COMMIT_RETRIES_MAX {
-            let base = self.refresh().await?;
+            let base = self.read_latest(self.versions.latest().await?).await?;
             let mut next = (*base).clone();
             change(&mut next)?;
             next.version = base.version + 1;
@@ -259,6 +338,13 @@ impl Catalog {
             if self.versions.create(next.version, body.into()).await? {
                 let version = next.version;
                 self.set_current(next);
+                if let Some(coordination) = &self.coordination {
+                    // The change is durable; if publishing fails the other
+                    // nodes see it with the next change (or restart).
+                    if let Err(e) = coordination.publish_catalog_version(version).await {
+                        log::warn!("catalog version {version} written but not published: {e}");
+                    }
+                }
                 self.remove_old_versions(version).await;
                 return Ok(self.snapshot());
             }
@@ -334,10 +420,18 @@ impl Catalog {
     /// new key would otherwise both pass). Within the process it is a mutex;
     /// on a local data directory also an OS file lock
     /// (`_cirro_locks/<table>.lock`), so that `cirro` processes sharing the
-    /// directory exclude one another too. Object stores have no such lock:
-    /// the cluster takes it in ZooKeeper.
+    /// directory exclude one another too. In a cluster, also the cluster's
+    /// lock of the table, so that writers on other nodes are excluded.
     pub async fn lock_table_writes(&self, location: &str) -> Result<TableWriteGuard> {
         let local = self.write_lock(location).lock_owned().await;
+        let cluster = match &self.coordination {
+            Some(coordination) => Some(
+                coordination
+                    .lock(&format!("table-{}", location.replace('/', "_")))
+                    .await?,
+            ),
+            None => None,
+        };
         let file = match self.root.url().to_file_path() {
             Ok(root) if self.root.url().scheme() == "file" => {
                 let dir = root.join(LOCK_DIR);
@@ -359,6 +453,7 @@ impl Catalog {
             _ => None,
         };
         Ok(TableWriteGuard {
+            _cluster: cluster,
             _file: file,
             _local: local,
         })

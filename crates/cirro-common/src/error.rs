@@ -67,6 +67,11 @@ impl SqlState {
     pub const OUT_OF_MEMORY: SqlState = SqlState("53200");
     pub const QUERY_CANCELED: SqlState = SqlState("57014");
     pub const ADMIN_SHUTDOWN: SqlState = SqlState("57P01");
+    pub const LOCK_NOT_AVAILABLE: SqlState = SqlState("55P03");
+    pub const RESERVED_NAME: SqlState = SqlState("42939");
+    pub const CANNOT_CONNECT_NOW: SqlState = SqlState("57P03");
+    pub const CONNECTION_FAILURE: SqlState = SqlState("08006");
+    pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState("25006");
     pub const IO_ERROR: SqlState = SqlState("58030");
     pub const UNDEFINED_FILE: SqlState = SqlState("58P01");
     pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState("54000");

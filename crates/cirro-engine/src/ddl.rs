@@ -260,6 +260,14 @@ pub(crate) async fn create_schema(
     if_not_exists: bool,
 ) -> Result<Outcome> {
     let (db, schema) = split_schema_name(engine, name)?;
+    if schema == crate::system::SYSTEM_SCHEMA {
+        return Err(CirroError::new(
+            SqlState::RESERVED_NAME,
+            format!(
+                "unacceptable schema name \"{schema}\": it is reserved for Cirro's system tables"
+            ),
+        ));
+    }
     let mut existed = false;
     engine
         .catalog()

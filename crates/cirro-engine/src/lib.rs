@@ -40,6 +40,7 @@ mod maintenance;
 mod pg_compat;
 mod prepared;
 mod settings;
+pub mod system;
 mod time_travel;
 mod txn;
 mod views;
@@ -285,6 +286,16 @@ impl Engine {
             config.database.as_deref().unwrap_or(DEFAULT_DATABASE),
         );
         list.set_view_planner(Arc::new(views::SessionViewPlanner::for_context(&ctx)));
+        // The system schemas are shared by every database of the session.
+        let any_database = catalog.snapshot().databases.keys().next().cloned();
+        if let Some(provider) = any_database.and_then(|db| ctx.catalog(&db)) {
+            let _ = provider.register_schema(
+                system::SYSTEM_SCHEMA,
+                Arc::new(system::SystemSchema {
+                    catalog: Arc::clone(&catalog),
+                }),
+            );
+        }
         Self {
             catalog,
             catalogs: list,

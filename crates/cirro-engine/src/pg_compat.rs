@@ -200,7 +200,9 @@ fn pg_stat_activity(backends: &[BackendInfo]) -> DfResult<Arc<dyn TableProvider>
 }
 
 /// A one-batch table of named columns, all nullable.
-fn memory_table(columns: Vec<(&str, arrow::array::ArrayRef)>) -> DfResult<Arc<dyn TableProvider>> {
+pub(crate) fn memory_table(
+    columns: Vec<(&str, arrow::array::ArrayRef)>,
+) -> DfResult<Arc<dyn TableProvider>> {
     use arrow::datatypes::{Field, Schema};
     let schema = Arc::new(Schema::new(
         columns

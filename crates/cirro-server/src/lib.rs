@@ -56,6 +56,22 @@ pub struct ServerConfig {
     /// Refuse connections without TLS.
     pub require_tls: bool,
     pub engine: EngineConfig,
+    /// Run as a member of a cluster (None: a single node).
+    pub cluster: Option<ClusterOptions>,
+}
+
+/// How a node joins a cluster (`cirro serve --cluster …`).
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// `zk://host:port[,…]/path`.
+    pub url: String,
+    /// The node's name (default: its PostgreSQL address).
+    pub node_id: Option<String>,
+    /// The host other nodes and clients reach this node at (default: the
+    /// listen address, or the host name when listening on all addresses).
+    pub advertise: Option<String>,
+    /// How long SIGTERM waits for running queries before leaving.
+    pub drain_timeout: Duration,
 }
 
 /// State shared by all connections.
@@ -246,10 +262,62 @@ async fn listen(
     Ok((listener, local))
 }
 
+/// The address this node is reached at: `--advertise`, else the listen
+/// address unless it is a wildcard, else the host name.
+fn advertised_host(options: &ClusterOptions, listen: &str) -> String {
+    if let Some(host) = &options.advertise {
+        return host.clone();
+    }
+    if listen != "0.0.0.0" && listen != "::" && !listen.is_empty() {
+        return listen.to_string();
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
+
+/// Join the cluster as the node serving `pg` and `flight`.
+async fn join_cluster(
+    options: &ClusterOptions,
+    listen: &str,
+    pg: std::net::SocketAddr,
+    flight: std::net::SocketAddr,
+) -> Result<Arc<cirro_cluster::ZkCluster>> {
+    let host = advertised_host(options, listen);
+    let pg = format!("{host}:{}", pg.port());
+    let (cores, memory_bytes) = cirro_cluster::local_capacity();
+    let me = cirro_catalog::NodeInfo {
+        id: options.node_id.clone().unwrap_or_else(|| pg.clone()),
+        // CIRRO_TEST_CLUSTER_VERSION: the tests' way to start a node that
+        // claims another release (the refusal of mixed versions).
+        version: std::env::var("CIRRO_TEST_CLUSTER_VERSION")
+            .unwrap_or_else(|_| env!("CARGO_PKG_VERSION").to_string()),
+        flight: format!("{host}:{}", flight.port()),
+        pg,
+        worker: String::new(),
+        cores,
+        memory_bytes,
+        started_ms: cirro_catalog::state::now_ms(),
+        state: "running".to_string(),
+        queries: 0,
+    };
+    cirro_cluster::ZkCluster::join(&options.url, me).await
+}
+
 /// Run the server until interrupted (Ctrl-C or SIGTERM).
 pub async fn serve(config: ServerConfig) -> Result<()> {
     let root = StorageRoot::open(&config.data)?;
-    let catalog = Catalog::open(root).await?;
+    let (listener, local) = listen(&config.listen, config.pg_port, "").await?;
+    let (flight_listener, flight_local) =
+        listen(&config.listen, config.flight_port, " (Flight SQL)").await?;
+    let cluster = match &config.cluster {
+        Some(options) => Some(join_cluster(options, &config.listen, local, flight_local).await?),
+        None => None,
+    };
+    let catalog = match &cluster {
+        Some(cluster) => Catalog::open_in_cluster(root, Arc::clone(cluster) as _).await?,
+        None => Catalog::open(root).await?,
+    };
     bootstrap(&catalog).await?;
     let tls = match &config.tls {
         Some((cert, key)) => Some(tls_acceptor(cert, key)?),
@@ -284,9 +352,6 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         activity: cirro_engine::activity::Activity::new(0)?,
         sessions: Mutex::new(HashMap::new()),
     });
-    let (listener, local) = listen(&config.listen, config.pg_port, "").await?;
-    let (flight_listener, flight_local) =
-        listen(&config.listen, config.flight_port, " (Flight SQL)").await?;
     let mut flight = tonic::transport::Server::builder();
     if let Some((cert, key)) = &config.tls {
         let read = |path: &str| {
@@ -333,6 +398,14 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     let query = Arc::new(pg::QueryHandler::new());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| CirroError::io(e.to_string()))?;
+    if let Some(cluster) = &cluster {
+        println!(
+            "cirro: node \"{}\" joined the cluster at {}",
+            cirro_catalog::Coordination::node_id(cluster.as_ref()),
+            cluster.servers()
+        );
+        let _ = std::io::stdout().flush();
+    }
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -377,8 +450,37 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
             canceller.cancel();
         });
     }
+    if let (Some(cluster), Some(options)) = (&cluster, &config.cluster) {
+        drain(cluster, &shared, options.drain_timeout).await;
+    }
     eprintln!("cirro: shutting down");
     Ok(())
+}
+
+/// Leave the cluster in order: say "draining" (so that no new work is sent
+/// here), wait for the running statements (at most `timeout`), then delete
+/// the node's registration.
+async fn drain(cluster: &cirro_cluster::ZkCluster, shared: &Shared, timeout: Duration) {
+    use cirro_engine::activity::BackendState;
+    eprintln!("cirro: draining: no new connections; waiting for running statements");
+    if let Err(e) = cluster.update_me(|me| me.state = "draining".into()).await {
+        log::warn!("{e}");
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        let running = shared
+            .activity
+            .backends()
+            .iter()
+            .filter(|b| b.state == BackendState::Active)
+            .count();
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.leave().await;
+    eprintln!("cirro: left the cluster");
 }
 
 /// How long a client may take to log in.

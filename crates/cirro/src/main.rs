@@ -84,6 +84,21 @@ pub struct ServeArgs {
     /// Refuse connections that do not use TLS.
     #[arg(long)]
     require_tls: bool,
+    /// Join a cluster whose state ZooKeeper keeps:
+    /// zk://host:port[,host:port…][/path] (all nodes share --data).
+    #[arg(long, env = "CIRRO_CLUSTER")]
+    cluster: Option<String>,
+    /// This node's name in the cluster (default: its PostgreSQL address).
+    #[arg(long, env = "CIRRO_NODE_ID", requires = "cluster")]
+    node_id: Option<String>,
+    /// The host other nodes and clients reach this node at (default: the
+    /// listen address, or the host name when listening on 0.0.0.0).
+    #[arg(long, env = "CIRRO_ADVERTISE", requires = "cluster")]
+    advertise: Option<String>,
+    /// Seconds SIGTERM waits for running statements before the node leaves
+    /// the cluster.
+    #[arg(long, default_value_t = 30, requires = "cluster")]
+    drain_timeout: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -233,6 +248,11 @@ fn flags(cli: &Cli) -> Vec<Flag> {
                 "TLS with --tls-cert and --tls-key",
             ),
             flag(
+                "cirro.cluster",
+                args.cluster.clone().unwrap_or_default(),
+                "the cluster's ZooKeeper (--cluster, CIRRO_CLUSTER); empty on a single node",
+            ),
+            flag(
                 "cirro.require_tls",
                 args.require_tls.to_string(),
                 "refuse connections without TLS (--require-tls)",
@@ -261,6 +281,12 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
             tls: args.tls_cert.zip(args.tls_key),
             require_tls: args.require_tls,
             engine: config,
+            cluster: args.cluster.map(|url| cirro_server::ClusterOptions {
+                url,
+                node_id: args.node_id,
+                advertise: args.advertise,
+                drain_timeout: std::time::Duration::from_secs(args.drain_timeout),
+            }),
         })
         .await?;
         return Ok(ExitCode::SUCCESS);

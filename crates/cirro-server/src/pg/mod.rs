@@ -234,6 +234,32 @@ where
     Ok(())
 }
 
+/// A WARNING before the rows of a query while the node cannot reach the
+/// cluster's ZooKeeper (the catalog then comes from the storage).
+async fn warn_if_cluster_unreachable<C>(client: &mut C, session: &Session) -> PgWireResult<()>
+where
+    C: Sink<PgWireBackendMessage> + Unpin + Send,
+    C::Error: Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    if session.engine.catalog().is_stale() {
+        client
+            .feed(PgWireBackendMessage::NoticeResponse(
+                ErrorInfo::new(
+                    "WARNING".to_owned(),
+                    "01000".to_owned(),
+                    "this node cannot reach the cluster's ZooKeeper: reads go on with the \
+                     catalog read from the shared storage; DDL, user and grant changes are \
+                     refused until it is back"
+                        .to_owned(),
+                )
+                .into(),
+            ))
+            .await?;
+    }
+    Ok(())
+}
+
 /// What running statements left the connection in.
 pub(crate) enum Flow {
     /// All ran (or one failed, and its error was sent).
@@ -293,6 +319,7 @@ impl QueryHandler {
                         }
                         _ => match session.engine.run(parsed).await.map_err(to_pg)? {
                             Outcome::Rows(stream) => {
+                                warn_if_cluster_unreachable(client, session).await?;
                                 let response = query_response(
                                     session,
                                     stream,
@@ -613,6 +640,7 @@ impl ExtendedQueryHandler for QueryHandler {
         };
         match ran {
             Outcome::Rows(stream) => {
+                warn_if_cluster_unreachable(client, &session).await?;
                 let options = Arc::new(FormatOptions::from_client_metadata(client.metadata()));
                 Ok(Response::Query(query_response(
                     &session,

@@ -2,6 +2,7 @@
 //! temporary data location, and compare results with reference answers.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod compare;
 pub mod duckdb;
 pub mod hdfs;

@@ -5,27 +5,49 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.hdfs.MiniDFSCluster;
 
 /**
- * Starts a MiniDFSCluster: {@code MiniDfs BASE_DIR NAMENODE_PORT DATANODES}.
- * Prints {@code ready hdfs://127.0.0.1:PORT} once it accepts clients, then
- * runs until killed or until standard input closes.
+ * Starts a MiniDFSCluster: {@code MiniDfs BASE_DIR NAMENODE_PORT DATANODES [HOST]}.
+ * Prints {@code ready hdfs://HOST:PORT} once it accepts clients, then runs
+ * until killed or until standard input closes.
+ *
+ * <p>HOST (default 127.0.0.1) is the address clients reach the name node and
+ * the data nodes at. MiniDFSCluster binds everything to 127.0.0.1; for
+ * another HOST (scripts/cluster's bridge, reached from the nodes' network
+ * namespaces) the name node also listens on all addresses and the data
+ * nodes are started connecting to it at HOST: the name node records a data
+ * node's address as the one it connected from, and hands it to clients.
  */
 public final class MiniDfs {
   public static void main(String[] args) throws Exception {
     File base = new File(args[0]).getAbsoluteFile();
     int port = Integer.parseInt(args[1]);
     int dataNodes = args.length > 2 ? Integer.parseInt(args[2]) : 1;
+    String host = args.length > 3 ? args[3] : "127.0.0.1";
+    boolean exposed = !host.equals("127.0.0.1");
     Configuration conf = new Configuration();
     conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, base.getPath());
     conf.setBoolean("dfs.permissions.enabled", false);
     // Small blocks: a test's files span several, as large tables do.
     conf.setLong("dfs.blocksize", 4L * 1024 * 1024);
     conf.set("dfs.namenode.fs-limits.min-block-size", "1048576");
+    if (exposed) {
+      conf.set("dfs.namenode.rpc-bind-host", "0.0.0.0");
+    }
     MiniDFSCluster cluster = new MiniDFSCluster.Builder(conf)
         .nameNodePort(port)
-        .numDataNodes(dataNodes)
+        .numDataNodes(exposed ? 0 : dataNodes)
         .build();
+    if (exposed) {
+      Configuration dn = new Configuration(conf);
+      String nameNode = host + ":" + cluster.getNameNodePort();
+      dn.set("fs.defaultFS", "hdfs://" + nameNode);
+      dn.set("dfs.namenode.rpc-address", nameNode);
+      dn.set("dfs.datanode.address", "0.0.0.0:0");
+      dn.set("dfs.datanode.http.address", "0.0.0.0:0");
+      dn.set("dfs.datanode.ipc.address", "0.0.0.0:0");
+      cluster.startDataNodes(dn, dataNodes, true, null, null, null, null, false, true);
+    }
     cluster.waitActive();
-    System.out.println("ready hdfs://127.0.0.1:" + cluster.getNameNodePort());
+    System.out.println("ready hdfs://" + host + ":" + cluster.getNameNodePort());
     System.out.flush();
     Runtime.getRuntime().addShutdownHook(new Thread(cluster::shutdown));
     while (System.in.read() != -1) {

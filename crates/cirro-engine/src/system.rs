@@ -1,0 +1,110 @@
+//! The `cirro` schema: Cirro's system tables, in every database.
+//!
+//! - `cirro.nodes`: the members of the cluster (one row, `local`, on a
+//!   single node): id, addresses, state, cores, memory, running queries.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int32Array, Int64Array, StringArray, TimestampMillisecondArray};
+use async_trait::async_trait;
+use cirro_catalog::{Catalog, NodeInfo};
+use datafusion::catalog::{SchemaProvider, TableProvider};
+use datafusion::error::Result as DfResult;
+
+use crate::pg_compat::memory_table;
+
+/// The system schema's name (reserved: CREATE SCHEMA refuses it).
+pub const SYSTEM_SCHEMA: &str = "cirro";
+
+const TABLES: &[&str] = &["nodes"];
+
+/// The `cirro` schema of a session.
+#[derive(Debug)]
+pub(crate) struct SystemSchema {
+    pub(crate) catalog: Arc<Catalog>,
+}
+
+#[async_trait]
+impl SchemaProvider for SystemSchema {
+    fn table_names(&self) -> Vec<String> {
+        TABLES.iter().map(|t| t.to_string()).collect()
+    }
+
+    async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        match name {
+            "nodes" => Ok(Some(nodes_table(&self.nodes())?)),
+            _ => Ok(None),
+        }
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        TABLES.contains(&name)
+    }
+}
+
+impl SystemSchema {
+    fn nodes(&self) -> Vec<NodeInfo> {
+        match self.catalog.coordination() {
+            Some(cluster) => cluster.nodes(),
+            None => {
+                let (cores, memory_bytes) = cirro_catalog::coordination::local_capacity();
+                vec![NodeInfo {
+                    id: "local".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    pg: String::new(),
+                    flight: String::new(),
+                    worker: String::new(),
+                    cores,
+                    memory_bytes,
+                    started_ms: 0,
+                    state: "running".into(),
+                    queries: 0,
+                }]
+            }
+        }
+    }
+}
+
+fn nodes_table(nodes: &[NodeInfo]) -> DfResult<Arc<dyn TableProvider>> {
+    let text = |f: &dyn Fn(&NodeInfo) -> &str| {
+        let values: Vec<Option<&str>> = nodes
+            .iter()
+            .map(|n| Some(f(n)).filter(|s| !s.is_empty()))
+            .collect();
+        Arc::new(StringArray::from(values)) as ArrayRef
+    };
+    let started: Vec<Option<i64>> = nodes
+        .iter()
+        .map(|n| Some(n.started_ms).filter(|&t| t > 0))
+        .collect();
+    memory_table(vec![
+        ("id", text(&|n| &n.id)),
+        ("pg_address", text(&|n| &n.pg)),
+        ("flight_address", text(&|n| &n.flight)),
+        ("worker_address", text(&|n| &n.worker)),
+        ("state", text(&|n| &n.state)),
+        (
+            "cores",
+            Arc::new(Int32Array::from_iter_values(
+                nodes.iter().map(|n| n.cores as i32),
+            )),
+        ),
+        (
+            "memory_bytes",
+            Arc::new(Int64Array::from_iter_values(
+                nodes.iter().map(|n| n.memory_bytes as i64),
+            )),
+        ),
+        (
+            "queries",
+            Arc::new(Int32Array::from_iter_values(
+                nodes.iter().map(|n| n.queries as i32),
+            )),
+        ),
+        ("version", text(&|n| &n.version)),
+        (
+            "started",
+            Arc::new(TimestampMillisecondArray::from(started).with_timezone("UTC")),
+        ),
+    ])
+}

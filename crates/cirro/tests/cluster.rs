@@ -1,0 +1,283 @@
+//! Cluster mode (`cirro serve --cluster zk://…`), on clusters started by
+//! `scripts/cluster` (ZooKeeper, nodes in network namespaces): the catalog
+//! through any node, writes through every node at once, membership through
+//! kills, cuts, restarts and SIGTERM, ZooKeeper going away, mixed versions
+//! refused, and data locations shared with the single-node Cirro.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::cirro_bin;
+use common::cluster::Cluster;
+
+/// Poll `check` every 200 ms until it holds or `limit` passes; the time it
+/// took, or a panic naming `what`.
+fn within(limit: Duration, what: &str, mut check: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check() {
+            return start.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{what}: not within {limit:?}");
+}
+
+fn node_ids(cluster: &Cluster, through: usize) -> Vec<String> {
+    let out = cluster.psql(
+        through,
+        &["-At", "-c", "SELECT id FROM cirro.nodes ORDER BY id"],
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn ids(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn a_table_created_through_one_node_is_seen_by_all_and_writes_through_all_land() {
+    let cluster = Cluster::up(3, "local");
+    for node in 1..=3 {
+        assert_eq!(node_ids(&cluster, node), ids(&["node1", "node2", "node3"]));
+    }
+    let nodes = cluster.sql(2, "SELECT id, pg_address, state, cores > 0, memory_bytes > 0 FROM cirro.nodes WHERE id = 'node2'");
+    assert_eq!(nodes, format!("node2|{}|running|t|t", cluster.pg[1]));
+
+    // Created through node 1, used through the others at once.
+    cluster.sql(1, "CREATE TABLE t (node int, i int)");
+    assert_eq!(cluster.sql(2, "SELECT count(*) FROM t"), "0");
+    cluster.sql(3, "INSERT INTO t VALUES (3, 0)");
+    assert_eq!(cluster.sql(1, "SELECT count(*) FROM t"), "1");
+    cluster.sql(2, "DROP TABLE t");
+    let err = cluster.sql_err(3, "SELECT * FROM t");
+    assert!(err.contains("42P01"), "{err}");
+
+    // INSERTs through all three nodes at once: every one lands.
+    cluster.sql(1, "CREATE TABLE hits (node int, i int)");
+    std::thread::scope(|s| {
+        for node in 1..=3 {
+            let cluster = &cluster;
+            s.spawn(move || {
+                for i in 0..8 {
+                    cluster.sql(
+                        node,
+                        &format!(
+                            "INSERT INTO hits SELECT {node}, {i} FROM generate_series(1, 100)"
+                        ),
+                    );
+                }
+            });
+        }
+    });
+    assert_eq!(
+        cluster.sql(
+            2,
+            "SELECT node, count(*) FROM hits GROUP BY node ORDER BY node"
+        ),
+        "1|800\n2|800\n3|800"
+    );
+
+    // A primary key holds across nodes: its check and commit run under the
+    // table's cluster-wide lock, so one of each racing pair wins.
+    cluster.sql(1, "CREATE TABLE ids (id int PRIMARY KEY, node int)");
+    let refused = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for node in 1..=3 {
+            let (cluster, refused) = (&cluster, &refused);
+            s.spawn(move || {
+                for id in 0..6 {
+                    let out = cluster.psql(
+                        node,
+                        &[
+                            "-At",
+                            "-c",
+                            &format!("INSERT INTO ids VALUES ({id}, {node})"),
+                        ],
+                    );
+                    if !out.status.success() {
+                        let err = String::from_utf8_lossy(&out.stderr);
+                        assert!(err.contains("23505"), "node{node}: {err}");
+                        refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(
+        cluster.sql(3, "SELECT count(*), count(DISTINCT id) FROM ids"),
+        "6|6"
+    );
+    assert_eq!(refused.into_inner(), 12);
+}
+
+#[test]
+fn membership_follows_kills_cuts_restarts_and_sigterm() {
+    let cluster = Cluster::up(3, "local");
+    cluster.sql(
+        1,
+        "CREATE TABLE t AS SELECT * FROM generate_series(1, 10) AS g(x)",
+    );
+
+    // A killed node leaves the list within the session timeout (6 s); the
+    // others answer meanwhile.
+    cluster.script(&["kill", "3"]);
+    assert_eq!(cluster.sql(1, "SELECT sum(x) FROM t"), "55");
+    let took = within(Duration::from_secs(10), "node3 leaves after kill", || {
+        node_ids(&cluster, 1) == ids(&["node1", "node2"])
+    });
+    eprintln!("killed node left the list after {took:?}");
+    cluster.script(&["start", "3"]);
+    assert_eq!(node_ids(&cluster, 2), ids(&["node1", "node2", "node3"]));
+    assert_eq!(cluster.sql(3, "SELECT sum(x) FROM t"), "55");
+
+    // Cut off: it leaves; healed: it rejoins by itself.
+    cluster.script(&["cut", "2"]);
+    within(Duration::from_secs(10), "node2 leaves after cut", || {
+        node_ids(&cluster, 1) == ids(&["node1", "node3"])
+    });
+    cluster.script(&["heal", "2"]);
+    let took = within(Duration::from_secs(15), "node2 rejoins after heal", || {
+        node_ids(&cluster, 1) == ids(&["node1", "node2", "node3"])
+    });
+    eprintln!("healed node rejoined after {took:?}");
+    assert_eq!(cluster.sql(2, "SELECT sum(x) FROM t"), "55");
+
+    // SIGTERM: the node drains and leaves at once (not after a timeout).
+    let pid = cluster.pid(3);
+    assert_eq!(unsafe_kill(pid, libc::SIGTERM), 0);
+    let took = within(Duration::from_secs(5), "node3 leaves on SIGTERM", || {
+        node_ids(&cluster, 1) == ids(&["node1", "node2"])
+    });
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    let log = std::fs::read_to_string(cluster.dir.path().join("node3/log")).expect("log");
+    within(Duration::from_secs(5), "node3 says it left", || {
+        std::fs::read_to_string(cluster.dir.path().join("node3/log"))
+            .is_ok_and(|l| l.contains("left the cluster"))
+    });
+    assert!(log.contains("draining"), "{log}");
+}
+
+#[allow(unsafe_code)]
+fn unsafe_kill(pid: i32, signal: i32) -> i32 {
+    // SAFETY: kill(2) with a pid the test started.
+    unsafe { libc::kill(pid, signal) }
+}
+
+#[test]
+fn without_zookeeper_reads_go_on_and_ddl_is_refused() {
+    let cluster = Cluster::up(2, "local");
+    cluster.sql(1, "CREATE TABLE t (x int)");
+    cluster.sql(1, "INSERT INTO t VALUES (1), (2)");
+    cluster.script(&["zk-stop"]);
+    std::thread::sleep(Duration::from_millis(500));
+    // Node 2 never read t's catalog version before ZooKeeper went: the
+    // catalog comes from the storage, and the client is warned.
+    let out = cluster.psql(2, &["-At", "-c", "SELECT sum(x) FROM t"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3");
+    let warning = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        warning.contains("WARNING") && warning.contains("ZooKeeper"),
+        "{warning}"
+    );
+    // Plain INSERTs need no lock: they commit to the table's Delta log.
+    cluster.sql(2, "INSERT INTO t VALUES (3)");
+    assert_eq!(cluster.sql(1, "SELECT sum(x) FROM t"), "6");
+    for sql in [
+        "CREATE TABLE u (x int)",
+        "DROP TABLE t",
+        "CREATE USER bob PASSWORD 'pw12345678'",
+    ] {
+        let err = cluster.sql_err(1, sql);
+        assert!(
+            err.contains("25006") && err.contains("ZooKeeper"),
+            "{sql}: {err}"
+        );
+    }
+    cluster.script(&["zk-start"]);
+    within(Duration::from_secs(15), "DDL works again", || {
+        cluster
+            .psql(2, &["-c", "CREATE TABLE u (x int)"])
+            .status
+            .success()
+    });
+    assert_eq!(cluster.sql(1, "SELECT count(*) FROM u"), "0");
+    assert_eq!(node_ids(&cluster, 1), ids(&["node1", "node2"]));
+}
+
+#[test]
+fn a_node_of_another_version_is_refused() {
+    let cluster = Cluster::up(1, "local");
+    let data = cluster.state()["DATA"].clone();
+    let out = Command::new(cirro_bin())
+        .args([
+            "--data",
+            &data,
+            "serve",
+            "--pg-port",
+            "0",
+            "--flight-port",
+            "0",
+        ])
+        .args(["--cluster", &cluster.zk_url(), "--node-id", "stranger"])
+        .env("CIRRO_TEST_CLUSTER_VERSION", "0.0.1")
+        .env("CIRRO_PASSWORD", "unused-pw")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cirro serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("node \"node1\"") && err.contains("different versions"),
+        "{err}"
+    );
+    assert_eq!(node_ids(&cluster, 1), ids(&["node1"]));
+    // A second node with a name already taken is refused too.
+    let out = Command::new(cirro_bin())
+        .args([
+            "--data",
+            &data,
+            "serve",
+            "--pg-port",
+            "0",
+            "--flight-port",
+            "0",
+        ])
+        .args(["--cluster", &cluster.zk_url(), "--node-id", "node1"])
+        .env("CIRRO_PASSWORD", "unused-pw")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cirro serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already in the cluster"), "{err}");
+}
+
+#[test]
+fn a_single_node_data_location_opens_in_a_cluster_and_back() {
+    let dir = tempfile::Builder::new()
+        .prefix("cirro-cluster-")
+        .tempdir()
+        .expect("tempdir");
+    let data = dir.path().join("data");
+    common::sql_ok_at(
+        &data,
+        "CREATE TABLE before (x int); INSERT INTO before VALUES (1), (2)",
+    );
+    let cluster = Cluster::up_in(dir, 2, "local");
+    assert_eq!(cluster.sql(2, "SELECT sum(x) FROM before"), "3");
+    cluster.sql(1, "CREATE TABLE after AS SELECT x * 10 AS y FROM before");
+    cluster.script(&["down"]);
+    let out = common::sql_ok_at(&data, "SELECT sum(y) FROM after");
+    assert!(out.contains("30"), "{out}");
+}
