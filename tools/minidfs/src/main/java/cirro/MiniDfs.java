@@ -37,7 +37,12 @@ public final class MiniDfs {
         .numDataNodes(exposed ? 0 : dataNodes)
         .build();
     if (exposed) {
+      // Built without data nodes, the name node's default replication is 0
+      // (MiniDFSCluster caps it by the data nodes): set it and restart.
+      cluster.getConfiguration(0).setInt("dfs.replication", Math.min(3, dataNodes));
+      cluster.restartNameNode(true);
       Configuration dn = new Configuration(conf);
+      dn.setInt("dfs.replication", Math.min(3, dataNodes));
       String nameNode = host + ":" + cluster.getNameNodePort();
       dn.set("fs.defaultFS", "hdfs://" + nameNode);
       dn.set("dfs.namenode.rpc-address", nameNode);
