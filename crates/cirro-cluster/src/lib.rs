@@ -124,10 +124,11 @@ fn persistent() -> zk::CreateOptions<'static> {
 }
 
 impl ZkCluster {
-    /// Join the cluster at `url` as `me`: connect, refuse if a member runs
-    /// another Cirro version or already uses `me.id`, register, and start
-    /// following the member list.
-    pub async fn join(url: &str, me: NodeInfo) -> Result<Arc<Self>> {
+    /// Join the cluster at `url` as `me`, serving the data location `data`:
+    /// connect, refuse if the cluster serves another data location, if a
+    /// member runs another Cirro version or already uses `me.id`; register,
+    /// and start following the member list.
+    pub async fn join(url: &str, data: &str, me: NodeInfo) -> Result<Arc<Self>> {
         let url = ClusterUrl::parse(url)?;
         let cluster = Arc::new(Self {
             url,
@@ -150,6 +151,7 @@ impl ZkCluster {
                 Err(e) => return Err(zk_error(&format!("create {path}"), e)),
             }
         }
+        cluster.check_data_location(&client, data).await?;
         let me = cluster.me();
         for node in cluster.read_nodes(&client).await? {
             if node.version != me.version && node.id != me.id {
@@ -170,6 +172,40 @@ impl ZkCluster {
         let weak = Arc::downgrade(&cluster);
         tokio::spawn(follow(weak));
         Ok(cluster)
+    }
+
+    /// The cluster's znodes hold one data location's catalog version: the
+    /// first node records its `--data`; a node with another is refused
+    /// (its catalog versions would be mixed up with the other's).
+    async fn check_data_location(&self, client: &zk::Client, data: &str) -> Result<()> {
+        let path = self.path("data");
+        let what = "record the data location";
+        match within(
+            &self.url,
+            what,
+            client.create(&path, data.as_bytes(), &persistent()),
+        )
+        .await?
+        {
+            Ok(_) => return Ok(()),
+            Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(zk_error(what, e)),
+        }
+        let (recorded, _) = within(&self.url, what, client.get_data(&path))
+            .await?
+            .map_err(|e| zk_error(what, e))?;
+        let recorded = String::from_utf8_lossy(&recorded);
+        if recorded != data {
+            return Err(CirroError::new(
+                SqlState::CANNOT_CONNECT_NOW,
+                format!(
+                    "the cluster at zk://{}{} serves the data location {recorded}, not {data}: \
+                     give every node the same --data, or this one another cluster path",
+                    self.url.servers, self.url.path
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn path(&self, name: &str) -> String {

@@ -279,6 +279,7 @@ fn advertised_host(options: &ClusterOptions, listen: &str) -> String {
 /// Join the cluster as the node serving `pg` and `flight`.
 async fn join_cluster(
     options: &ClusterOptions,
+    data: &str,
     listen: &str,
     pg: std::net::SocketAddr,
     flight: std::net::SocketAddr,
@@ -301,7 +302,7 @@ async fn join_cluster(
         state: "running".to_string(),
         queries: 0,
     };
-    cirro_cluster::ZkCluster::join(&options.url, me).await
+    cirro_cluster::ZkCluster::join(&options.url, data, me).await
 }
 
 /// Run the server until interrupted (Ctrl-C or SIGTERM).
@@ -311,7 +312,16 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     let (flight_listener, flight_local) =
         listen(&config.listen, config.flight_port, " (Flight SQL)").await?;
     let cluster = match &config.cluster {
-        Some(options) => Some(join_cluster(options, &config.listen, local, flight_local).await?),
+        Some(options) => Some(
+            join_cluster(
+                options,
+                root.url().as_str(),
+                &config.listen,
+                local,
+                flight_local,
+            )
+            .await?,
+        ),
         None => None,
     };
     let catalog = match &cluster {

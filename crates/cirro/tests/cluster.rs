@@ -215,52 +215,53 @@ fn without_zookeeper_reads_go_on_and_ddl_is_refused() {
     assert_eq!(node_ids(&cluster, 1), ids(&["node1", "node2"]));
 }
 
-#[test]
-fn a_node_of_another_version_is_refused() {
-    let cluster = Cluster::up(1, "local");
-    let data = cluster.state()["DATA"].clone();
+/// `cirro serve` joining `cluster` from outside its scripts (on this
+/// machine's loopback), which must refuse to start; its stderr.
+fn refused_join(cluster: &Cluster, data: &str, node_id: &str, envs: &[(&str, &str)]) -> String {
     let out = Command::new(cirro_bin())
         .args([
             "--data",
-            &data,
+            data,
             "serve",
             "--pg-port",
             "0",
             "--flight-port",
             "0",
         ])
-        .args(["--cluster", &cluster.zk_url(), "--node-id", "stranger"])
-        .env("CIRRO_TEST_CLUSTER_VERSION", "0.0.1")
+        .args(["--cluster", &cluster.zk_url(), "--node-id", node_id])
         .env("CIRRO_PASSWORD", "unused-pw")
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run cirro serve");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{node_id} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_node_of_another_version_is_refused() {
+    let cluster = Cluster::up(1, "local");
+    let data = cluster.state()["DATA"].clone();
+    let err = refused_join(
+        &cluster,
+        &data,
+        "stranger",
+        &[("CIRRO_TEST_CLUSTER_VERSION", "0.0.1")],
+    );
     assert!(
         err.contains("node \"node1\"") && err.contains("different versions"),
         "{err}"
     );
     assert_eq!(node_ids(&cluster, 1), ids(&["node1"]));
+    // A node serving another data location is refused: the cluster's
+    // catalog version belongs to one.
+    let other = cluster.dir.path().join("other-data");
+    let err = refused_join(&cluster, other.to_str().expect("utf8"), "elsewhere", &[]);
+    assert!(err.contains("serves the data location"), "{err}");
     // A second node with a name already taken is refused too.
-    let out = Command::new(cirro_bin())
-        .args([
-            "--data",
-            &data,
-            "serve",
-            "--pg-port",
-            "0",
-            "--flight-port",
-            "0",
-        ])
-        .args(["--cluster", &cluster.zk_url(), "--node-id", "node1"])
-        .env("CIRRO_PASSWORD", "unused-pw")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run cirro serve");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_join(&cluster, &data, "node1", &[]);
     assert!(err.contains("already in the cluster"), "{err}");
+    assert_eq!(node_ids(&cluster, 1), ids(&["node1"]));
 }
 
 #[test]

@@ -488,7 +488,7 @@ fn flight_sql_sessions_are_backends_that_can_be_cancelled_and_terminated() {
     let server = Server::start();
     server.sql("CREATE USER flyer WITH PASSWORD 'flyer-pw'");
     let uri = format!("grpc://127.0.0.1:{}", server.flight_port);
-    let mut child = Command::new(common::server::python())
+    let child = Command::new(common::server::python())
         .arg(common::server::interop_dir().join("flight_client.py"))
         .args(["activity", &uri, "flyer", "flyer-pw"])
         .stdout(Stdio::piped())

@@ -164,8 +164,22 @@ impl sqllogictest::AsyncDB for InProcess {
 
 // ------------------------------------------------------------ PostgreSQL
 
+/// Servers (`host`, `port`) a record may run on; each record connects to
+/// the next one in turn (round-robin over a cluster's nodes).
 struct Postgres {
-    port: u16,
+    servers: Vec<(String, u16)>,
+    password: String,
+    next: usize,
+}
+
+impl Postgres {
+    fn local(port: u16) -> Self {
+        Self {
+            servers: vec![("127.0.0.1".to_string(), port)],
+            password: PASSWORD.to_string(),
+            next: 0,
+        }
+    }
 }
 
 /// A PostgreSQL NUMERIC in its text form (binary: digit groups of base
@@ -305,9 +319,11 @@ impl sqllogictest::AsyncDB for Postgres {
     type ColumnType = DefaultColumnType;
 
     async fn run(&mut self, sql: &str) -> Result<Output, SqlError> {
+        let (host, port) = &self.servers[self.next % self.servers.len()];
+        self.next += 1;
         let config = format!(
-            "host=127.0.0.1 port={} user=cirro password={PASSWORD} dbname=cirro",
-            self.port
+            "host={host} port={port} user=cirro password={} dbname=cirro",
+            self.password
         );
         let (client, connection) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
             .await
@@ -539,7 +555,7 @@ fn serve(data: &Path) -> (Box<dyn FnOnce() + Send>, u16, u16) {
 async fn sqllogictest_over_postgres_wire() {
     run_suite("postgres", |data| async move {
         let (stop, port, _) = serve(&data);
-        (stop, Postgres { port })
+        (stop, Postgres::local(port))
     })
     .await;
 }
@@ -578,7 +594,7 @@ async fn sqllogictest_over_postgres_wire_on_s3() {
                 let _ = child.kill();
                 let _ = child.wait();
             }) as Box<dyn FnOnce() + Send>;
-            (stop, Postgres { port })
+            (stop, Postgres::local(port))
         }
     })
     .await;
@@ -596,9 +612,39 @@ async fn sqllogictest_over_postgres_wire_on_hdfs() {
         let url = format!("{base}/file{n}");
         async move {
             let (stop, port, _) = serve(Path::new(&url));
-            (stop, Postgres { port })
+            (stop, Postgres::local(port))
         }
     })
     .await;
     drop(hdfs);
+}
+
+/// The suite over the PostgreSQL wire against a 3-node cluster on HDFS
+/// (`scripts/cluster up --nodes 3 --storage hdfs`), records spread
+/// round-robin over the nodes: every file on a new data location
+/// (`scripts/cluster reset`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqllogictest_over_postgres_wire_on_a_hdfs_cluster() {
+    let cluster = Arc::new(common::cluster::Cluster::up(3, "hdfs"));
+    run_suite("postgres", |_| {
+        let cluster = Arc::clone(&cluster);
+        async move {
+            cluster.script(&["reset"]);
+            let servers = cluster
+                .pg
+                .iter()
+                .map(|address| {
+                    let (host, port) = address.rsplit_once(':').expect("host:port");
+                    (host.to_string(), port.parse().expect("port"))
+                })
+                .collect();
+            let db = Postgres {
+                servers,
+                password: cluster.password.clone(),
+                next: 0,
+            };
+            (Box::new(|| {}) as Box<dyn FnOnce() + Send>, db)
+        }
+    })
+    .await;
 }

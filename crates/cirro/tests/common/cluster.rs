@@ -106,7 +106,7 @@ impl Cluster {
         } else {
             "127.0.0.1".to_string()
         };
-        format!("zk://{host}:{}/cirro", state["ZK_PORT"])
+        format!("zk://{host}:{}{}", state["ZK_PORT"], state["ZK_PATH"])
     }
 
     /// The pid of node `i` (from 1).
