@@ -56,7 +56,7 @@ fn relations(kind: Option<&str>) -> String {
          CASE table_type WHEN 'BASE TABLE' THEN 'table' ELSE lower(table_type) END AS \"Type\" \
          FROM information_schema.tables \
          WHERE table_catalog = current_database() \
-         AND table_schema NOT IN ('information_schema', 'pg_catalog') {filter} ORDER BY 1, 2"
+         AND table_schema NOT IN ('information_schema', 'pg_catalog', 'cirro') {filter} ORDER BY 1, 2"
     )
 }
 

@@ -41,6 +41,14 @@ impl Cluster {
             .output()
             .expect("run scripts/cluster");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            // Whatever started (ZooKeeper, HDFS, namespaces) goes again.
+            let _ = Command::new(script())
+                .arg("down")
+                .arg("--dir")
+                .arg(dir.path())
+                .output();
+        }
         assert!(
             out.status.success(),
             "scripts/cluster up failed:\n{stdout}\n{}",

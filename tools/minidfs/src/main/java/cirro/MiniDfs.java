@@ -52,6 +52,24 @@ public final class MiniDfs {
       cluster.startDataNodes(dn, dataNodes, true, null, null, null, null, false, true);
     }
     cluster.waitActive();
+    // Ready means a client can write: the data nodes' first block reports
+    // must have reached the name node (until then it has nowhere to place a
+    // block), which a loaded machine can delay past waitActive().
+    cluster.waitFirstBRCompleted(0, 60000);
+    org.apache.hadoop.fs.FileSystem fs = cluster.getFileSystem();
+    org.apache.hadoop.fs.Path probe = new org.apache.hadoop.fs.Path("/.minidfs-probe");
+    for (int attempt = 0; ; attempt++) {
+      try (org.apache.hadoop.fs.FSDataOutputStream out = fs.create(probe, true)) {
+        out.write(1);
+        break;
+      } catch (java.io.IOException e) {
+        if (attempt >= 120) {
+          throw e;
+        }
+        Thread.sleep(500);
+      }
+    }
+    fs.delete(probe, false);
     System.out.println("ready hdfs://" + host + ":" + cluster.getNameNodePort());
     System.out.flush();
     Runtime.getRuntime().addShutdownHook(new Thread(cluster::shutdown));
