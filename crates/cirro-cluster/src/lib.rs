@@ -27,6 +27,8 @@ use cirro_catalog::{Coordination, HeldLock, NodeInfo};
 use cirro_common::{CirroError, Result, SqlState};
 use zookeeper_client as zk;
 
+pub mod worker;
+
 /// ZooKeeper session timeout: a node that dies or is cut off leaves the
 /// member list after this long.
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
@@ -336,6 +338,37 @@ impl ZkCluster {
             let _ = within(&self.url, "leave", client.delete(&self.my_path(), None)).await;
         }
         self.client.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// The cluster secret workers require (see [`worker`]): `given` (every
+    /// node must be given the same), else the one stored in ZooKeeper,
+    /// created by the first node that needs it.
+    pub async fn cluster_secret(&self, given: Option<String>) -> Result<String> {
+        if let Some(secret) = given {
+            if secret.len() < 16 {
+                return Err(worker::bad_secret("give at least 16 characters"));
+            }
+            return Ok(secret);
+        }
+        let client = self.connected("read the cluster secret")?;
+        let path = self.path("secret");
+        let what = "the cluster secret";
+        let fresh = worker::new_secret();
+        match within(
+            &self.url,
+            what,
+            client.create(&path, fresh.as_bytes(), &persistent()),
+        )
+        .await?
+        {
+            Ok(_) => return Ok(fresh),
+            Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(zk_error(what, e)),
+        }
+        let (stored, _) = within(&self.url, what, client.get_data(&path))
+            .await?
+            .map_err(|e| zk_error(what, e))?;
+        String::from_utf8(stored).map_err(|_| worker::bad_secret("the stored one is not text"))
     }
 
     /// The ZooKeeper servers (for messages).

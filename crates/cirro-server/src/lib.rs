@@ -72,6 +72,10 @@ pub struct ClusterOptions {
     pub advertise: Option<String>,
     /// How long SIGTERM waits for running queries before leaving.
     pub drain_timeout: Duration,
+    /// Port of the worker service (0: a free one).
+    pub worker_port: u16,
+    /// The secret workers require (None: the one kept in ZooKeeper).
+    pub secret: Option<String>,
 }
 
 /// State shared by all connections.
@@ -283,6 +287,7 @@ async fn join_cluster(
     listen: &str,
     pg: std::net::SocketAddr,
     flight: std::net::SocketAddr,
+    worker: std::net::SocketAddr,
 ) -> Result<Arc<cirro_cluster::ZkCluster>> {
     let host = advertised_host(options, listen);
     let pg = format!("{host}:{}", pg.port());
@@ -295,7 +300,7 @@ async fn join_cluster(
             .unwrap_or_else(|_| env!("CARGO_PKG_VERSION").to_string()),
         flight: format!("{host}:{}", flight.port()),
         pg,
-        worker: String::new(),
+        worker: format!("{host}:{}", worker.port()),
         cores,
         memory_bytes,
         started_ms: cirro_catalog::state::now_ms(),
@@ -311,17 +316,31 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     let (listener, local) = listen(&config.listen, config.pg_port, "").await?;
     let (flight_listener, flight_local) =
         listen(&config.listen, config.flight_port, " (Flight SQL)").await?;
+    let runtime = match &config.engine.runtime {
+        Some(runtime) => Arc::clone(runtime),
+        None => Arc::new(RuntimeEnv::default()),
+    };
     let cluster = match &config.cluster {
-        Some(options) => Some(
-            join_cluster(
+        Some(options) => {
+            let (worker_listener, worker_local) =
+                listen(&config.listen, options.worker_port, " (worker)").await?;
+            let cluster = join_cluster(
                 options,
                 root.url().as_str(),
                 &config.listen,
                 local,
                 flight_local,
+                worker_local,
             )
-            .await?,
-        ),
+            .await?;
+            let secret = cluster.cluster_secret(options.secret.clone()).await?;
+            // Workers read the data location through the node's store.
+            if root.url().scheme() != "file" {
+                runtime.register_object_store(root.url(), Arc::clone(root.store()));
+            }
+            cirro_cluster::worker::spawn_worker(worker_listener, secret, Arc::clone(&runtime))?;
+            Some(cluster)
+        }
         None => None,
     };
     let catalog = match &cluster {
@@ -349,10 +368,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
             // One runtime for all sessions: shared Parquet metadata and
             // statistics caches (bounded once, not per connection) and one
             // memory pool.
-            runtime: Some(match &config.engine.runtime {
-                Some(runtime) => Arc::clone(runtime),
-                None => Arc::new(RuntimeEnv::default()),
-            }),
+            runtime: Some(runtime),
             ..config.engine.clone()
         },
         require_tls: config.require_tls,

@@ -99,6 +99,24 @@ pub struct ServeArgs {
     /// the cluster.
     #[arg(long, default_value_t = 30, requires = "cluster")]
     drain_timeout: u64,
+    /// Port of the worker service, where other nodes send query stages
+    /// (0 picks a free one).
+    #[arg(
+        long,
+        env = "CIRRO_WORKER_PORT",
+        default_value_t = 0,
+        requires = "cluster"
+    )]
+    worker_port: u16,
+    /// The secret workers require of the nodes that send them tasks (the
+    /// same on every node; default: one kept in ZooKeeper).
+    #[arg(
+        long,
+        env = "CIRRO_CLUSTER_SECRET",
+        hide_env_values = true,
+        requires = "cluster"
+    )]
+    cluster_secret: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -286,6 +304,8 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
                 node_id: args.node_id,
                 advertise: args.advertise,
                 drain_timeout: std::time::Duration::from_secs(args.drain_timeout),
+                worker_port: args.worker_port,
+                secret: args.cluster_secret,
             }),
         })
         .await?;

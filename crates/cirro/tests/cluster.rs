@@ -282,3 +282,33 @@ fn a_single_node_data_location_opens_in_a_cluster_and_back() {
     let out = common::sql_ok_at(&data, "SELECT sum(y) FROM after");
     assert!(out.contains("30"), "{out}");
 }
+
+/// Workers take tasks only from members: a client without the cluster
+/// secret (a stranger on the network) is refused before its request reaches
+/// the worker.
+#[test]
+fn a_stranger_is_refused_by_the_worker_service() {
+    use datafusion_distributed::GetWorkerInfoRequest;
+    use datafusion_distributed::grpc::create_worker_client;
+    let cluster = Cluster::up(2, "local");
+    let workers = cluster.sql(1, "SELECT worker_address FROM cirro.nodes ORDER BY id");
+    let workers: Vec<&str> = workers.lines().collect();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    for worker in workers {
+        let answer = runtime.block_on(async {
+            let channel = tonic::transport::Channel::from_shared(format!("http://{worker}"))
+                .expect("url")
+                .connect()
+                .await
+                .expect("the worker port answers");
+            let mut client = create_worker_client(tower::util::BoxCloneSyncService::new(channel));
+            client.get_worker_info(GetWorkerInfoRequest {}).await
+        });
+        let err = match answer {
+            Ok(info) => panic!("a stranger was served: version {}", info.version),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("cluster secret"), "{worker}: {err}");
+    }
+}
