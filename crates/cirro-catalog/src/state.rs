@@ -285,12 +285,14 @@ impl Catalog {
         let latest = match &self.coordination {
             None => self.versions.latest().await?,
             Some(coordination) => match coordination.catalog_version().await {
-                Ok(Some(version)) => {
+                Ok(published) => {
                     self.stale
                         .store(false, std::sync::atomic::Ordering::Relaxed);
-                    version
+                    match published {
+                        Some(version) => version,
+                        None => self.versions.latest().await?,
+                    }
                 }
-                Ok(None) => self.versions.latest().await?,
                 Err(e) => {
                     // The snapshots on the storage are authoritative (the
                     // published number only saves listing them): read the

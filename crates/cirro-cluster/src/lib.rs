@@ -180,23 +180,9 @@ impl ZkCluster {
     /// first node records its `--data`; a node with another is refused
     /// (its catalog versions would be mixed up with the other's).
     async fn check_data_location(&self, client: &zk::Client, data: &str) -> Result<()> {
-        let path = self.path("data");
-        let what = "record the data location";
-        match within(
-            &self.url,
-            what,
-            client.create(&path, data.as_bytes(), &persistent()),
-        )
-        .await?
-        {
-            Ok(_) => return Ok(()),
-            Err(zk::Error::NodeExists) => {}
-            Err(e) => return Err(zk_error(what, e)),
-        }
-        let (recorded, _) = within(&self.url, what, client.get_data(&path))
-            .await?
-            .map_err(|e| zk_error(what, e))?;
-        let recorded = String::from_utf8_lossy(&recorded);
+        let recorded = self
+            .create_or_read(client, "data", data, "record the data location")
+            .await?;
         if recorded != data {
             return Err(CirroError::new(
                 SqlState::CANNOT_CONNECT_NOW,
@@ -351,24 +337,36 @@ impl ZkCluster {
             return Ok(secret);
         }
         let client = self.connected("read the cluster secret")?;
-        let path = self.path("secret");
-        let what = "the cluster secret";
-        let fresh = worker::new_secret();
-        match within(
-            &self.url,
-            what,
-            client.create(&path, fresh.as_bytes(), &persistent()),
+        self.create_or_read(
+            &client,
+            "secret",
+            &worker::new_secret(),
+            "the cluster secret",
         )
-        .await?
-        {
-            Ok(_) => return Ok(fresh),
+        .await
+    }
+
+    /// The value of the persistent znode `name`, created with `value` if it
+    /// does not exist yet (the first node to ask sets it for all).
+    async fn create_or_read(
+        &self,
+        client: &zk::Client,
+        name: &str,
+        value: &str,
+        what: &str,
+    ) -> Result<String> {
+        let path = self.path(name);
+        let create = client.create(&path, value.as_bytes(), &persistent());
+        match within(&self.url, what, create).await? {
+            Ok(_) => return Ok(value.to_string()),
             Err(zk::Error::NodeExists) => {}
             Err(e) => return Err(zk_error(what, e)),
         }
         let (stored, _) = within(&self.url, what, client.get_data(&path))
             .await?
             .map_err(|e| zk_error(what, e))?;
-        String::from_utf8(stored).map_err(|_| worker::bad_secret("the stored one is not text"))
+        String::from_utf8(stored)
+            .map_err(|_| CirroError::internal(format!("{what}: the znode {path} is not text")))
     }
 
     /// The ZooKeeper servers (for messages).

@@ -3,7 +3,7 @@
 //! with psql, as a person reproducing them by hand would.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use super::cirro_bin;
@@ -17,8 +17,14 @@ pub struct Cluster {
     pub password: String,
 }
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/cluster")
+/// `scripts/cluster ARGS --dir DIR`, with this build's binary.
+fn run_script(dir: &Path, args: &[&str]) -> std::io::Result<Output> {
+    Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/cluster"))
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .env("CIRRO_BIN", cirro_bin())
+        .output()
 }
 
 impl Cluster {
@@ -33,21 +39,16 @@ impl Cluster {
 
     /// [`Cluster::up`] in `dir` (which may hold a data location, `data/`).
     pub fn up_in(dir: tempfile::TempDir, nodes: usize, storage: &str) -> Self {
-        let out = Command::new(script())
-            .args(["up", "--nodes", &nodes.to_string(), "--storage", storage])
-            .arg("--dir")
-            .arg(dir.path())
-            .env("CIRRO_BIN", cirro_bin())
-            .output()
-            .expect("run scripts/cluster");
+        let nodes_arg = nodes.to_string();
+        let out = run_script(
+            dir.path(),
+            &["up", "--nodes", &nodes_arg, "--storage", storage],
+        )
+        .expect("run scripts/cluster");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
             // Whatever started (ZooKeeper, HDFS, namespaces) goes again.
-            let _ = Command::new(script())
-                .arg("down")
-                .arg("--dir")
-                .arg(dir.path())
-                .output();
+            let _ = run_script(dir.path(), &["down"]);
         }
         assert!(
             out.status.success(),
@@ -81,13 +82,7 @@ impl Cluster {
 
     /// `scripts/cluster ARGS --dir D`, which must succeed.
     pub fn script(&self, args: &[&str]) -> String {
-        let out = Command::new(script())
-            .args(args)
-            .arg("--dir")
-            .arg(self.dir.path())
-            .env("CIRRO_BIN", cirro_bin())
-            .output()
-            .expect("run scripts/cluster");
+        let out = run_script(self.dir.path(), args).expect("run scripts/cluster");
         assert!(
             out.status.success(),
             "scripts/cluster {args:?} failed: {}",
@@ -164,10 +159,6 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = Command::new(script())
-            .arg("down")
-            .arg("--dir")
-            .arg(self.dir.path())
-            .output();
+        let _ = run_script(self.dir.path(), &["down"]);
     }
 }
