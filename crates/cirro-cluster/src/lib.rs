@@ -27,6 +27,7 @@ use cirro_catalog::{Coordination, HeldLock, NodeInfo};
 use cirro_common::{CirroError, Result, SqlState};
 use zookeeper_client as zk;
 
+pub mod distributed;
 pub mod worker;
 
 /// ZooKeeper session timeout: a node that dies or is cut off leaves the
@@ -200,7 +201,8 @@ impl ZkCluster {
         format!("{}/{name}", self.url.path)
     }
 
-    fn me(&self) -> NodeInfo {
+    /// This node, as registered.
+    pub fn me(&self) -> NodeInfo {
         self.me.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 

@@ -14,7 +14,6 @@
 use std::sync::Arc;
 
 use cirro_common::{CirroError, Result, SqlState};
-use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion_distributed::Worker;
 use tokio::net::TcpListener;
 
@@ -31,13 +30,10 @@ fn same_secret(given: &[u8], secret: &[u8]) -> bool {
             == 0
 }
 
-/// Serve the worker service on `listener` until the process ends; requests
-/// must carry `secret`.
-pub fn spawn_worker(listener: TcpListener, secret: String, runtime: Arc<RuntimeEnv>) -> Result<()> {
-    let worker = Worker::default()
-        .with_runtime_env(runtime)
-        .with_version(env!("CARGO_PKG_VERSION"));
-    let secret = Arc::new(secret.into_bytes());
+/// Serve `worker` on `listener` until the process ends; requests must carry
+/// `secret`.
+pub fn spawn_worker(listener: TcpListener, secret: &str, worker: Worker) -> Result<()> {
+    let secret = Arc::new(secret.as_bytes().to_vec());
     let check = move |request: tonic::Request<()>| {
         let given = request.metadata().get(SECRET_HEADER).map(|v| v.as_bytes());
         match given {

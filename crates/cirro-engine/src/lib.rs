@@ -85,6 +85,8 @@ pub struct EngineConfig {
     /// How the process was started (`--data`, `--pg-port`, …): shown by
     /// `SHOW cirro.<name>` and `SHOW ALL`, read-only.
     pub flags: Arc<Vec<Flag>>,
+    /// A cluster node's distributed execution (none on a single node).
+    pub distribution: Option<Arc<dyn cirro_exec::distribution::Distribution>>,
 }
 
 /// One command-line flag of the process, as a read-only setting.
@@ -206,6 +208,37 @@ fn name_not_null_column(err: CirroError, input: &LogicalPlan, table: &str) -> Ci
     }
 }
 
+/// 08006 for a query a node failed (see [`Engine::query`]).
+fn node_failure(e: &datafusion::error::DataFusionError) -> CirroError {
+    CirroError::new(
+        SqlState::CONNECTION_FAILURE,
+        format!("a node of the cluster failed during the query; try again: {e}"),
+    )
+}
+
+/// One more row of EXPLAIN output (`plan_type`, `plan`).
+fn explain_row(
+    schema: &arrow::datatypes::SchemaRef,
+    text: &str,
+) -> Result<arrow::array::RecordBatch> {
+    let columns = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, field)| {
+            let value = if i == 0 { "nodes" } else { text };
+            arrow::compute::cast(
+                &arrow::array::StringArray::from(vec![value]),
+                field.data_type(),
+            )
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(arrow::array::RecordBatch::try_new(
+        Arc::clone(schema),
+        columns,
+    )?)
+}
+
 /// The engine of one session: one catalog, one DataFusion session.
 pub struct Engine {
     catalog: Arc<Catalog>,
@@ -222,6 +255,8 @@ pub struct Engine {
     settings: settings::Settings,
     counters: Counters,
     flags: Arc<Vec<Flag>>,
+    /// The cluster's distributed execution, on a cluster node.
+    distribution: Option<Arc<dyn cirro_exec::distribution::Distribution>>,
     /// Statements PREPAREd in SQL, by name.
     sql_prepared: std::sync::Mutex<std::collections::HashMap<String, Arc<Prepared>>>,
     /// The session's entry in the server's registry (none in the shell).
@@ -269,6 +304,9 @@ impl Engine {
         if let Some(runtime) = &config.runtime {
             builder = builder.with_runtime_env(Arc::clone(runtime));
         }
+        if let Some(distribution) = &config.distribution {
+            builder = distribution.configure(builder);
+        }
         let state = builder.build();
         let superuser = access::SuperuserCheck::new(Arc::clone(&catalog), user.clone());
         let ctx =
@@ -306,6 +344,7 @@ impl Engine {
             settings: settings::Settings::default(),
             counters: Counters::default(),
             flags: Arc::clone(&config.flags),
+            distribution: config.distribution.clone(),
             sql_prepared: Default::default(),
             backend: Default::default(),
         }
@@ -680,10 +719,71 @@ impl Engine {
                 frame.collect().await?;
                 Ok(Outcome::command(tag))
             }
-            plan => {
-                let frame = self.ctx.execute_logical_plan(plan).await?;
-                Ok(Outcome::Rows(frame.execute_stream().await?))
+            plan => self.query(plan).await,
+        }
+    }
+
+    /// Run a query. On a cluster node a query that runs on several nodes
+    /// and fails because a node failed before it returned a row is planned
+    /// and run once more, on the nodes that answer (its rows are then
+    /// whole: none was sent); a failure after that, or after rows went
+    /// out, is 08006. `EXPLAIN ANALYZE` of such a query says which nodes
+    /// ran each stage.
+    async fn query(&self, plan: LogicalPlan) -> Result<Outcome> {
+        let Some(distribution) = &self.distribution else {
+            let frame = self.ctx.execute_logical_plan(plan).await?;
+            return Ok(Outcome::Rows(frame.execute_stream().await?));
+        };
+        let analyze = matches!(plan, LogicalPlan::Analyze(_));
+        let mut retried = false;
+        loop {
+            let frame = self.ctx.execute_logical_plan(plan.clone()).await?;
+            let task_ctx = Arc::new(frame.task_ctx());
+            let physical = frame.create_physical_plan().await?;
+            if !distribution.is_distributed(&physical) {
+                let stream = datafusion::physical_plan::execute_stream(physical, task_ctx)?;
+                return Ok(Outcome::Rows(stream));
             }
+            let mut stream = datafusion::physical_plan::execute_stream(physical, task_ctx)?;
+            let schema = stream.schema();
+            let first = stream.next().await;
+            if let Some(Err(e)) = &first
+                && distribution.is_node_failure(e)
+            {
+                if !retried {
+                    log::warn!("a node failed during a query; running it again: {e}");
+                    retried = true;
+                    distribution.forget_failed_nodes().await;
+                    continue;
+                }
+                return Err(node_failure(e));
+            }
+            if analyze {
+                let placement = distribution.take_task_placement(self.ctx.state().config());
+                let mut batches: Vec<_> = first.into_iter().collect::<Result<_, _>>()?;
+                while let Some(batch) = stream.next().await {
+                    batches.push(batch?);
+                }
+                if !placement.is_empty() {
+                    batches.push(explain_row(&schema, &placement.join("\n"))?);
+                }
+                let batch = arrow::compute::concat_batches(&schema, &batches)?;
+                return self.batch_rows(batch).await;
+            }
+            let failover = Arc::clone(distribution);
+            let rest = stream.map(move |item| {
+                item.map_err(|e| {
+                    if failover.is_node_failure(&e) {
+                        node_failure(&e).into_datafusion()
+                    } else {
+                        e
+                    }
+                })
+            });
+            let stream = futures::stream::iter(first).chain(rest);
+            return Ok(Outcome::Rows(Box::pin(
+                datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, stream),
+            )));
         }
     }
 

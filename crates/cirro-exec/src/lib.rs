@@ -2,7 +2,9 @@
 //!
 //! - `rules/`: analyzer and optimizer rules ([`rules::analyzer_rules`] puts
 //!   them in their places around DataFusion's own);
-//! - `functions/`: the scalar functions those rules put into plans.
+//! - `functions/`: the scalar functions those rules put into plans;
+//! - `distribution`: the seam to a cluster's distributed execution.
 
+pub mod distribution;
 pub mod functions;
 pub mod rules;

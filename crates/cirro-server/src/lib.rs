@@ -338,10 +338,22 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
             if root.url().scheme() != "file" {
                 runtime.register_object_store(root.url(), Arc::clone(root.store()));
             }
-            cirro_cluster::worker::spawn_worker(worker_listener, secret, Arc::clone(&runtime))?;
-            Some(cluster)
+            let execution = cirro_cluster::distributed::ClusterExecution::new(
+                Arc::clone(&cluster),
+                &secret,
+                Arc::clone(&runtime),
+            )?;
+            cirro_cluster::worker::spawn_worker(worker_listener, &secret, execution.worker())?;
+            Some((cluster, execution))
         }
         None => None,
+    };
+    let (cluster, distribution) = match cluster {
+        Some((cluster, execution)) => (
+            Some(cluster),
+            Some(execution as Arc<dyn cirro_exec::distribution::Distribution>),
+        ),
+        None => (None, None),
     };
     let catalog = match &cluster {
         Some(cluster) => Catalog::open_in_cluster(root, Arc::clone(cluster) as _).await?,
@@ -369,6 +381,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
             // statistics caches (bounded once, not per connection) and one
             // memory pool.
             runtime: Some(runtime),
+            distribution,
             ..config.engine.clone()
         },
         require_tls: config.require_tls,

@@ -2,3 +2,17 @@
 
 pub mod checked;
 pub mod numeric;
+
+/// Cirro's functions that planning rules put into plans, which every node
+/// of a cluster registers so that plans with them run on any node.
+pub fn portable_udfs() -> Vec<std::sync::Arc<datafusion::logical_expr::ScalarUDF>> {
+    vec![
+        checked::checked_udf(checked::CheckedOp::Add),
+        checked::checked_udf(checked::CheckedOp::Subtract),
+        checked::checked_udf(checked::CheckedOp::Multiply),
+        checked::checked_udf(checked::CheckedOp::Negate),
+        numeric::numeric_divide_udf(),
+        numeric::round_to_integer_udf(),
+        crate::rules::segment_udf(),
+    ]
+}

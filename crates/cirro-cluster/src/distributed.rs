@@ -1,0 +1,876 @@
+//! Queries across the cluster: the coordinating side of
+//! `datafusion-distributed`, and what the worker side needs to run Cirro's
+//! plans.
+//!
+//! Every node coordinates the queries its clients send. A session of a
+//! cluster node plans a query as a single node does, then, when the plan
+//! can run elsewhere (see [`distributable`]), hands it to
+//! `datafusion-distributed`'s planner, which cuts it into stages at its
+//! shuffles and sends each stage's tasks to the live nodes:
+//!
+//! - **Who works**: the [`ClusterWorkers`] resolver lists the running
+//!   members of the cluster (ZooKeeper's member list, which a background
+//!   watch keeps current), less those that just failed to answer.
+//! - **Where tasks go**: a stage of one task runs on the coordinator itself;
+//!   the tasks of a larger stage go round the members from a random one.
+//!   The session records where, for `EXPLAIN ANALYZE`.
+//! - **How they talk**: [`ClusterChannels`] opens one gRPC channel per
+//!   worker, with every request carrying the cluster secret, and HTTP/2
+//!   keep-alives so that a node cut off mid-query is noticed in seconds.
+//! - **What travels**: plans go as DataFusion's protobuf, which drops what a
+//!   Parquet scan's files carry besides their names: Cirro's deletion
+//!   vectors (a row selection per file). [`DeletionVectorsExec`] sits above
+//!   such a scan and carries them; [`CirroCodec`] encodes it and puts the
+//!   selections back onto the files on the worker. Cirro's own functions
+//!   (checked arithmetic, …) are registered on every worker.
+//!
+//! Writes, system tables and plans with session-bound functions stay on the
+//! coordinator.
+
+use std::any::{Any, TypeId};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use cirro_catalog::{Coordination, NodeInfo};
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfig};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::{LogicalPlan, PlanType, StringifiedPlan};
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::explain::ExplainExec;
+use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, Statistics,
+};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
+use datafusion::prelude::SessionConfig;
+use datafusion_distributed::grpc::{BoxCloneSyncChannel, create_worker_client};
+use datafusion_distributed::{
+    ChannelResolver, DistributedExec, DistributedExt, RouteTasksEvent, RouteTasksEventResponse,
+    SessionStateBuilderExt, Worker, WorkerChannel, WorkerQueryContext, WorkerResolver,
+    WorkerSessionBuilder, display_plan_ascii,
+};
+use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use futures::future::BoxFuture;
+use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+use tonic::codegen::http;
+use url::Url;
+
+use crate::ZkCluster;
+use crate::worker::SECRET_HEADER;
+
+/// How long a new connection to a worker may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 pings on every worker connection, and how long one may go
+/// unanswered: a node cut off mid-query fails the query in about 4 s.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a probe of a node that failed a query may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a node that failed to answer is left out of new plans (unless it
+/// registers again, restarted, before that).
+const SUSPECT_FOR: Duration = Duration::from_secs(30);
+
+/// Scan columns that only DML scans carry (`cirro_storage::table`): such
+/// plans change tables and stay on the coordinator.
+const ROW_ID_COLUMNS: [&str; 2] = ["__cirro_file", "__cirro_row"];
+
+/// A node's cluster execution: the worker service it runs and the setup of
+/// its sessions to coordinate queries (see the module docs).
+#[derive(Debug)]
+pub struct ClusterExecution {
+    cluster: Arc<ZkCluster>,
+    channels: ClusterChannels,
+    suspects: Arc<Suspects>,
+    worker: WorkerHandle,
+    me: Url,
+}
+
+/// The node's own worker (tasks routed to the coordinator run in process).
+#[derive(Clone)]
+struct WorkerHandle(Worker);
+
+impl std::fmt::Debug for WorkerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Worker")
+    }
+}
+
+impl ClusterExecution {
+    /// The execution of the node `cluster.me()`, whose worker service
+    /// answers requests carrying `secret` and reads through `runtime`.
+    pub fn new(
+        cluster: Arc<ZkCluster>,
+        secret: &str,
+        runtime: Arc<RuntimeEnv>,
+    ) -> Result<Arc<Self>, cirro_common::CirroError> {
+        let channels = ClusterChannels::new(secret)?;
+        let worker = Worker::from_session_builder(WorkerSessions {
+            channels: channels.clone(),
+        })
+        .with_runtime_env(runtime)
+        .with_version(env!("CARGO_PKG_VERSION"));
+        let me = worker_url(&cluster.me().worker)
+            .map_err(|e| crate::worker::bad_secret(&e.to_string()))?;
+        Ok(Arc::new(Self {
+            cluster,
+            channels,
+            suspects: Arc::default(),
+            worker: WorkerHandle(worker),
+            me,
+        }))
+    }
+
+    /// The worker service this node runs.
+    pub fn worker(&self) -> Worker {
+        self.worker.0.clone()
+    }
+
+    fn workers(&self) -> ClusterWorkers {
+        ClusterWorkers {
+            cluster: Arc::clone(&self.cluster),
+            suspects: Arc::clone(&self.suspects),
+            me: self.me.clone(),
+        }
+    }
+
+    /// `url`'s node id, for people.
+    fn node_name(&self, url: &Url, nodes: &[NodeInfo]) -> String {
+        let address = format!(
+            "{}:{}",
+            url.host_str().unwrap_or_default(),
+            url.port().unwrap_or_default()
+        );
+        nodes
+            .iter()
+            .find(|n| n.worker == address)
+            .map(|n| n.id.clone())
+            .unwrap_or(address)
+    }
+}
+
+fn worker_url(address: &str) -> DfResult<Url> {
+    Url::parse(&format!("http://{address}"))
+        .map_err(|e| DataFusionError::Configuration(format!("worker address {address}: {e}")))
+}
+
+impl cirro_exec::distribution::Distribution for ClusterExecution {
+    fn configure(&self, builder: SessionStateBuilder) -> SessionStateBuilder {
+        let mut builder = builder
+            .with_query_planner(Arc::new(Handoff))
+            .with_distributed_planner()
+            .with_distributed_worker_resolver(self.workers())
+            .with_distributed_channel_resolver(self.channels.clone())
+            .with_distributed_user_codec(CirroCodec)
+            .with_distributed_local_worker_context(
+                self.worker.0.to_local_worker_context(self.me.clone()),
+            )
+            .with_distributed_route_tasks_handler(Routing {
+                workers: self.workers(),
+            });
+        let distributed = builder
+            .query_planner()
+            .take()
+            .expect("with_distributed_planner sets a query planner");
+        builder
+            .config()
+            .get_or_insert_default()
+            .set_extension(Arc::new(PlacementLog::default()));
+        builder.with_query_planner(Arc::new(ClusterPlanner { distributed }))
+    }
+
+    fn is_distributed(&self, plan: &Arc<dyn ExecutionPlan>) -> bool {
+        plan.exists(|p| Ok(p.is::<DistributedExec>()))
+            .unwrap_or(false)
+    }
+
+    fn is_node_failure(&self, error: &DataFusionError) -> bool {
+        is_node_failure(&error.to_string())
+    }
+
+    fn forget_failed_nodes(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let nodes = self.cluster.nodes();
+            let probes = nodes.iter().map(|node| async move {
+                let answered = tokio::time::timeout(
+                    PROBE_TIMEOUT,
+                    tokio::net::TcpStream::connect(node.worker.as_str()),
+                )
+                .await;
+                (node, matches!(answered, Ok(Ok(_))))
+            });
+            for (node, answered) in futures::future::join_all(probes).await {
+                if !answered {
+                    log::warn!(
+                        "node {} ({}) does not answer: left out of new plans",
+                        node.id,
+                        node.worker
+                    );
+                    self.suspects.add(node);
+                }
+            }
+        })
+    }
+
+    fn take_task_placement(&self, config: &SessionConfig) -> Vec<String> {
+        let Some(log) = config.get_extension::<PlacementLog>() else {
+            return Vec::new();
+        };
+        let stages = std::mem::take(&mut *log.0.lock().unwrap_or_else(|e| e.into_inner()));
+        let nodes = self.cluster.nodes();
+        stages
+            .into_iter()
+            .map(|(head, urls)| {
+                let names: Vec<String> = urls.iter().map(|u| self.node_name(u, &nodes)).collect();
+                format!(
+                    "stage ({head}): {} task{} on {}",
+                    urls.len(),
+                    if urls.len() == 1 { "" } else { "s" },
+                    names.join(", ")
+                )
+            })
+            .collect()
+    }
+}
+
+/// Whether an error's text says a node failed or could not be reached.
+fn is_node_failure(text: &str) -> bool {
+    let text = text.to_ascii_lowercase();
+    [
+        "error connecting to distributed datafusion worker",
+        "transport error",
+        "tcp connect error",
+        "connection refused",
+        "connection reset",
+        "broken pipe",
+        "keep-alive timed out",
+        "keepalive",
+        "h2 protocol error",
+        "status: unavailable",
+        "code: unavailable",
+        "error trying to connect",
+        "stream closed because of a broken pipe",
+        "operation was canceled",
+        "no route to host",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}
+
+/// Nodes that failed to answer, left out of plans for a while.
+#[derive(Debug, Default)]
+struct Suspects(Mutex<HashMap<String, (i64, Instant)>>);
+
+impl Suspects {
+    fn add(&self, node: &NodeInfo) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node.worker.clone(), (node.started_ms, Instant::now()));
+    }
+
+    /// Whether `node` is left out: it failed, has not restarted since, and
+    /// failed recently.
+    fn excludes(&self, node: &NodeInfo) -> bool {
+        let mut suspects = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match suspects.get(&node.worker) {
+            Some((started, when))
+                if *started == node.started_ms && when.elapsed() < SUSPECT_FOR =>
+            {
+                true
+            }
+            Some(_) => {
+                suspects.remove(&node.worker);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+/// The workers of the cluster, from ZooKeeper's member list (kept current by
+/// a background watch; `WorkerResolver` is synchronous).
+#[derive(Clone)]
+struct ClusterWorkers {
+    cluster: Arc<ZkCluster>,
+    suspects: Arc<Suspects>,
+    me: Url,
+}
+
+impl WorkerResolver for ClusterWorkers {
+    fn get_urls(&self) -> DfResult<Vec<Url>> {
+        let version = self.cluster.me().version;
+        let mut urls: Vec<Url> = self
+            .cluster
+            .nodes()
+            .iter()
+            .filter(|n| n.state == "running" && n.version == version && !self.suspects.excludes(n))
+            .filter_map(|n| worker_url(&n.worker).ok())
+            .collect();
+        if urls.is_empty() {
+            // ZooKeeper unreachable, or this node draining: run here.
+            urls.push(self.me.clone());
+        }
+        urls.sort();
+        urls.dedup();
+        Ok(urls)
+    }
+}
+
+/// Where the tasks of each stage went, per session (`EXPLAIN ANALYZE`).
+#[derive(Debug, Default)]
+struct PlacementLog(Mutex<Vec<(String, Vec<Url>)>>);
+
+/// Task placement: a stage of one task on the coordinator itself, the tasks
+/// of a larger one round the workers from a random one.
+struct Routing {
+    workers: ClusterWorkers,
+}
+
+impl datafusion_distributed::RouteTasksHandler for Routing {
+    fn handle(&self, ev: RouteTasksEvent) -> Option<DfResult<RouteTasksEventResponse>> {
+        let urls = if ev.task_count == 1 {
+            vec![self.workers.me.clone()]
+        } else {
+            let available = match self.workers.get_urls() {
+                Ok(urls) => urls,
+                Err(e) => return Some(Err(e)),
+            };
+            let start = rand::random_range(0..available.len());
+            (0..ev.task_count)
+                .map(|i| available[(start + i) % available.len()].clone())
+                .collect()
+        };
+        if let Some(log) = ev.task_ctx.session_config().get_extension::<PlacementLog>() {
+            log.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((ev.plan.name().to_string(), urls.clone()));
+        }
+        Some(Ok(RouteTasksEventResponse::new(urls)))
+    }
+}
+
+/// gRPC channels to the workers: one per worker, each request carrying the
+/// cluster secret; connect and keep-alive timeouts bound how long a dead or
+/// cut-off node can hold a query.
+#[derive(Clone)]
+pub struct ClusterChannels {
+    secret: http::HeaderValue,
+    channels: Arc<Mutex<HashMap<Url, BoxCloneSyncChannel>>>,
+}
+
+impl std::fmt::Debug for ClusterChannels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterChannels")
+    }
+}
+
+impl ClusterChannels {
+    fn new(secret: &str) -> Result<Self, cirro_common::CirroError> {
+        let secret = http::HeaderValue::from_str(secret)
+            .map_err(|_| crate::worker::bad_secret("it must be printable ASCII"))?;
+        Ok(Self {
+            secret,
+            channels: Arc::default(),
+        })
+    }
+
+    fn channel(&self, url: &Url) -> DfResult<BoxCloneSyncChannel> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(channel) = channels.get(url) {
+            return Ok(channel.clone());
+        }
+        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+            .map_err(|e| DataFusionError::Configuration(format!("worker {url}: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
+            .tcp_nodelay(true);
+        let secret = self.secret.clone();
+        let service = tower::ServiceBuilder::new()
+            .map_request(move |mut request: http::Request<tonic::body::Body>| {
+                request.headers_mut().insert(SECRET_HEADER, secret.clone());
+                request
+            })
+            .service(endpoint.connect_lazy());
+        let channel = BoxCloneSyncChannel::new(service);
+        channels.insert(url.clone(), channel.clone());
+        Ok(channel)
+    }
+}
+
+#[async_trait]
+impl ChannelResolver for ClusterChannels {
+    async fn get_worker_client_for_url(&self, url: &Url) -> DfResult<Box<dyn WorkerChannel>> {
+        Ok(create_worker_client(self.channel(url)?))
+    }
+}
+
+/// The sessions the worker service runs tasks in: Cirro's functions and
+/// codec, and the same channels (a stage reads the stages below it from
+/// other workers).
+#[derive(Clone)]
+struct WorkerSessions {
+    channels: ClusterChannels,
+}
+
+#[async_trait]
+impl WorkerSessionBuilder for WorkerSessions {
+    async fn build_session_state(&self, ctx: WorkerQueryContext) -> DfResult<SessionState> {
+        let mut builder = ctx
+            .builder
+            .with_distributed_user_codec(CirroCodec)
+            .with_distributed_channel_resolver(self.channels.clone());
+        if let Some(functions) = builder.scalar_functions() {
+            functions.extend(cirro_exec::functions::portable_udfs());
+        }
+        Ok(builder.build())
+    }
+}
+
+/// The functions a worker knows, by name, with their implementation's type:
+/// a plan whose functions are all among these runs on any node.
+static WORKER_FUNCTIONS: LazyLock<HashMap<String, TypeId>> = LazyLock::new(|| {
+    let mut builder = SessionStateBuilder::new().with_default_features();
+    if let Some(functions) = builder.scalar_functions() {
+        functions.extend(cirro_exec::functions::portable_udfs());
+    }
+    let state = builder.build();
+    state
+        .scalar_functions()
+        .values()
+        .map(|f| {
+            let inner: &dyn Any = f.inner().as_ref();
+            (f.name().to_string(), inner.type_id())
+        })
+        .collect()
+});
+
+/// Whether `plan` can run on other nodes: it reads only files (Cirro's
+/// tables, `read_parquet`) and computes only with functions every worker
+/// has. Writes, DML scans (row ids), system tables, `VALUES` and
+/// session-bound functions (`current_user`, `pg_backend_pid`) stay home.
+fn distributable(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut ok = true;
+    let _ = plan.apply(|node| {
+        let fine = if node.name() == "DataSinkExec" {
+            false
+        } else if node.children().is_empty() {
+            leaf_travels(node)
+        } else {
+            true
+        } && expressions_travel(node.as_ref());
+        if !fine {
+            ok = false;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    ok
+}
+
+fn leaf_travels(node: &Arc<dyn ExecutionPlan>) -> bool {
+    if node.is::<EmptyExec>() || node.is::<PlaceholderRowExec>() {
+        return true;
+    }
+    let Some(source) = node.downcast_ref::<DataSourceExec>() else {
+        return false;
+    };
+    source
+        .data_source()
+        .downcast_ref::<FileScanConfig>()
+        .is_some()
+        && !node
+            .schema()
+            .fields()
+            .iter()
+            .any(|f| ROW_ID_COLUMNS.contains(&f.name().as_str()))
+}
+
+fn expressions_travel(node: &dyn ExecutionPlan) -> bool {
+    let mut ok = true;
+    let _ = node.apply_expressions(&mut |expr: &Arc<dyn PhysicalExpr>| {
+        expr.apply(|e| {
+            if let Some(function) = e.downcast_ref::<ScalarFunctionExpr>() {
+                let inner: &dyn Any = function.fun().inner().as_ref();
+                if WORKER_FUNCTIONS.get(function.name()) != Some(&inner.type_id()) {
+                    ok = false;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(if ok {
+            TreeNodeRecursion::Continue
+        } else {
+            TreeNodeRecursion::Stop
+        })
+    });
+    ok
+}
+
+tokio::task_local! {
+    /// The plan [`ClusterPlanner`] made, for [`Handoff`] to give to the
+    /// distributed planner (which would otherwise plan the query again).
+    static PLANNED: RefCell<Option<Arc<dyn ExecutionPlan>>>;
+}
+
+/// The planner `datafusion-distributed`'s planner starts from: the plan
+/// [`ClusterPlanner`] already made.
+#[derive(Debug)]
+struct Handoff;
+
+#[async_trait]
+impl QueryPlanner for Handoff {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        if let Ok(Some(plan)) = PLANNED.try_with(|planned| planned.borrow_mut().take()) {
+            return Ok(plan);
+        }
+        DefaultPhysicalPlanner::default()
+            .create_physical_plan(logical_plan, session)
+            .await
+    }
+}
+
+/// A cluster session's planner: plan as one node does; distribute what can
+/// run elsewhere (see [`distributable`]).
+#[derive(Debug)]
+struct ClusterPlanner {
+    distributed: Arc<dyn QueryPlanner + Send + Sync>,
+}
+
+impl ClusterPlanner {
+    /// `plan` (made for `logical_plan`) cut into stages, if it can be.
+    async fn distribute(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let inner = match plan.downcast_ref::<datafusion::physical_plan::analyze::AnalyzeExec>() {
+            Some(analyze) => analyze.input(),
+            None => &plan,
+        };
+        if !distributable(inner) {
+            return Ok(plan);
+        }
+        let plan = DeletionVectorsExec::wrap_scans(plan)?;
+        PLANNED
+            .scope(
+                RefCell::new(Some(plan)),
+                self.distributed.create_physical_plan(logical_plan, session),
+            )
+            .await
+    }
+}
+
+#[async_trait]
+impl QueryPlanner for ClusterPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let planner = DefaultPhysicalPlanner::default();
+        let plan = planner.create_physical_plan(logical_plan, session).await?;
+        if let LogicalPlan::Explain(explain) = logical_plan {
+            // DataFusion plans EXPLAIN's input itself; show the stages.
+            let Some(exec) = plan.downcast_ref::<ExplainExec>() else {
+                return Ok(plan);
+            };
+            let input = planner.create_physical_plan(&explain.plan, session).await?;
+            let distributed = self.distribute(input, &explain.plan, session).await?;
+            if !distributed.is::<DistributedExec>() {
+                return Ok(plan);
+            }
+            let text = display_plan_ascii(distributed.as_ref(), false);
+            let plans = exec
+                .stringified_plans()
+                .iter()
+                .map(|p| match p.plan_type {
+                    PlanType::FinalPhysicalPlan => {
+                        StringifiedPlan::new(PlanType::FinalPhysicalPlan, text.clone())
+                    }
+                    _ => p.clone(),
+                })
+                .collect();
+            return Ok(Arc::new(ExplainExec::new(
+                exec.schema(),
+                plans,
+                exec.verbose(),
+            )));
+        }
+        self.distribute(plan, logical_plan, session).await
+    }
+}
+
+/// A Parquet scan's deletion vectors, carried to the workers: DataFusion's
+/// protobuf keeps a scan's file names and byte ranges but not the row
+/// selection each file carries, so this node sits above such a scan, keeps
+/// the selections by file, and [`CirroCodec`] puts them back onto the
+/// decoded scan's files. It runs as its input does.
+#[derive(Debug)]
+pub struct DeletionVectorsExec {
+    input: Arc<dyn ExecutionPlan>,
+    selections: Arc<HashMap<String, RowSelection>>,
+}
+
+impl DeletionVectorsExec {
+    /// `plan` with one above every scan whose files carry row selections.
+    fn wrap_scans(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let selections = row_selections(&node);
+            if selections.is_empty() {
+                return Ok(datafusion::common::tree_node::Transformed::no(node));
+            }
+            Ok(datafusion::common::tree_node::Transformed::yes(
+                Arc::new(DeletionVectorsExec {
+                    input: node,
+                    selections: Arc::new(selections),
+                }) as Arc<dyn ExecutionPlan>,
+            ))
+        })
+        .map(|t| t.data)
+    }
+}
+
+/// The row selections of `node`'s files, when it is a file scan.
+fn row_selections(node: &Arc<dyn ExecutionPlan>) -> HashMap<String, RowSelection> {
+    let Some(scan) = node
+        .downcast_ref::<DataSourceExec>()
+        .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
+    else {
+        return HashMap::new();
+    };
+    scan.file_groups
+        .iter()
+        .flat_map(|group| group.iter())
+        .filter_map(|file| {
+            let selection = file.extension::<ParquetRowSelection>()?;
+            Some((
+                file.object_meta.location.to_string(),
+                selection.selection().clone(),
+            ))
+        })
+        .collect()
+}
+
+impl DisplayAs for DeletionVectorsExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "DeletionVectorsExec: files={}", self.selections.len())
+    }
+}
+
+impl ExecutionPlan for DeletionVectorsExec {
+    fn name(&self) -> &str {
+        "DeletionVectorsExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn cardinality_effect(&self) -> datafusion::physical_plan::execution_plan::CardinalityEffect {
+        datafusion::physical_plan::execution_plan::CardinalityEffect::Equal
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let Some(input) = children.pop().filter(|_| children.is_empty()) else {
+            return Err(DataFusionError::Internal(
+                "DeletionVectorsExec takes one input".to_string(),
+            ));
+        };
+        Ok(Arc::new(Self {
+            input,
+            selections: Arc::clone(&self.selections),
+        }))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        self.input.execute(partition, context)
+    }
+
+    fn child_stats_requests(
+        &self,
+        partition: Option<usize>,
+    ) -> Vec<datafusion::physical_plan::statistics::ChildStats> {
+        vec![datafusion::physical_plan::statistics::ChildStats::At(
+            partition,
+        )]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &datafusion::physical_plan::statistics::StatisticsArgs,
+    ) -> DfResult<Arc<Statistics>> {
+        Ok(Arc::clone(&input_stats[0]))
+    }
+}
+
+/// `input` (a decoded scan) with `selections` put back onto its files.
+fn reattach(
+    input: &Arc<dyn ExecutionPlan>,
+    selections: &HashMap<String, RowSelection>,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let Some(scan) = input
+        .downcast_ref::<DataSourceExec>()
+        .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
+    else {
+        return Ok(Arc::clone(input));
+    };
+    let mut scan = scan.clone();
+    scan.file_groups = std::mem::take(&mut scan.file_groups)
+        .into_iter()
+        .map(|group| {
+            let statistics = group.file_statistics(None).cloned();
+            let files = group
+                .into_inner()
+                .into_iter()
+                .map(|mut file| {
+                    if let Some(selection) = selections.get(&file.object_meta.location.to_string())
+                    {
+                        file.extensions
+                            .insert(ParquetRowSelection::new(selection.clone()));
+                    }
+                    file
+                })
+                .collect();
+            let group = FileGroup::new(files);
+            match statistics {
+                Some(statistics) => group.with_statistics(Arc::new(statistics)),
+                None => group,
+            }
+        })
+        .collect();
+    Ok(DataSourceExec::from_data_source(scan))
+}
+
+/// Cirro's plan nodes on the wire ([`DeletionVectorsExec`]: the selections
+/// as `[[rows, skip], …]` per file, in JSON).
+#[derive(Debug)]
+pub struct CirroCodec;
+
+impl PhysicalExtensionCodec for CirroCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        _ctx: &TaskContext,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = inputs else {
+            return Err(DataFusionError::Internal(
+                "DeletionVectorsExec takes one input".to_string(),
+            ));
+        };
+        let encoded: HashMap<String, Vec<(usize, bool)>> = serde_json::from_slice(buf)
+            .map_err(|e| DataFusionError::Internal(format!("DeletionVectorsExec: {e}")))?;
+        let selections: HashMap<String, RowSelection> = encoded
+            .into_iter()
+            .map(|(file, runs)| {
+                let selectors: Vec<RowSelector> = runs
+                    .into_iter()
+                    .map(|(rows, skip)| {
+                        if skip {
+                            RowSelector::skip(rows)
+                        } else {
+                            RowSelector::select(rows)
+                        }
+                    })
+                    .collect();
+                (file, RowSelection::from(selectors))
+            })
+            .collect();
+        Ok(Arc::new(DeletionVectorsExec {
+            input: reattach(input, &selections)?,
+            selections: Arc::new(selections),
+        }))
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        _proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> DfResult<()> {
+        let Some(exec) = node.downcast_ref::<DeletionVectorsExec>() else {
+            return Err(DataFusionError::NotImplemented(format!(
+                "{} cannot be sent to another node",
+                node.name()
+            )));
+        };
+        let encoded: HashMap<&String, Vec<(usize, bool)>> = exec
+            .selections
+            .iter()
+            .map(|(file, selection)| {
+                (
+                    file,
+                    selection.iter().map(|s| (s.row_count, s.skip)).collect(),
+                )
+            })
+            .collect();
+        serde_json::to_writer(buf, &encoded)
+            .map_err(|e| DataFusionError::Internal(format!("DeletionVectorsExec: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_failures_are_told_from_query_errors() {
+        assert!(is_node_failure(
+            "Error connecting to Distributed DataFusion worker on 'http://10.77.0.12:50052/': tcp connect error"
+        ));
+        assert!(is_node_failure(
+            "status: Unavailable, message: \"h2 protocol error\""
+        ));
+        assert!(!is_node_failure("Divide by zero error"));
+        assert!(!is_node_failure("bigint out of range"));
+    }
+}

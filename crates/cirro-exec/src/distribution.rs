@@ -1,0 +1,33 @@
+//! The seam between a session and the cluster it runs in: how a cluster
+//! node's sessions plan queries across nodes (implemented in
+//! `cirro-cluster` on `datafusion-distributed`). A single node has none.
+
+use std::sync::Arc;
+
+use datafusion::error::DataFusionError;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::physical_plan::ExecutionPlan;
+use futures::future::BoxFuture;
+
+/// Query execution across the nodes of a cluster.
+pub trait Distribution: Send + Sync + std::fmt::Debug {
+    /// Set up a new session to distribute the queries it plans (its query
+    /// planner, worker resolver, codecs).
+    fn configure(&self, builder: SessionStateBuilder) -> SessionStateBuilder;
+
+    /// Whether `plan` runs on several nodes.
+    fn is_distributed(&self, plan: &Arc<dyn ExecutionPlan>) -> bool;
+
+    /// Whether `error` says a node failed or could not be reached (not that
+    /// the query itself is wrong): a read-only query is then run once more
+    /// on the remaining nodes.
+    fn is_node_failure(&self, error: &DataFusionError) -> bool;
+
+    /// Before that retry: find out which nodes do not answer, and leave
+    /// them out of new plans until they register again.
+    fn forget_failed_nodes(&self) -> BoxFuture<'_, ()>;
+
+    /// Which nodes ran the tasks of the queries the session with `config`
+    /// ran since the last call (one line per stage), for `EXPLAIN ANALYZE`.
+    fn take_task_placement(&self, config: &datafusion::prelude::SessionConfig) -> Vec<String>;
+}
