@@ -735,6 +735,8 @@ impl Engine {
             return Ok(Outcome::Rows(frame.execute_stream().await?));
         };
         let analyze = matches!(plan, LogicalPlan::Analyze(_));
+        // Forget where earlier statements' tasks ran.
+        distribution.take_task_placement(self.ctx.state().config());
         let mut retried = false;
         loop {
             let frame = self.ctx.execute_logical_plan(plan.clone()).await?;
