@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[1]
 
 def parse(argv):
     ap = argparse.ArgumentParser(prog="cirro bench", description="Benchmark Cirro beside its peers.")
-    ap.add_argument("suite", help="tpch, ssb, joins, aggregation, dml or micro")
+    ap.add_argument("suite", help="tpch, ssb, joins, aggregation, dml, micro or cluster")
     ap.add_argument("--sf", type=float, default=1.0,
                     help="scale factor (tpch, ssb); joins and aggregation: a multiplier of the paper's sizes")
     ap.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
@@ -50,10 +50,14 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     sf_label = f"{args.sf:g}"
-    if args.suite not in ("dml", "micro"):
+    if args.suite not in ("dml", "micro", "cluster"):
         suites.get(args.suite)  # refuses an unknown suite before anything is written
     out = args.out or BENCH / "results" / f"{args.suite}-sf{sf_label}"
     out.mkdir(parents=True, exist_ok=True)
+    if args.suite == "cluster":
+        from . import cluster
+
+        return cluster.main(args, out)
     if args.suite in ("dml", "micro"):
         from . import wire
 

@@ -73,9 +73,9 @@ use crate::worker::SECRET_HEADER;
 /// How long a new connection to a worker may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// HTTP/2 pings on every worker connection, and how long one may go
-/// unanswered: a node cut off mid-query fails the query in about 4 s.
+/// unanswered: a node cut off mid-query fails the query in about 3 s.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a probe of a node that failed a query may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a node that failed to answer is left out of new plans (unless it
@@ -144,20 +144,20 @@ impl ClusterExecution {
             me: self.me.clone(),
         }
     }
+}
 
-    /// `url`'s node id, for people.
-    fn node_name(&self, url: &Url, nodes: &[NodeInfo]) -> String {
-        let address = format!(
-            "{}:{}",
-            url.host_str().unwrap_or_default(),
-            url.port().unwrap_or_default()
-        );
-        nodes
-            .iter()
-            .find(|n| n.worker == address)
-            .map(|n| n.id.clone())
-            .unwrap_or(address)
-    }
+/// The id of the node whose worker is at `url`, for people.
+fn node_name(url: &Url, nodes: &[NodeInfo]) -> String {
+    let address = format!(
+        "{}:{}",
+        url.host_str().unwrap_or_default(),
+        url.port().unwrap_or_default()
+    );
+    nodes
+        .iter()
+        .find(|n| n.worker == address)
+        .map(|n| n.id.clone())
+        .unwrap_or(address)
 }
 
 fn worker_url(address: &str) -> DfResult<Url> {
@@ -187,7 +187,10 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
             .config()
             .get_or_insert_default()
             .set_extension(Arc::new(PlacementLog::default()));
-        builder.with_query_planner(Arc::new(ClusterPlanner { distributed }))
+        builder.with_query_planner(Arc::new(ClusterPlanner {
+            distributed,
+            workers: self.workers(),
+        }))
     }
 
     fn is_distributed(&self, plan: &Arc<dyn ExecutionPlan>) -> bool {
@@ -232,7 +235,7 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
         stages
             .into_iter()
             .map(|(head, urls)| {
-                let names: Vec<String> = urls.iter().map(|u| self.node_name(u, &nodes)).collect();
+                let names: Vec<String> = urls.iter().map(|u| node_name(u, &nodes)).collect();
                 format!(
                     "stage ({head}): {} task{} on {}",
                     urls.len(),
@@ -325,6 +328,25 @@ impl WorkerResolver for ClusterWorkers {
         urls.sort();
         urls.dedup();
         Ok(urls)
+    }
+}
+
+impl ClusterWorkers {
+    /// Where tasks would go now, for EXPLAIN.
+    fn describe(&self) -> String {
+        let nodes = self.cluster.nodes();
+        let name = |url: &Url| node_name(url, &nodes);
+        let all: Vec<String> = self
+            .get_urls()
+            .unwrap_or_default()
+            .iter()
+            .map(&name)
+            .collect();
+        format!(
+            "the tasks of a stage go round {}; a stage of one task runs on {} (this node)",
+            all.join(", "),
+            name(&self.me)
+        )
     }
 }
 
@@ -551,9 +573,15 @@ impl QueryPlanner for Handoff {
 
 /// A cluster session's planner: plan as one node does; distribute what can
 /// run elsewhere (see [`distributable`]).
-#[derive(Debug)]
 struct ClusterPlanner {
     distributed: Arc<dyn QueryPlanner + Send + Sync>,
+    workers: ClusterWorkers,
+}
+
+impl std::fmt::Debug for ClusterPlanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterPlanner")
+    }
 }
 
 impl ClusterPlanner {
@@ -600,7 +628,11 @@ impl QueryPlanner for ClusterPlanner {
             if !distributed.is::<DistributedExec>() {
                 return Ok(plan);
             }
-            let text = display_plan_ascii(distributed.as_ref(), false);
+            let text = format!(
+                "{}nodes: {}",
+                display_plan_ascii(distributed.as_ref(), false),
+                self.workers.describe()
+            );
             let plans = exec
                 .stringified_plans()
                 .iter()

@@ -391,6 +391,9 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         activity: cirro_engine::activity::Activity::new(0)?,
         sessions: Mutex::new(HashMap::new()),
     });
+    if let Some(cluster) = &cluster {
+        tokio::spawn(report_queries(Arc::clone(cluster), Arc::clone(&shared)));
+    }
     let mut flight = tonic::transport::Server::builder();
     if let Some((cert, key)) = &config.tls {
         let read = |path: &str| {
@@ -494,6 +497,26 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     }
     eprintln!("cirro: shutting down");
     Ok(())
+}
+
+/// Keep this node's registration's count of running statements
+/// (`cirro.nodes.queries`) current: checked every second, written to
+/// ZooKeeper when it changed.
+async fn report_queries(cluster: Arc<cirro_cluster::ZkCluster>, shared: Arc<Shared>) {
+    use cirro_engine::activity::BackendState;
+    let mut reported = 0u32;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let running = shared
+            .activity
+            .backends()
+            .iter()
+            .filter(|b| b.state == BackendState::Active)
+            .count() as u32;
+        if running != reported && cluster.update_me(|me| me.queries = running).await.is_ok() {
+            reported = running;
+        }
+    }
 }
 
 /// Leave the cluster in order: say "draining" (so that no new work is sent

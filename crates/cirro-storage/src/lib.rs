@@ -17,6 +17,7 @@ pub mod root;
 pub mod schema;
 mod stores;
 pub mod table;
+mod timeouts;
 pub mod write;
 
 pub use root::StorageRoot;

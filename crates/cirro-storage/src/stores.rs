@@ -25,6 +25,8 @@ use deltalake::logstore::{
     logstore_factories, object_store_factories,
 };
 use object_store::ObjectStore;
+
+use crate::timeouts::ReadTimeouts;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
@@ -79,10 +81,14 @@ fn hdfs_store(url: &Url) -> Result<Arc<dyn ObjectStore>> {
         None => format!("hdfs://{host}"),
     };
     let store = hdfs_native_object_store::HdfsObjectStoreBuilder::new()
-        .with_url(root)
+        .with_url(&root)
         .build()
         .map_err(|e| CirroError::io(format!("cannot reach {url}: {e}")))?;
-    Ok(Arc::new(store))
+    // The native client has no timeouts: bound the reads.
+    Ok(Arc::new(ReadTimeouts::new(
+        store,
+        format!("HDFS at {root}"),
+    )))
 }
 
 /// The store of the bucket `url` names, from the environment's settings.

@@ -393,6 +393,11 @@ fn tpch_runs_across_three_hdfs_nodes_through_each_node() {
         explain.contains("Stage 1") && explain.contains("tasks=3"),
         "{explain}"
     );
+    assert!(
+        explain.contains("go round node1, node2, node3")
+            && explain.contains("runs on node2 (this node)"),
+        "{explain}"
+    );
     let analyzed = cluster.sql(2, &format!("{SMALL_TASKS}; EXPLAIN ANALYZE {q1}"));
     let placement = analyzed
         .lines()
@@ -535,13 +540,45 @@ fn a_cancelled_distributed_query_stops_on_every_node() {
     let pids: Vec<i32> = (1..=3).map(|i| cluster.pid(i)).collect();
     let before: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
     let started = Instant::now();
-    let err = cluster.sql_err(
-        1,
-        &format!("{SMALL_TASKS}; SET statement_timeout = '2s'; {endless}"),
+    let child = Command::new("psql")
+        .arg(cluster.conninfo(1))
+        .args([
+            "-X",
+            "-At",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-v",
+            "VERBOSITY=verbose",
+        ])
+        .args([
+            "-c",
+            SMALL_TASKS,
+            "-c",
+            "SET statement_timeout = '10s'",
+            "-c",
+            endless,
+        ])
+        .env("PGPASSWORD", &cluster.password)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psql");
+    // While it runs, node1 counts it at once, the other nodes at their next
+    // read of the member list (every 5 s).
+    let running = "SELECT queries >= 1 FROM cirro.nodes WHERE id = 'node1'";
+    within(Duration::from_secs(3), "node1 running a query", || {
+        cluster.sql(1, running) == "t"
+    });
+    within(
+        Duration::from_secs(7),
+        "node3 seeing node1 run a query",
+        || cluster.sql(3, running) == "t",
     );
+    let out = child.wait_with_output().expect("psql");
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("57014"), "{err}");
     assert!(
-        started.elapsed() < Duration::from_secs(6),
+        started.elapsed() < Duration::from_secs(14),
         "{:?}",
         started.elapsed()
     );
@@ -563,4 +600,48 @@ fn a_cancelled_distributed_query_stops_on_every_node() {
             i + 1
         );
     }
+}
+
+#[test]
+fn an_unreachable_hdfs_fails_reads_cleanly_and_loses_nothing() {
+    let cluster = Cluster::up_with_env(2, "hdfs", &[("CIRRO_STORAGE_READ_TIMEOUT", "3")]);
+    cluster.sql(
+        1,
+        "CREATE TABLE t AS SELECT CAST(value AS BIGINT) AS i FROM generate_series(1, 1000)",
+    );
+    assert_eq!(
+        cluster.sql(2, "SELECT count(*), sum(i) FROM t"),
+        "1000|500500"
+    );
+
+    // Frozen (SIGSTOP): reads give up after the read timeout, with an error
+    // that says why; the nodes stay up and answer what needs no storage.
+    cluster.script(&["hdfs-pause"]);
+    let started = Instant::now();
+    // (bounded here too: a hang must fail the test, not hold it)
+    let out = Command::new("timeout")
+        .args(["60", "psql"])
+        .arg(cluster.conninfo(2))
+        .args(["-X", "-At", "-v", "VERBOSITY=verbose", "-c"])
+        .arg("SELECT count(*), sum(i) FROM t WHERE i > 10")
+        .env("PGPASSWORD", &cluster.password)
+        .output()
+        .expect("psql");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let took = started.elapsed();
+    cluster.script(&["hdfs-resume"]);
+    assert!(err.contains("did not answer"), "{err}");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    assert_eq!(cluster.sql(1, "SELECT 1"), "1");
+
+    // Back: nothing was lost, and writes work again.
+    within(Duration::from_secs(20), "reads after HDFS is back", || {
+        let out = cluster.psql(2, &["-At", "-c", "SELECT count(*), sum(i) FROM t"]);
+        String::from_utf8_lossy(&out.stdout).trim() == "1000|500500"
+    });
+    cluster.sql(1, "INSERT INTO t VALUES (1001)");
+    assert_eq!(
+        cluster.sql(2, "SELECT count(*), max(i) FROM t"),
+        "1001|1001"
+    );
 }

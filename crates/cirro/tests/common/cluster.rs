@@ -15,15 +15,19 @@ pub struct Cluster {
     /// `host:port` of each node's Flight SQL.
     pub flight: Vec<String>,
     pub password: String,
+    /// Environment variables the nodes were started with (and restarted).
+    envs: Vec<(String, String)>,
 }
 
-/// `scripts/cluster ARGS --dir DIR`, with this build's binary.
-fn run_script(dir: &Path, args: &[&str]) -> std::io::Result<Output> {
+/// `scripts/cluster ARGS --dir DIR`, with this build's binary and `envs`
+/// (which the nodes it starts inherit).
+fn run_script(dir: &Path, args: &[&str], envs: &[(String, String)]) -> std::io::Result<Output> {
     Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/cluster"))
         .args(args)
         .arg("--dir")
         .arg(dir)
         .env("CIRRO_BIN", cirro_bin())
+        .envs(envs.iter().map(|(k, v)| (k, v)))
         .output()
 }
 
@@ -37,18 +41,41 @@ impl Cluster {
         Self::up_in(dir, nodes, storage)
     }
 
+    /// [`Cluster::up`] with environment variables for every node.
+    pub fn up_with_env(nodes: usize, storage: &str, envs: &[(&str, &str)]) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("cirro-cluster-")
+            .tempdir()
+            .expect("tempdir");
+        let envs = envs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::start(dir, nodes, storage, envs)
+    }
+
     /// [`Cluster::up`] in `dir` (which may hold a data location, `data/`).
     pub fn up_in(dir: tempfile::TempDir, nodes: usize, storage: &str) -> Self {
+        Self::start(dir, nodes, storage, Vec::new())
+    }
+
+    fn start(
+        dir: tempfile::TempDir,
+        nodes: usize,
+        storage: &str,
+        envs: Vec<(String, String)>,
+    ) -> Self {
         let nodes_arg = nodes.to_string();
         let out = run_script(
             dir.path(),
             &["up", "--nodes", &nodes_arg, "--storage", storage],
+            &envs,
         )
         .expect("run scripts/cluster");
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
             // Whatever started (ZooKeeper, HDFS, namespaces) goes again.
-            let _ = run_script(dir.path(), &["down"]);
+            let _ = run_script(dir.path(), &["down"], &[]);
         }
         assert!(
             out.status.success(),
@@ -77,12 +104,13 @@ impl Cluster {
             pg,
             flight,
             password,
+            envs,
         }
     }
 
     /// `scripts/cluster ARGS --dir D`, which must succeed.
     pub fn script(&self, args: &[&str]) -> String {
-        let out = run_script(self.dir.path(), args).expect("run scripts/cluster");
+        let out = run_script(self.dir.path(), args, &self.envs).expect("run scripts/cluster");
         assert!(
             out.status.success(),
             "scripts/cluster {args:?} failed: {}",
@@ -159,6 +187,6 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = run_script(self.dir.path(), &["down"]);
+        let _ = run_script(self.dir.path(), &["down"], &[]);
     }
 }
