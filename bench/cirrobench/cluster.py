@@ -13,7 +13,8 @@ shuffle  rows moved between two nodes by a hash shuffle, the OSU HiBD
          micro-benchmark idea: a join of a(k, v) of N rows with b(k, v) of
          M = N/10 unique keys, both hash-partitioned on k across the two nodes,
          with a's keys evenly spread (k = i mod M), random, or skewed (half the
-         rows on one key). Throughput = rows (and bytes, 16 per row) of both
+         rows on one key); on 2 nodes scans are cut into tasks of 1 MB, so
+         that both sides are spread and shuffled however well they compress. Throughput = rows (and bytes, 16 per row) of both
          sides over the query's time, on 2 nodes and, for scale, the same join
          on 1 node (nothing crosses a network).
 
@@ -127,6 +128,10 @@ def run_shuffle(args):
         try:
             cluster.run(f"CREATE TABLE b AS SELECT CAST(value AS BIGINT) AS k, CAST(value AS BIGINT) AS v "
                         f"FROM generate_series(0, {m - 1})")
+            if nodes > 1:
+                # Tasks of 1 MB of Parquet: both sides spread over the nodes
+                # however well their keys compress.
+                cluster.run("SET distributed.file_scan_config_bytes_per_partition = 1048576")
             per_kind = {}
             for kind, key in SHUFFLE_KEYS.items():
                 cluster.run("DROP TABLE IF EXISTS a")

@@ -12,10 +12,12 @@
 //! ZooKeeper (`<path>/secret`): then whoever can read that znode is a member.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion_distributed::Worker;
 use tokio::net::TcpListener;
+use tonic::codegen::http;
 
 /// The gRPC metadata key carrying the cluster secret.
 pub const SECRET_HEADER: &str = "x-cirro-cluster-secret";
@@ -31,8 +33,8 @@ fn same_secret(given: &[u8], secret: &[u8]) -> bool {
 }
 
 /// Serve `worker` on `listener` until the process ends; requests must carry
-/// `secret`.
-pub fn spawn_worker(listener: TcpListener, secret: &str, worker: Worker) -> Result<()> {
+/// `secret`. Returns the count of requests in flight (a drain waits for it).
+pub fn spawn_worker(listener: TcpListener, secret: &str, worker: Worker) -> Result<InFlight> {
     let secret = Arc::new(secret.as_bytes().to_vec());
     let check = move |request: tonic::Request<()>| {
         let given = request.metadata().get(SECRET_HEADER).map(|v| v.as_bytes());
@@ -46,7 +48,9 @@ pub fn spawn_worker(listener: TcpListener, secret: &str, worker: Worker) -> Resu
     let service =
         tonic::service::interceptor::InterceptedService::new(worker.into_worker_server(), check);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let in_flight = InFlight::default();
     let server = tonic::transport::Server::builder()
+        .layer(CountLayer(in_flight.clone()))
         .add_service(service)
         .serve_with_incoming(incoming);
     tokio::spawn(async move {
@@ -54,7 +58,114 @@ pub fn spawn_worker(listener: TcpListener, secret: &str, worker: Worker) -> Resu
             log::error!("the worker service stopped: {e}");
         }
     });
-    Ok(())
+    Ok(in_flight)
+}
+
+/// The worker requests in flight: from their arrival until their response's
+/// last byte (a task's rows stream in its response).
+#[derive(Clone, Debug, Default)]
+pub struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Held while a request is in flight.
+struct InFlightGuard(InFlight);
+
+impl InFlightGuard {
+    fn new(in_flight: &InFlight) -> Self {
+        in_flight.0.fetch_add(1, Ordering::SeqCst);
+        Self(in_flight.clone())
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Clone)]
+struct CountLayer(InFlight);
+
+impl<S> tower::Layer<S> for CountLayer {
+    type Service = Counted<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Counted {
+            inner,
+            in_flight: self.0.clone(),
+        }
+    }
+}
+
+/// A service whose responses hold an [`InFlightGuard`] until their body ends.
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    in_flight: InFlight,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Counted<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future =
+        futures::future::BoxFuture<'static, std::result::Result<Self::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let guard = InFlightGuard::new(&self.in_flight);
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|body| {
+                tonic::body::Body::new(GuardedBody {
+                    body,
+                    _guard: guard,
+                })
+            }))
+        })
+    }
+}
+
+/// A response body that holds its request's guard until it is dropped.
+struct GuardedBody {
+    body: tonic::body::Body,
+    _guard: InFlightGuard,
+}
+
+impl http_body::Body for GuardedBody {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<http_body::Frame<Self::Data>, Self::Error>>>
+    {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// A new random cluster secret.

@@ -343,17 +343,19 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
                 &secret,
                 Arc::clone(&runtime),
             )?;
-            cirro_cluster::worker::spawn_worker(worker_listener, &secret, execution.worker())?;
-            Some((cluster, execution))
+            let tasks =
+                cirro_cluster::worker::spawn_worker(worker_listener, &secret, execution.worker())?;
+            Some((cluster, execution, tasks))
         }
         None => None,
     };
-    let (cluster, distribution) = match cluster {
-        Some((cluster, execution)) => (
+    let (cluster, distribution, worker_tasks) = match cluster {
+        Some((cluster, execution, tasks)) => (
             Some(cluster),
             Some(execution as Arc<dyn cirro_exec::distribution::Distribution>),
+            tasks,
         ),
-        None => (None, None),
+        None => (None, None, Default::default()),
     };
     let catalog = match &cluster {
         Some(cluster) => Catalog::open_in_cluster(root, Arc::clone(cluster) as _).await?,
@@ -493,7 +495,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         });
     }
     if let (Some(cluster), Some(options)) = (&cluster, &config.cluster) {
-        drain(cluster, &shared, options.drain_timeout).await;
+        drain(cluster, &shared, &worker_tasks, options.drain_timeout).await;
     }
     eprintln!("cirro: shutting down");
     Ok(())
@@ -520,11 +522,17 @@ async fn report_queries(cluster: Arc<cirro_cluster::ZkCluster>, shared: Arc<Shar
 }
 
 /// Leave the cluster in order: say "draining" (so that no new work is sent
-/// here), wait for the running statements (at most `timeout`), then delete
-/// the node's registration.
-async fn drain(cluster: &cirro_cluster::ZkCluster, shared: &Shared, timeout: Duration) {
+/// here: coordinators leave draining nodes out of new plans), wait for the
+/// running statements and for the tasks other nodes' queries run here (at
+/// most `timeout`), then delete the node's registration.
+async fn drain(
+    cluster: &cirro_cluster::ZkCluster,
+    shared: &Shared,
+    worker_tasks: &cirro_cluster::worker::InFlight,
+    timeout: Duration,
+) {
     use cirro_engine::activity::BackendState;
-    eprintln!("cirro: draining: no new connections; waiting for running statements");
+    eprintln!("cirro: draining: no new connections; waiting for running statements and tasks");
     if let Err(e) = cluster.update_me(|me| me.state = "draining".into()).await {
         log::warn!("{e}");
     }
@@ -536,7 +544,7 @@ async fn drain(cluster: &cirro_cluster::ZkCluster, shared: &Shared, timeout: Dur
             .iter()
             .filter(|b| b.state == BackendState::Active)
             .count();
-        if running == 0 {
+        if running == 0 && worker_tasks.count() == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

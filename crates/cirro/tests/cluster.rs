@@ -515,6 +515,28 @@ fn a_query_outlives_a_node_killed_or_cut_during_it() {
     within(Duration::from_secs(15), "node2 back in cirro.nodes", || {
         node_ids(&cluster, 1) == ids(&["node1", "node2", "node3"])
     });
+
+    // SIGTERM: the node finishes the tasks it runs for node 1's query
+    // before it leaves, so the query needs no second run.
+    let retries = || {
+        let log = std::fs::read_to_string(cluster.dir.path().join("node1/log")).expect("log");
+        log.matches("running it again").count()
+    };
+    let before = retries();
+    let pid = cluster.pid(3);
+    let (out, _) = long_query_with_fault(&cluster, Duration::from_millis(1500), || {
+        assert_eq!(unsafe_kill(pid, libc::SIGTERM), 0);
+    });
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    whole_or_failed(&out, &expected);
+    assert_eq!(retries(), before, "the query was run again");
+    within(Duration::from_secs(15), "node3 gone after SIGTERM", || {
+        node_ids(&cluster, 1) == ids(&["node1", "node2"])
+    });
 }
 
 /// CPU time (ticks) a process has used.
