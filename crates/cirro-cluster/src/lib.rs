@@ -425,15 +425,19 @@ async fn follow(weak: Weak<ZkCluster>) {
                 }
             }
         };
+        // A persistent recursive watch fires on members coming and going
+        // and on a member's registration changing (draining, queries), so
+        // every node sees either at once; set before the read, so nothing
+        // falls between.
         let dir = cluster.path("nodes");
         let watch = within(
             &cluster.url,
             "watch the nodes",
-            client.list_and_watch_children(&dir),
+            client.watch(&dir, zk::AddWatchMode::PersistentRecursive),
         )
         .await;
-        let watcher = match watch {
-            Ok(Ok((_, watcher))) => Some(watcher),
+        let mut watcher = match watch {
+            Ok(Ok(watcher)) => Some(watcher),
             _ => None,
         };
         if let Ok(nodes) = cluster.read_nodes(&client).await {
@@ -441,7 +445,7 @@ async fn follow(weak: Weak<ZkCluster>) {
         }
         let mut state = client.state_watcher();
         drop(cluster);
-        match watcher {
+        match watcher.as_mut() {
             Some(watcher) => {
                 tokio::select! {
                     _ = watcher.changed() => {}

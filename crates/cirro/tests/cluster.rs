@@ -585,8 +585,8 @@ fn a_cancelled_distributed_query_stops_on_every_node() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("psql");
-    // While it runs, node1 counts it at once, the other nodes at their next
-    // read of the member list (every 5 s).
+    // While it runs, node1 counts it (checked each second), and the other
+    // nodes see the count change at once (a watch on the registrations).
     let running = "SELECT queries >= 1 FROM cirro.nodes WHERE id = 'node1'";
     within(Duration::from_secs(3), "node1 running a query", || {
         cluster.sql(1, running) == "t"
