@@ -13,7 +13,7 @@ shuffle  rows moved between two nodes by a hash shuffle, the OSU HiBD
          micro-benchmark idea: a join of a(k, v) of N rows with b(k, v) of
          M = N/10 unique keys, both hash-partitioned on k across the two nodes,
          with a's keys evenly spread (k = i mod M), random, or skewed (half the
-         rows on one key); on 2 nodes scans are cut into tasks of 1 MB, so
+         rows on one key); on 2 nodes scans are cut into tasks of 1 MB × sf, so
          that both sides are spread and shuffled however well they compress. Throughput = rows (and bytes, 16 per row) of both
          sides over the query's time, on 2 nodes and, for scale, the same join
          on 1 node (nothing crosses a network).
@@ -131,7 +131,8 @@ def run_shuffle(args):
             if nodes > 1:
                 # Tasks of 1 MB of Parquet: both sides spread over the nodes
                 # however well their keys compress.
-                cluster.run("SET distributed.file_scan_config_bytes_per_partition = 1048576")
+                task_bytes = max(4096, int(1_048_576 * args.sf))
+                cluster.run(f"SET distributed.file_scan_config_bytes_per_partition = {task_bytes}")
             per_kind = {}
             for kind, key in SHUFFLE_KEYS.items():
                 cluster.run("DROP TABLE IF EXISTS a")
@@ -147,14 +148,17 @@ def run_shuffle(args):
                     if got != expected:
                         raise SystemExit(f"cirro bench: shuffle {kind} on {nodes} node(s): {got} rows joined, "
                                          f"expected {expected}")
-                plan = cluster.run(f"EXPLAIN {sql}").to_pylist()
-                shuffled = any("NetworkShuffleExec" in str(r) for r in plan)
+                plan = str(cluster.run(f"EXPLAIN {sql}").to_pylist())
+                # What crossed between nodes: hash shuffles, or (for a small
+                # b) a broadcast of it.
+                exchange = ("shuffle" if "NetworkShuffleExec" in plan
+                            else "broadcast" if "NetworkBroadcastExec" in plan else "none")
                 median = statistics.median(runs[1:])
                 rows = n + m
                 per_kind[kind] = {"rows": rows, "bytes": rows * 16, "median": median, "hot": runs[1:],
                                   "cold": runs[0], "rows_per_s": rows / median, "mb_per_s": rows * 16 / median / 1e6,
-                                  "network_shuffle": shuffled}
-                print(f"  {kind}: {median:.3f} s, {rows / median / 1e6:.1f} M rows/s, shuffled={shuffled}",
+                                  "exchange": exchange}
+                print(f"  {kind}: {median:.3f} s, {rows / median / 1e6:.1f} M rows/s, exchange={exchange}",
                       file=sys.stderr, flush=True)
             results[str(nodes)] = per_kind
         finally:
@@ -193,6 +197,14 @@ def main(args, out):
     return 0
 
 
+def _exchange(r):
+    """What crossed between nodes (results of before "exchange" say
+    network_shuffle)."""
+    if "exchange" in r:
+        return r["exchange"]
+    return "shuffle" if r.get("network_shuffle") else "none"
+
+
 def _geomean(values):
     values = [v for v in values if v > 0]
     return statistics.geometric_mean(values) if values else float("nan")
@@ -224,12 +236,12 @@ def report(doc, out):
         else:
             lines.append(f"| {q} | {a.get('median', a.get('error'))} | {b.get('median', b.get('error'))} | |")
     lines += ["", "## Shuffle (join of a: N rows with b: N/10 unique keys, hash-partitioned on the key)", "",
-              "| keys | nodes | rows | time (s) | M rows/s | MB/s | network shuffle |",
+              "| keys | nodes | rows | time (s) | M rows/s | MB/s | between nodes |",
               "|---|---:|---:|---:|---:|---:|---|"]
     for nodes, kinds in doc["shuffle"].items():
         for kind, r in kinds.items():
             lines.append(f"| {kind} | {nodes} | {r['rows']:,} | {r['median']:.3f} | {r['rows_per_s'] / 1e6:.1f} | "
-                         f"{r['mb_per_s']:.0f} | {'yes' if r['network_shuffle'] else 'no'} |")
+                         f"{r['mb_per_s']:.0f} | {_exchange(r)} |")
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     x = range(len(both))
     axes[0].bar([i - 0.2 for i in x], [one[q]["median"] for q in both], 0.4, label="1 node", color="#1f77b4")

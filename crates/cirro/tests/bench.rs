@@ -158,3 +158,57 @@ fn unknown_suite_and_peer_are_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown peer 'oracle'"));
 }
+
+/// `cirro bench cluster` end to end on TPC-H SF 0.01: a 1-node and a 3-node
+/// cluster by `scripts/cluster`, every answer checked against DuckDB's (a
+/// wrong one fails the run), and rows crossing between the nodes in the
+/// shuffle benchmark on two nodes.
+#[test]
+fn cluster_suite_end_to_end() {
+    let work = DataDir::new();
+    let out_dir = work.path().join("results");
+    let data_dir = work.path().join("data");
+    let out = cirro_bench(&[
+        "cluster",
+        "--sf",
+        "0.01",
+        "--runs",
+        "1",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let results: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("results.json")).expect("results.json"),
+    )
+    .expect("json");
+    for nodes in ["1", "3"] {
+        let queries = results["tpch"][nodes]["queries"]
+            .as_object()
+            .expect("queries");
+        assert_eq!(queries.len(), 22, "{nodes} node(s)");
+        for (id, r) in queries {
+            assert!(r["median"].as_f64().is_some(), "{nodes} node(s) {id}: {r}");
+        }
+    }
+    // On two nodes rows cross between them (at this size b is broadcast
+    // rather than both sides shuffled; at SF 1 both are shuffled); on one,
+    // nothing does.
+    for kind in ["even", "random", "skewed"] {
+        let two = &results["shuffle"]["2"][kind];
+        assert!(
+            two["exchange"] == "shuffle" || two["exchange"] == "broadcast",
+            "{kind}: {two}"
+        );
+        assert_eq!(results["shuffle"]["1"][kind]["exchange"], "none");
+    }
+    let report = std::fs::read_to_string(out_dir.join("report.md")).expect("report");
+    assert!(report.contains("| total of medians (s) |"), "{report}");
+    assert!(out_dir.join("cluster.png").exists());
+}
