@@ -23,6 +23,7 @@ Output: results/cluster-sf<N>/results.json, report.md, cluster.png.
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,7 @@ class Cluster:
                              capture_output=True, text=True, env=env)
         if out.returncode != 0:
             subprocess.run([str(SCRIPT), "down", "--dir", self.dir], capture_output=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
             raise SystemExit(f"cirro bench: scripts/cluster up failed:\n{out.stdout}\n{out.stderr}")
         self.nodes = nodes
         flight = [line.split("flight=")[1].split()[0] for line in out.stdout.splitlines()
@@ -78,6 +80,8 @@ class Cluster:
             self.conn.close()
         finally:
             subprocess.run([str(SCRIPT), "down", "--dir", self.dir], capture_output=True)
+            # The loaded tables and logs (hundreds of MB at SF 1) go too.
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def run_tpch(args, tables, queries, reference):
