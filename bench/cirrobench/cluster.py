@@ -38,6 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from . import compare, data, engines, suites  # noqa: E402
 from .runner import machine  # noqa: E402
+from .wire import finish_report  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
 SHUFFLE_ROWS = 10_000_000
@@ -253,7 +254,6 @@ def report(doc, out):
     axes[0].set_xticks(list(x), both, rotation=90)
     axes[0].set_ylabel("seconds (median)")
     axes[0].set_title(f"TPC-H SF{doc['sf']:g}, same machine")
-    axes[0].legend()
     kinds = list(SHUFFLE_KEYS)
     for j, nodes in enumerate(sorted(doc["shuffle"])):
         axes[1].bar([i + (j - 0.5) * 0.4 for i in range(len(kinds))],
@@ -262,8 +262,4 @@ def report(doc, out):
     axes[1].set_ylabel("M rows/s through the join")
     axes[1].set_title("hash shuffle throughput")
     axes[1].legend()
-    fig.tight_layout()
-    fig.savefig(out / "cluster.png", dpi=110)
-    plt.close(fig)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    return out / "report.md"
+    return finish_report(fig, axes, lines, out, plot="cluster.png")

@@ -61,11 +61,11 @@ def main(args, out):
     return 0
 
 
-def _finish(fig, axes, lines, out):
-    """Save the scaling plot and the report; returns the report's path."""
+def finish_report(fig, axes, lines, out, plot="scaling.png"):
+    """Save the plot (`scaling.png`) and the report; returns the report's path."""
     axes[0].legend()
     fig.tight_layout()
-    fig.savefig(out / "scaling.png", dpi=110)
+    fig.savefig(out / plot, dpi=110)
     plt.close(fig)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return out / "report.md"
@@ -114,7 +114,7 @@ def dml_report(doc, out):
         ax.set_xlabel("rows affected")
         ax.set_ylabel("seconds")
         ax.grid(alpha=0.3)
-    return _finish(fig, axes, lines, out)
+    return finish_report(fig, axes, lines, out)
 
 
 # ---------------------------------------------------------------- micro
@@ -325,4 +325,4 @@ def micro_report(doc, out):
         ax.set_ylabel("operations / s")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    return _finish(fig, axes, lines, out)
+    return finish_report(fig, axes, lines, out)

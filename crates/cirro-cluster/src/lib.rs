@@ -315,8 +315,8 @@ impl ZkCluster {
         )
         .await?
         .map_err(|e| zk_error("update the node", e))?;
-        // This node sees its own change at once (the others at their next
-        // read of the member list).
+        // This node sees its own change at once (the others when their
+        // watch on the registrations fires).
         let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = nodes.iter_mut().find(|n| n.id == me.id) {
             *entry = me;

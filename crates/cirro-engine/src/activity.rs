@@ -147,6 +147,15 @@ impl Activity {
         backends.values().map(|e| e.info.clone()).collect()
     }
 
+    /// How many backends are running a statement now.
+    pub fn running(&self) -> usize {
+        let backends = self.backends.lock().unwrap_or_else(|e| e.into_inner());
+        backends
+            .values()
+            .filter(|e| e.info.state == BackendState::Active)
+            .count()
+    }
+
     fn update(&self, pid: i32, change: impl FnOnce(&mut BackendInfo)) {
         let mut backends = self.backends.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = backends.get_mut(&pid) {

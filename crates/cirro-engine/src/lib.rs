@@ -735,18 +735,19 @@ impl Engine {
             return Ok(Outcome::Rows(frame.execute_stream().await?));
         };
         let analyze = matches!(plan, LogicalPlan::Analyze(_));
-        // Forget where earlier statements' tasks ran.
-        distribution.take_task_placement(self.ctx.state().config());
         let mut retried = false;
         loop {
             let frame = self.ctx.execute_logical_plan(plan.clone()).await?;
             let task_ctx = Arc::new(frame.task_ctx());
             let physical = frame.create_physical_plan().await?;
-            if !distribution.is_distributed(&physical) {
-                let stream = datafusion::physical_plan::execute_stream(physical, task_ctx)?;
+            let distributed = distribution.is_distributed(&physical);
+            // Forget where earlier statements' (or a failed run's) tasks ran.
+            distribution.take_task_placement(task_ctx.session_config());
+            let mut stream =
+                datafusion::physical_plan::execute_stream(physical, Arc::clone(&task_ctx))?;
+            if !distributed {
                 return Ok(Outcome::Rows(stream));
             }
-            let mut stream = datafusion::physical_plan::execute_stream(physical, task_ctx)?;
             let schema = stream.schema();
             let first = stream.next().await;
             if let Some(Err(e)) = &first
@@ -761,7 +762,7 @@ impl Engine {
                 return Err(node_failure(e));
             }
             if analyze {
-                let placement = distribution.take_task_placement(self.ctx.state().config());
+                let placement = distribution.take_task_placement(task_ctx.session_config());
                 let mut batches: Vec<_> = first.into_iter().collect::<Result<_, _>>()?;
                 while let Some(batch) = stream.next().await {
                     batches.push(batch?);

@@ -320,7 +320,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         Some(runtime) => Arc::clone(runtime),
         None => Arc::new(RuntimeEnv::default()),
     };
-    let cluster = match &config.cluster {
+    let (cluster, distribution, worker_tasks) = match &config.cluster {
         Some(options) => {
             let (worker_listener, worker_local) =
                 listen(&config.listen, options.worker_port, " (worker)").await?;
@@ -345,16 +345,9 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
             )?;
             let tasks =
                 cirro_cluster::worker::spawn_worker(worker_listener, &secret, execution.worker())?;
-            Some((cluster, execution, tasks))
+            let execution: Arc<dyn cirro_exec::distribution::Distribution> = execution;
+            (Some(cluster), Some(execution), tasks)
         }
-        None => None,
-    };
-    let (cluster, distribution, worker_tasks) = match cluster {
-        Some((cluster, execution, tasks)) => (
-            Some(cluster),
-            Some(execution as Arc<dyn cirro_exec::distribution::Distribution>),
-            tasks,
-        ),
         None => (None, None, Default::default()),
     };
     let catalog = match &cluster {
@@ -505,16 +498,10 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
 /// (`cirro.nodes.queries`) current: checked every second, written to
 /// ZooKeeper when it changed.
 async fn report_queries(cluster: Arc<cirro_cluster::ZkCluster>, shared: Arc<Shared>) {
-    use cirro_engine::activity::BackendState;
     let mut reported = 0u32;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let running = shared
-            .activity
-            .backends()
-            .iter()
-            .filter(|b| b.state == BackendState::Active)
-            .count() as u32;
+        let running = shared.activity.running() as u32;
         if running != reported && cluster.update_me(|me| me.queries = running).await.is_ok() {
             reported = running;
         }
@@ -531,20 +518,13 @@ async fn drain(
     worker_tasks: &cirro_cluster::worker::InFlight,
     timeout: Duration,
 ) {
-    use cirro_engine::activity::BackendState;
     eprintln!("cirro: draining: no new connections; waiting for running statements and tasks");
     if let Err(e) = cluster.update_me(|me| me.state = "draining".into()).await {
         log::warn!("{e}");
     }
     let deadline = tokio::time::Instant::now() + timeout;
     while tokio::time::Instant::now() < deadline {
-        let running = shared
-            .activity
-            .backends()
-            .iter()
-            .filter(|b| b.state == BackendState::Active)
-            .count();
-        if running == 0 && worker_tasks.count() == 0 {
+        if shared.activity.running() == 0 && worker_tasks.count() == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -485,36 +485,20 @@ fn a_query_outlives_a_node_killed_or_cut_during_it() {
     let expected = expected.trim_start_matches("SET\n").to_string();
 
     // Killed: the query is run again on the others (or fails) within 10 s.
-    let (out, took) = long_query_with_fault(&cluster, Duration::from_millis(1500), || {
+    survives(&cluster, &expected, "kill", 2, || {
         cluster.script(&["kill", "3"]);
     });
-    whole_or_failed(&out, &expected);
-    assert!(took < Duration::from_secs(10), "{took:?} after the kill");
-    assert_eq!(
-        cluster.sql(2, &format!("{SMALL_TASKS}; {LONG_QUERY}")),
-        format!("SET\n{expected}")
-    );
 
     // Restarted, it is a member again and takes tasks.
     cluster.script(&["start", "3"]);
-    within(Duration::from_secs(15), "node3 back in cirro.nodes", || {
-        node_ids(&cluster, 1) == ids(&["node1", "node2", "node3"])
-    });
+    members_become(&cluster, &["node1", "node2", "node3"], "node3 back");
 
     // Cut off: the same, bounded by the connections' keep-alives.
-    let (out, took) = long_query_with_fault(&cluster, Duration::from_millis(1500), || {
+    survives(&cluster, &expected, "cut", 3, || {
         cluster.script(&["cut", "2"]);
     });
-    whole_or_failed(&out, &expected);
-    assert!(took < Duration::from_secs(10), "{took:?} after the cut");
-    assert_eq!(
-        cluster.sql(3, &format!("{SMALL_TASKS}; {LONG_QUERY}")),
-        format!("SET\n{expected}")
-    );
     cluster.script(&["heal", "2"]);
-    within(Duration::from_secs(15), "node2 back in cirro.nodes", || {
-        node_ids(&cluster, 1) == ids(&["node1", "node2", "node3"])
-    });
+    members_become(&cluster, &["node1", "node2", "node3"], "node2 back");
 
     // SIGTERM: the node finishes the tasks it runs for node 1's query
     // before it leaves, so the query needs no second run.
@@ -534,21 +518,27 @@ fn a_query_outlives_a_node_killed_or_cut_during_it() {
     );
     whole_or_failed(&out, &expected);
     assert_eq!(retries(), before, "the query was run again");
-    within(Duration::from_secs(15), "node3 gone after SIGTERM", || {
-        node_ids(&cluster, 1) == ids(&["node1", "node2"])
-    });
+    members_become(&cluster, &["node1", "node2"], "node3 gone after SIGTERM");
 }
 
-/// CPU time (ticks) a process has used.
-fn cpu_ticks(pid: i32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .expect("stat")
-        .1
-        .split_whitespace()
-        .collect();
-    fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0)
+/// LONG_QUERY through node 1 while `fault` hits 1.5 s into it: the whole
+/// answer or a node failure, within 10 s of the fault; then the query
+/// succeeds through node `then`.
+fn survives(cluster: &Cluster, expected: &str, what: &str, then: usize, fault: impl FnOnce()) {
+    let (out, took) = long_query_with_fault(cluster, Duration::from_millis(1500), fault);
+    whole_or_failed(&out, expected);
+    assert!(took < Duration::from_secs(10), "{took:?} after the {what}");
+    assert_eq!(
+        cluster.sql(then, &format!("{SMALL_TASKS}; {LONG_QUERY}")),
+        format!("SET\n{expected}")
+    );
+}
+
+/// Wait (15 s at most) until node 1 lists exactly `names` in cirro.nodes.
+fn members_become(cluster: &Cluster, names: &[&str], what: &str) {
+    within(Duration::from_secs(15), what, || {
+        node_ids(cluster, 1) == ids(names)
+    });
 }
 
 #[test]
@@ -560,7 +550,7 @@ fn a_cancelled_distributed_query_stops_on_every_node() {
          FROM lineitem a JOIN lineitem b ON a.l_suppkey = b.l_suppkey \
          JOIN lineitem c ON c.l_suppkey = a.l_suppkey";
     let pids: Vec<i32> = (1..=3).map(|i| cluster.pid(i)).collect();
-    let before: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
+    let before: Vec<u64> = pids.iter().map(|p| common::cpu_ticks(*p as u32)).collect();
     let started = Instant::now();
     let child = Command::new("psql")
         .arg(cluster.conninfo(1))
@@ -604,7 +594,7 @@ fn a_cancelled_distributed_query_stops_on_every_node() {
         "{:?}",
         started.elapsed()
     );
-    let during: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
+    let during: Vec<u64> = pids.iter().map(|p| common::cpu_ticks(*p as u32)).collect();
     // Every node worked on it ...
     for (i, (b, d)) in before.iter().zip(&during).enumerate() {
         assert!(d - b >= 10, "node{} did no work: {b} -> {d} ticks", i + 1);
@@ -612,9 +602,9 @@ fn a_cancelled_distributed_query_stops_on_every_node() {
     // ... and none goes on after the cancel (a little slack for the
     // membership refresh and the last batches).
     std::thread::sleep(Duration::from_millis(500));
-    let settled: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
+    let settled: Vec<u64> = pids.iter().map(|p| common::cpu_ticks(*p as u32)).collect();
     std::thread::sleep(Duration::from_secs(2));
-    let after: Vec<u64> = pids.iter().map(|p| cpu_ticks(*p)).collect();
+    let after: Vec<u64> = pids.iter().map(|p| common::cpu_ticks(*p as u32)).collect();
     for (i, (s, a)) in settled.iter().zip(&after).enumerate() {
         assert!(
             a - s < 20,

@@ -125,19 +125,9 @@ fn no_statement_shape_takes_the_server_down() {
     refused(&server, &dir, &format!("SELECT 1{casts};"));
 }
 
-/// CPU seconds `pid` has used (user + system), from /proc.
+/// CPU seconds `pid` has used (user + system).
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc stat");
-    // Fields after the command name (which may hold spaces) start at "state".
-    let fields: Vec<&str> = stat
-        .rsplit_once(") ")
-        .expect("stat format")
-        .1
-        .split_whitespace()
-        .collect();
-    let ticks: f64 =
-        fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
-    ticks / 100.0
+    common::cpu_ticks(pid) as f64 / 100.0
 }
 
 /// statement_timeout stops the work, not only the reply: a cross join that

@@ -315,3 +315,17 @@ pub fn table_dir(data: &DataDir, name: &str) -> PathBuf {
         })
         .expect("table directory")
 }
+
+/// CPU time `pid` has used (user + system), in clock ticks (1/100 s), from
+/// /proc.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc stat");
+    // Fields after the command name (which may hold spaces) start at "state".
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .expect("stat format")
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
