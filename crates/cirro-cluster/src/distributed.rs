@@ -187,6 +187,13 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
             .config()
             .get_or_insert_default()
             .set_extension(Arc::new(PlacementLog::default()));
+        // datafusion-distributed's scan tasks take files round-robin, which
+        // would break a bucketed scan's declared partitioning: scan bucketed
+        // tables as unbucketed here (bucket-aware tasks: issue 17, part 3).
+        builder
+            .config()
+            .get_or_insert_default()
+            .set_extension(Arc::new(cirro_storage::table::UnbucketedScans));
         builder.with_query_planner(Arc::new(ClusterPlanner {
             distributed,
             workers: self.workers(),

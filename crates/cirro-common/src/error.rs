@@ -67,6 +67,7 @@ impl SqlState {
     pub const OUT_OF_MEMORY: SqlState = SqlState("53200");
     pub const QUERY_CANCELED: SqlState = SqlState("57014");
     pub const ADMIN_SHUTDOWN: SqlState = SqlState("57P01");
+    pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState("55000");
     pub const LOCK_NOT_AVAILABLE: SqlState = SqlState("55P03");
     pub const RESERVED_NAME: SqlState = SqlState("42939");
     pub const CANNOT_CONNECT_NOW: SqlState = SqlState("57P03");

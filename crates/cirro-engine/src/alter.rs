@@ -71,6 +71,8 @@ struct Model {
     operations: Vec<String>,
     notices: Vec<String>,
     cluster_by: Vec<String>,
+    /// The distribution key (renamed with its columns; never dropped).
+    distribution: Vec<String>,
     /// Columns renamed (old, new) and dropped, in order: indexes and
     /// constraints follow them.
     renamed: Vec<(String, String)>,
@@ -163,6 +165,12 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
         operations: Vec::new(),
         notices: Vec::new(),
         cluster_by: table.options().cluster_by.clone(),
+        distribution: table
+            .options()
+            .distribution
+            .as_ref()
+            .map(|d| d.columns.clone())
+            .unwrap_or_default(),
         renamed: Vec::new(),
         dropped: Vec::new(),
         constraints: table.options().constraints.clone(),
@@ -208,6 +216,21 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     options.cluster_by = model.cluster_by.clone();
     options.constraints = model.constraints.clone();
     follow_columns(&mut options, &model);
+    if let Some(old) = &options.distribution {
+        // The key's columns must still have types with a stable hash.
+        let checked = cirro_storage::options::Distribution::new(
+            model.distribution.clone(),
+            old.buckets as i64,
+            &new_schema,
+        )?;
+        // Rewritten rows are placed by this build's hash; kept files keep theirs.
+        let hash = if model.rewrite {
+            checked.hash.clone()
+        } else {
+            old.hash.clone()
+        };
+        options.distribution = Some(cirro_storage::options::Distribution { hash, ..checked });
+    }
     let operation = delta_operation(&model, &table, &new_schema)?;
     let rows = if model.rewrite {
         let exprs = model
@@ -411,6 +434,14 @@ fn apply(
                         "cannot drop column \"{name}\": it is the only column of \"{table}\", and tables need one"
                     )));
                 }
+                if model.distribution.contains(&name) {
+                    return Err(CirroError::new(
+                        SqlState::DEPENDENT_OBJECTS_STILL_EXIST,
+                        format!(
+                            "cannot drop column \"{name}\" of \"{table}\": the table is distributed by it"
+                        ),
+                    ));
+                }
                 model.columns.remove(index);
                 model.cluster_by.retain(|c| c != &name);
                 model.dropped.push(name.clone());
@@ -436,7 +467,7 @@ fn apply(
             }
             model.columns[index].name = new.clone();
             model.renamed.push((old.clone(), new.clone()));
-            for key in &mut model.cluster_by {
+            for key in model.cluster_by.iter_mut().chain(&mut model.distribution) {
                 if *key == old {
                     *key = new.clone();
                 }

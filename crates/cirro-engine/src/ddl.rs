@@ -30,6 +30,7 @@ pub(crate) async fn create_table(
     cmd: CreateMemoryTable,
     options: &[(String, String)],
     constraints: Vec<cirro_storage::options::ConstraintDef>,
+    distributed_by: Option<cirro_sql::DistributedBy>,
 ) -> Result<Outcome> {
     let (db, schema, name) = engine.resolve(&cmd.name);
     let snapshot = engine.catalog().snapshot();
@@ -74,6 +75,13 @@ pub(crate) async fn create_table(
         ));
     }
     options.constraints = constraints;
+    if let Some(by) = distributed_by {
+        options.distribution = Some(cirro_storage::options::Distribution::new(
+            by.columns,
+            by.buckets,
+            &table_schema,
+        )?);
+    }
     let data = if is_query {
         let mut input = cmd.input.as_ref().clone();
         if !options.cluster_by.is_empty() {
@@ -490,4 +498,102 @@ pub(crate) fn table_options(
             )),
         })
         .collect()
+}
+
+/// The table named `reference` opened at its latest version.
+pub(crate) async fn open_named_table(
+    engine: &Engine,
+    reference: &TableReference,
+) -> Result<(String, CirroTable)> {
+    let (db, schema, name) = engine.resolve(reference);
+    let location = crate::time_travel::location_of(engine, &db, &schema, &name)?;
+    let table = engine.catalog().open_table(&location).await?;
+    Ok((name, table))
+}
+
+/// The columns DESCRIBE returns (DataFusion's).
+pub(crate) fn describe_schema() -> arrow::datatypes::SchemaRef {
+    use arrow::datatypes::DataType;
+    Arc::new(Schema::new(vec![
+        Field::new("column_name", DataType::Utf8, false),
+        Field::new("data_type", DataType::Utf8, false),
+        Field::new("is_nullable", DataType::Utf8, false),
+    ]))
+}
+
+/// The columns SHOW CREATE TABLE returns.
+pub(crate) fn show_create_schema() -> arrow::datatypes::SchemaRef {
+    use arrow::datatypes::DataType;
+    Arc::new(Schema::new(vec![
+        Field::new("table_name", DataType::Utf8, false),
+        Field::new("definition", DataType::Utf8, false),
+    ]))
+}
+
+/// `SHOW CREATE TABLE name`: one row (`table_name`, `definition`) with the
+/// statements that make the table as it is: CREATE TABLE with its columns,
+/// constraints, options and distribution, then its CREATE INDEX statements.
+pub(crate) async fn show_create_table(engine: &Engine, name: &ObjectName) -> Result<Outcome> {
+    let reference = datafusion::sql::planner::object_name_to_table_reference(name.clone(), true)?;
+    let (name, table) = open_named_table(engine, &reference).await?;
+    let definition = create_table_text(&name, &table);
+    let batch = arrow::array::RecordBatch::try_new(
+        show_create_schema(),
+        vec![
+            Arc::new(arrow::array::StringArray::from(vec![name])),
+            Arc::new(arrow::array::StringArray::from(vec![definition])),
+        ],
+    )?;
+    engine.batch_rows(batch).await
+}
+
+/// The statements that create `table` as `name` (see [`show_create_table`]).
+pub(crate) fn create_table_text(name: &str, table: &CirroTable) -> String {
+    use cirro_storage::bucket::quote_ident;
+    let options = table.options();
+    let mut lines: Vec<String> = table
+        .stored_schema()
+        .fields()
+        .iter()
+        .map(|f| {
+            format!(
+                "    {} {}{}",
+                quote_ident(f.name()),
+                cirro_storage::schema::sql_type_name(f.data_type()),
+                if f.is_nullable() { "" } else { " NOT NULL" }
+            )
+        })
+        .collect();
+    lines.extend(
+        options
+            .constraints
+            .iter()
+            .map(|c| format!("    CONSTRAINT {} {}", quote_ident(&c.name), c.definition())),
+    );
+    let mut text = format!(
+        "CREATE TABLE {} (\n{}\n)",
+        quote_ident(name),
+        lines.join(",\n")
+    );
+    let mut with = Vec::new();
+    if let Some(codec) = &options.compression {
+        with.push(format!("compression = '{codec}'"));
+    }
+    if let Some(rows) = options.row_group_rows {
+        with.push(format!("row_group_rows = {rows}"));
+    }
+    if !options.cluster_by.is_empty() {
+        with.push(format!("cluster_by = '{}'", options.cluster_by.join(", ")));
+    }
+    if !with.is_empty() {
+        text.push_str(&format!("\nWITH ({})", with.join(", ")));
+    }
+    if let Some(distribution) = &options.distribution {
+        text.push_str(&format!("\n{}", distribution.definition()));
+    }
+    text.push(';');
+    for index in &options.indexes {
+        text.push_str(&format!("\n{};", index.definition(&quote_ident(name))));
+    }
+    text
 }

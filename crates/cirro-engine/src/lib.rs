@@ -33,6 +33,7 @@ mod copy;
 mod copy_text;
 mod ddl;
 mod dml;
+mod explain;
 mod functions;
 mod history;
 mod indexes;
@@ -59,7 +60,9 @@ use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan, Statement, WriteOp};
 use datafusion::prelude::SessionConfig;
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{CreateTableOptions, ObjectType, Statement as SqlStatement};
+use datafusion::sql::sqlparser::ast::{
+    CreateTableOptions, ObjectType, ShowCreateObject, Statement as SqlStatement,
+};
 use futures::StreamExt;
 
 pub use access::bootstrap_superuser;
@@ -236,6 +239,43 @@ fn explain_row(
     Ok(arrow::array::RecordBatch::try_new(
         Arc::clone(schema),
         columns,
+    )?)
+}
+
+/// DESCRIBE's rows: each column's name, SQL type (DataFusion shows Arrow's
+/// type names, Utf8View, Decimal128(8, 2)) and nullability; a bucketed
+/// table's distribution as a last row (`DISTRIBUTED BY`, `HASH (…) BUCKETS n`).
+fn describe_batch(
+    describe: &datafusion::logical_expr::DescribeTable,
+    distribution: Option<&cirro_storage::options::Distribution>,
+) -> Result<arrow::array::RecordBatch> {
+    let fields = describe.schema.fields();
+    let mut names: Vec<String> = fields.iter().map(|f| f.name().clone()).collect();
+    let mut types: Vec<String> = fields
+        .iter()
+        .map(|f| cirro_storage::schema::sql_type_name(f.data_type()))
+        .collect();
+    let mut nullable: Vec<String> = fields
+        .iter()
+        .map(|f| if f.is_nullable() { "YES" } else { "NO" }.to_string())
+        .collect();
+    if let Some(distribution) = distribution {
+        names.push("DISTRIBUTED BY".into());
+        types.push(
+            distribution
+                .definition()
+                .trim_start_matches("DISTRIBUTED BY ")
+                .to_string(),
+        );
+        nullable.push(String::new());
+    }
+    Ok(arrow::array::RecordBatch::try_new(
+        Arc::new(describe.output_schema.as_arrow().clone()),
+        vec![
+            Arc::new(arrow::array::StringArray::from(names)),
+            Arc::new(arrow::array::StringArray::from(types)),
+            Arc::new(arrow::array::StringArray::from(nullable)),
+        ],
     )?)
 }
 
@@ -456,6 +496,25 @@ impl Engine {
                     ))
                 }
             }
+            CirroStatement::CreateDistributed {
+                create,
+                distributed_by,
+            } => match *create {
+                DfStatement::Statement(inner) => match *inner {
+                    SqlStatement::CreateTable(create) => {
+                        self.check_ddl_allowed(&SqlStatement::CreateTable(create.clone()))?;
+                        self.create_table_sql(&create, Some(distributed_by)).await
+                    }
+                    _ => Err(CirroError::new(
+                        SqlState::SYNTAX_ERROR,
+                        "DISTRIBUTED BY belongs to CREATE TABLE",
+                    )),
+                },
+                _ => Err(CirroError::new(
+                    SqlState::SYNTAX_ERROR,
+                    "DISTRIBUTED BY belongs to CREATE TABLE",
+                )),
+            },
             CirroStatement::Sql(statement) => self.run_sql(*statement).await,
         }
     }
@@ -541,34 +600,29 @@ impl Engine {
                 } => return indexes::drop_index(self, names, *if_exists).await,
                 SqlStatement::AlterTable(alter) => return alter::alter_table(self, alter).await,
                 SqlStatement::CreateTable(create) => {
-                    // DataFusion refuses WITH (…) and does not enforce
-                    // constraints: take both out, plan the rest, and create
-                    // the table with them.
-                    let options = ddl::table_options(&create.table_options)?;
-                    let mut stripped = create.clone();
-                    stripped.table_options = CreateTableOptions::None;
-                    let table_name = create
-                        .name
-                        .0
-                        .last()
-                        .and_then(|part| part.as_ident())
-                        .map(alter::ident_name)
-                        .unwrap_or_default();
-                    let constraints = constraints::take_from_create(&mut stripped, &table_name)?;
-                    let plan = self
-                        .plan(DfStatement::Statement(Box::new(SqlStatement::CreateTable(
-                            stripped,
-                        ))))
-                        .await?;
+                    return self.create_table_sql(create, None).await;
+                }
+                SqlStatement::ShowCreate {
+                    obj_type: ShowCreateObject::Table,
+                    obj_name,
+                } => return ddl::show_create_table(self, obj_name).await,
+                SqlStatement::ExplainTable { table_name, .. } => {
+                    let reference = datafusion::sql::planner::object_name_to_table_reference(
+                        table_name.clone(),
+                        true,
+                    )?;
+                    // Views and system tables have no distribution.
+                    let table = ddl::open_named_table(self, &reference).await.ok();
+                    let plan = self.plan(statement.clone()).await?;
                     self.check_plan(&plan)?;
-                    return match plan {
-                        LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
-                            ddl::create_table(self, cmd, &options, constraints).await
-                        }
-                        _ => Err(CirroError::internal(
-                            "CREATE TABLE planned as something else",
-                        )),
-                    };
+                    if let LogicalPlan::DescribeTable(describe) = &plan {
+                        let distribution = table
+                            .as_ref()
+                            .and_then(|(_, t)| t.options().distribution.as_ref());
+                        let batch = describe_batch(describe, distribution)?;
+                        return self.batch_rows(batch).await;
+                    }
+                    return self.execute_plan(plan).await;
                 }
                 _ => {}
             }
@@ -577,6 +631,41 @@ impl Engine {
         let plan = self.plan(statement).await?;
         self.check_plan(&plan)?;
         self.execute_plan(plan).await
+    }
+
+    /// CREATE TABLE: DataFusion refuses WITH (…) and does not enforce
+    /// constraints: take both out, plan the rest, and create the table with
+    /// them (and its distribution, if it has one).
+    async fn create_table_sql(
+        &self,
+        create: &datafusion::sql::sqlparser::ast::CreateTable,
+        distributed_by: Option<cirro_sql::DistributedBy>,
+    ) -> Result<Outcome> {
+        let options = ddl::table_options(&create.table_options)?;
+        let mut stripped = create.clone();
+        stripped.table_options = CreateTableOptions::None;
+        let table_name = create
+            .name
+            .0
+            .last()
+            .and_then(|part| part.as_ident())
+            .map(alter::ident_name)
+            .unwrap_or_default();
+        let constraints = constraints::take_from_create(&mut stripped, &table_name)?;
+        let plan = self
+            .plan(DfStatement::Statement(Box::new(SqlStatement::CreateTable(
+                stripped,
+            ))))
+            .await?;
+        self.check_plan(&plan)?;
+        match plan {
+            LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
+                ddl::create_table(self, cmd, &options, constraints, distributed_by).await
+            }
+            _ => Err(CirroError::internal(
+                "CREATE TABLE planned as something else",
+            )),
+        }
     }
 
     pub(crate) async fn execute_plan(&self, plan: LogicalPlan) -> Result<Outcome> {
@@ -602,7 +691,7 @@ impl Engine {
         match plan {
             LogicalPlan::Ddl(ddl) => match ddl {
                 DdlStatement::CreateMemoryTable(cmd) => {
-                    ddl::create_table(self, cmd, &[], Vec::new()).await
+                    ddl::create_table(self, cmd, &[], Vec::new(), None).await
                 }
                 DdlStatement::DropTable(cmd) => {
                     let (db, schema, name) = self.resolve(&cmd.name);
@@ -674,26 +763,7 @@ impl Engine {
                 }))
             }
             LogicalPlan::DescribeTable(describe) => {
-                // DataFusion's shows Arrow's type names (Utf8View,
-                // Decimal128(8, 2)); Cirro shows SQL's.
-                let fields = describe.schema.fields();
-                let names = arrow::array::StringArray::from_iter_values(
-                    fields.iter().map(|f| f.name().clone()),
-                );
-                let types = arrow::array::StringArray::from_iter_values(
-                    fields
-                        .iter()
-                        .map(|f| cirro_storage::schema::sql_type_name(f.data_type())),
-                );
-                let nullable = arrow::array::StringArray::from_iter_values(
-                    fields
-                        .iter()
-                        .map(|f| if f.is_nullable() { "YES" } else { "NO" }),
-                );
-                let batch = arrow::array::RecordBatch::try_new(
-                    Arc::new(describe.output_schema.as_arrow().clone()),
-                    vec![Arc::new(names), Arc::new(types), Arc::new(nullable)],
-                )?;
+                let batch = describe_batch(&describe, None)?;
                 self.batch_rows(batch).await
             }
             LogicalPlan::Copy(_) => {
@@ -730,6 +800,9 @@ impl Engine {
     /// out, is 08006. `EXPLAIN ANALYZE` of such a query says which nodes
     /// ran each stage.
     async fn query(&self, plan: LogicalPlan) -> Result<Outcome> {
+        if let LogicalPlan::Explain(explain) = &plan {
+            return self.explain(explain.plan.as_ref(), plan.clone()).await;
+        }
         let Some(distribution) = &self.distribution else {
             let frame = self.ctx.execute_logical_plan(plan).await?;
             return Ok(Outcome::Rows(frame.execute_stream().await?));
@@ -788,6 +861,38 @@ impl Engine {
                 datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(schema, stream),
             )));
         }
+    }
+
+    /// EXPLAIN (`plan`) of `explained`, with every join's strategy on its
+    /// line (see `explain.rs`).
+    async fn explain(&self, explained: &LogicalPlan, plan: LogicalPlan) -> Result<Outcome> {
+        let strategies = match self.ctx.state().create_physical_plan(explained).await {
+            Ok(physical) => explain::join_strategies(&physical),
+            Err(_) => Vec::new(), // EXPLAIN itself reports what fails
+        };
+        let frame = self.ctx.execute_logical_plan(plan).await?;
+        let schema = Arc::new(frame.schema().as_arrow().clone());
+        let mut batches = frame.collect().await?;
+        if !strategies.is_empty() {
+            for batch in &mut batches {
+                let Some(text) = batch
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<arrow::array::StringArray>()
+                else {
+                    continue;
+                };
+                let marked: arrow::array::StringArray = text
+                    .iter()
+                    .map(|t| t.map(|t| explain::mark_joins(t, &strategies)))
+                    .collect();
+                let mut columns = batch.columns().to_vec();
+                columns[1] = Arc::new(marked);
+                *batch = arrow::array::RecordBatch::try_new(batch.schema(), columns)?;
+            }
+        }
+        let batch = arrow::compute::concat_batches(&schema, &batches)?;
+        self.batch_rows(batch).await
     }
 
     /// Run a row-changing statement: commit it at once, or inside an open

@@ -104,9 +104,7 @@ fn keeps_plan(statement: &DfStatement) -> Option<bool> {
     }
     match statement {
         DfStatement::Statement(inner) => match inner.as_ref() {
-            SqlStatement::Query(_)
-            | SqlStatement::Explain { .. }
-            | SqlStatement::ExplainTable { .. } => Some(true),
+            SqlStatement::Query(_) | SqlStatement::Explain { .. } => Some(true),
             SqlStatement::Insert(_)
             | SqlStatement::Update(_)
             | SqlStatement::Delete(_)
@@ -221,6 +219,12 @@ impl Engine {
             let schema = match &statement {
                 CirroStatement::Setting(setting) => crate::settings::setting_schema(setting),
                 CirroStatement::Maintenance(m) => Some(crate::history::result_schema(m)),
+                // Cirro's own (see `ddl.rs`): run at each execution.
+                CirroStatement::Sql(_) => match statement.sql() {
+                    Some(SqlStatement::ExplainTable { .. }) => Some(crate::ddl::describe_schema()),
+                    Some(SqlStatement::ShowCreate { .. }) => Some(crate::ddl::show_create_schema()),
+                    _ => None,
+                },
                 _ => None,
             };
             return Ok(unplanned(schema));

@@ -13,6 +13,8 @@
 //!        COPY … FROM | TO STDOUT   → parsers/copy.rs (sqlparser's COPY)
 //!        BEGIN, COMMIT, ROLLBACK, SAVEPOINT, … → parsers/transaction.rs
 //!        DEALLOCATE                → parsers/deallocate.rs
+//!        CREATE TABLE … DISTRIBUTED BY → parsers/distribution.rs takes the
+//!                                    clause out, DataFusion parses the rest
 //!        a query over pg_catalog   → pg_catalog.rs (datafusion-pg-catalog)
 //!        anything else             → DataFusion's parser, on the same tokens
 //! ```
@@ -157,6 +159,19 @@ fn parse_statement(sql: &str) -> Result<Parsed> {
             shape::shape(&mut statement)?;
             return parsed(Statement::Sql(Box::new(statement)));
         }
+    }
+    if first == "alter" {
+        parsers::distribution::refuse_alter(&solid)?;
+    }
+    let mut tokens = tokens;
+    if first == "create"
+        && let Some(distributed_by) = parsers::distribution::take(&mut tokens)?
+    {
+        let create = Box::new(parse_datafusion(tokens)?);
+        return parsed(Statement::CreateDistributed {
+            create,
+            distributed_by,
+        });
     }
     parsed(Statement::Sql(Box::new(parse_datafusion(tokens)?)))
 }

@@ -30,8 +30,23 @@ pub enum Statement {
     Transaction(TransactionStatement),
     /// `DEALLOCATE name` (Some) or `DEALLOCATE ALL` (None).
     Deallocate(Option<String>),
+    /// `CREATE TABLE … DISTRIBUTED BY HASH (…) BUCKETS n`: the CREATE TABLE
+    /// as DataFusion parsed it without the clause, and the clause.
+    CreateDistributed {
+        create: Box<DfStatement>,
+        distributed_by: DistributedBy,
+    },
     /// Everything else: queries, DML, DDL, EXPLAIN, … as DataFusion parsed it.
     Sql(Box<DfStatement>),
+}
+
+/// `DISTRIBUTED BY HASH (columns) BUCKETS n` (checked by the engine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistributedBy {
+    /// Column names, normalized (unquoted ones folded to lower case).
+    pub columns: Vec<String>,
+    /// As written (range-checked later).
+    pub buckets: i64,
 }
 
 impl Statement {

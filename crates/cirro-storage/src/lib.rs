@@ -7,6 +7,7 @@
 //! the commit that makes them visible, so a crash at any point leaves the table at
 //! its previous version; unreferenced files are garbage, never data.
 
+pub mod bucket;
 pub mod dv;
 pub mod evolve;
 pub mod failpoint;

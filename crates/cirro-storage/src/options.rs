@@ -25,11 +25,14 @@ use cirro_common::limits::ROW_GROUP_ROWS_DEFAULT;
 use cirro_common::{CirroError, Result, SqlState};
 use parquet::basic::{Compression, ZstdLevel};
 
+pub use crate::bucket::Distribution;
+
 const COMPRESSION_KEY: &str = "cirro.compression";
 const ROW_GROUP_ROWS_KEY: &str = "cirro.rowGroupRows";
 const CLUSTER_BY_KEY: &str = "cirro.clusterBy";
 const INDEX_PREFIX: &str = "cirro.index.";
 const CONSTRAINT_PREFIX: &str = "cirro.constraint.";
+const DISTRIBUTION_KEY: &str = "cirro.distribution";
 
 /// Whether `key` is a Delta configuration entry that [`TableOptions`] owns
 /// (and rewrites whole when the options change).
@@ -37,6 +40,7 @@ pub fn is_option_key(key: &str) -> bool {
     key == COMPRESSION_KEY
         || key == ROW_GROUP_ROWS_KEY
         || key == CLUSTER_BY_KEY
+        || key == DISTRIBUTION_KEY
         || key.starts_with(INDEX_PREFIX)
         || key.starts_with(CONSTRAINT_PREFIX)
 }
@@ -145,6 +149,8 @@ pub struct TableOptions {
     pub indexes: Vec<IndexDef>,
     /// Constraints, by name.
     pub constraints: Vec<ConstraintDef>,
+    /// `DISTRIBUTED BY HASH (…) BUCKETS n` (see `bucket.rs`).
+    pub distribution: Option<Distribution>,
 }
 
 fn invalid(message: impl Into<String>) -> CirroError {
@@ -232,6 +238,13 @@ impl TableOptions {
                 map.insert(format!("{CONSTRAINT_PREFIX}{}", constraint.name), json);
             }
         }
+        if let Some(json) = self
+            .distribution
+            .as_ref()
+            .and_then(|d| serde_json::to_string(d).ok())
+        {
+            map.insert(DISTRIBUTION_KEY.to_string(), json);
+        }
         map
     }
 
@@ -260,6 +273,9 @@ impl TableOptions {
                     kind: serde_json::from_str(json).ok()?,
                 })
             }),
+            distribution: map
+                .get(DISTRIBUTION_KEY)
+                .and_then(|json| serde_json::from_str(json).ok()),
         }
     }
 
@@ -406,6 +422,8 @@ mod tests {
         assert_eq!(options.compression.as_deref(), Some("snappy"));
         assert_eq!(options.row_group_rows(), 1000);
         assert_eq!(options.cluster_by, vec!["b", "a"]);
+        let mut options = options;
+        options.distribution = Some(Distribution::new(vec!["a".into()], 8, &schema()).unwrap());
         assert_eq!(
             TableOptions::from_configuration(&options.to_configuration()),
             options

@@ -37,7 +37,7 @@ use datafusion::datasource::table_schema::TableSchemaBuilder;
 use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
-use datafusion::physical_expr::{LexRequirement, PhysicalSortRequirement};
+use datafusion::physical_expr::{LexRequirement, Partitioning, PhysicalSortRequirement};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
 use deltalake::kernel::StructType;
@@ -392,6 +392,10 @@ impl CirroTable {
             .meta_fetch_concurrency
             .get();
         let row_ids = self.row_ids;
+        let buckets: Vec<Option<u32>> = files
+            .iter()
+            .map(|(i, _)| crate::bucket::bucket_of(&self.files[*i].add))
+            .collect();
         let partitioned = futures::stream::iter(files)
             .map(|(index, deleted)| {
                 let format = &format;
@@ -471,8 +475,13 @@ impl CirroTable {
             partitioned.iter().filter_map(|p| p.statistics.as_deref()),
             &full_schema,
         )?;
-        let groups: Vec<FileGroup> = FileGroup::new(partitioned)
-            .split_files(state.config().target_partitions().max(1))
+        let target = state.config().target_partitions().max(1);
+        let (groups, partitioning) =
+            match self.bucketed_groups(state, &partitioned, &buckets, target)? {
+                Some((groups, partitioning)) => (groups, Some(partitioning)),
+                None => (FileGroup::new(partitioned).split_files(target), None),
+            };
+        let groups: Vec<FileGroup> = groups
             .into_iter()
             .map(|group| {
                 let stats = Statistics::try_merge_iter(
@@ -491,10 +500,70 @@ impl CirroTable {
             .with_statistics(statistics)
             .with_projection_indices(projection.map(|p| p.to_vec()))?
             .with_limit(limit)
+            .with_output_partitioning(partitioning)
             .build();
         format.create_physical_plan(state, config).await
     }
 }
+
+impl CirroTable {
+    /// The distribution scans of this snapshot can declare: the table's,
+    /// if this build hashes as its writer did and every file is tagged with
+    /// its bucket (files written otherwise, e.g. by another Delta writer,
+    /// make the table scan as unbucketed).
+    pub fn scan_distribution(&self) -> Option<&crate::bucket::Distribution> {
+        let distribution = self.options.distribution.as_ref()?;
+        let tagged = self
+            .files
+            .iter()
+            .all(|f| crate::bucket::bucket_of(&f.add).is_some_and(|b| b < distribution.buckets));
+        (distribution.hash_matches() && tagged).then_some(distribution)
+    }
+
+    /// The files of a bucketed scan grouped into partitions by bucket
+    /// (partition j: the buckets b with b mod p = j, p a divisor of the
+    /// bucket count, see `bucket.rs`; `buckets` pairs with `files`) and
+    /// the hash partitioning that makes
+    /// true; None to scan as unbucketed (not bucketed, a scan with row ids,
+    /// or a session that asks for [`UnbucketedScans`]).
+    fn bucketed_groups(
+        &self,
+        state: &dyn Session,
+        files: &[PartitionedFile],
+        buckets: &[Option<u32>],
+        target: usize,
+    ) -> DfResult<Option<(Vec<FileGroup>, Partitioning)>> {
+        if self.row_ids || state.config().get_extension::<UnbucketedScans>().is_some() {
+            return Ok(None);
+        }
+        let Some(distribution) = self.scan_distribution() else {
+            return Ok(None);
+        };
+        let partitions = crate::bucket::scan_partitions(distribution.buckets, target);
+        let mut groups = vec![Vec::new(); partitions];
+        for (file, bucket) in files.iter().zip(buckets) {
+            let Some(bucket) = bucket else {
+                return Ok(None);
+            };
+            groups[*bucket as usize % partitions].push(file.clone());
+        }
+        let keys = distribution
+            .columns
+            .iter()
+            .map(|c| datafusion::physical_expr::expressions::col(c, &self.schema))
+            .collect::<DfResult<Vec<_>>>()?;
+        Ok(Some((
+            groups.into_iter().map(FileGroup::new).collect(),
+            Partitioning::Hash(keys, partitions),
+        )))
+    }
+}
+
+/// A session configuration extension: scans of bucketed tables do not
+/// declare their hash partitioning (the cluster's distributed planner
+/// splits scans into tasks by itself).
+#[derive(Debug, Default)]
+pub struct UnbucketedScans;
 
 fn file_index_field() -> FieldRef {
     Arc::new(Field::new(FILE_INDEX_COLUMN, DataType::UInt32, false))

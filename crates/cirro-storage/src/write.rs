@@ -85,73 +85,139 @@ fn writer_properties(options: &TableOptions) -> Result<WriterProperties> {
 const BLOOM_FILTER_FPP: f64 = 0.01;
 
 /// Streams batches into new data files of one table and commits them at once.
+///
+/// A bucketed table's rows go to one writer per bucket (created when the
+/// bucket gets its first row), so every file holds one bucket; the files'
+/// `add` actions are tagged with it. Writers of buckets hold their open
+/// files' row groups in memory: past [`BUCKET_BUFFER_BYTES`] in all, the
+/// largest is finished early (a smaller file, bounded memory).
 pub struct TableWriter {
     table: DeltaTable,
     stored_schema: SchemaRef,
-    writer: RecordBatchWriter,
+    /// The writer of the whole table, or of each bucket.
+    writers: Vec<Option<RecordBatchWriter>>,
+    /// How to make another writer (the schema to write, the options).
+    template: WriterTemplate,
+    /// The key columns and bucket count of a bucketed table.
+    bucketing: Option<(Vec<usize>, u32)>,
+    /// Files finished before the end (see [`BUCKET_BUFFER_BYTES`]).
+    finished: Vec<Add>,
     mode: SaveMode,
     rows: u64,
     batches: u64,
 }
 
+/// What every writer of one [`TableWriter`] is made from.
+struct WriterTemplate {
+    /// Some: files of this schema instead of the table's (ALTER TABLE).
+    new_schema: Option<SchemaRef>,
+    properties: WriterProperties,
+}
+
+/// In-memory bytes of a bucketed write's open files before the largest is
+/// finished early.
+const BUCKET_BUFFER_BYTES: usize = 256 * 1024 * 1024;
+
 impl TableWriter {
     /// `mode` is `Append` (INSERT) or `Overwrite` (replace all rows).
     pub fn new(table: &DeltaTable, stored_schema: SchemaRef, mode: SaveMode) -> Result<Self> {
-        Self::build(
-            table,
-            RecordBatchWriter::for_table(table)?,
-            stored_schema,
-            mode,
-            None,
-        )
+        Self::build(table, stored_schema, mode, None)
     }
 
     /// A writer of files with `stored_schema` instead of the table's current
     /// schema, for a commit that changes the schema (ALTER TABLE): delta-rs's
     /// `for_table` takes the schema from the snapshot, `try_new` from us.
-    /// The options (indexes, codec) are the new ones too.
+    /// The options (indexes, codec, distribution) are the new ones too.
     pub fn with_new_schema(
         table: &DeltaTable,
         stored_schema: SchemaRef,
         options: &TableOptions,
     ) -> Result<Self> {
-        let writer = RecordBatchWriter::try_new(
-            table.table_url().as_str(),
-            Arc::clone(&stored_schema),
-            None,
-            None,
-        )?;
-        Self::build(
-            table,
-            writer,
-            stored_schema,
-            SaveMode::Append,
-            Some(options),
-        )
+        Self::build(table, stored_schema, SaveMode::Append, Some(options))
     }
 
     fn build(
         table: &DeltaTable,
-        writer: RecordBatchWriter,
         stored_schema: SchemaRef,
         mode: SaveMode,
         options: Option<&TableOptions>,
     ) -> Result<Self> {
+        let new_schema = options.map(|_| Arc::clone(&stored_schema));
         let options = match options {
             Some(options) => options.clone(),
             None => TableOptions::from_configuration(table.snapshot()?.metadata().configuration()),
         };
-        let writer = writer
-            .with_writer_properties(writer_properties(&options)?)
-            .with_target_file_size(data_file_bytes_target());
+        let bucketing = match &options.distribution {
+            Some(distribution) => {
+                distribution.check_writable()?;
+                Some((
+                    distribution.key_indices(&stored_schema)?,
+                    distribution.buckets,
+                ))
+            }
+            None => None,
+        };
+        let count = bucketing.as_ref().map(|(_, n)| *n as usize).unwrap_or(1);
+        let mut writers = Vec::with_capacity(count);
+        writers.resize_with(count, || None);
         Ok(Self {
             table: table.clone(),
             stored_schema,
-            writer,
+            writers,
+            template: WriterTemplate {
+                new_schema,
+                properties: writer_properties(&options)?,
+            },
+            bucketing,
+            finished: Vec::new(),
             mode,
             rows: 0,
             batches: 0,
         })
+    }
+
+    /// The writer of slot `slot` (bucket, or 0), made on first use.
+    fn writer(&mut self, slot: usize) -> Result<&mut RecordBatchWriter> {
+        if self.writers[slot].is_none() {
+            let writer = match &self.template.new_schema {
+                Some(schema) => RecordBatchWriter::try_new(
+                    self.table.table_url().as_str(),
+                    Arc::clone(schema),
+                    None,
+                    None,
+                )?,
+                None => RecordBatchWriter::for_table(&self.table)?,
+            };
+            self.writers[slot] = Some(
+                writer
+                    .with_writer_properties(self.template.properties.clone())
+                    .with_target_file_size(data_file_bytes_target()),
+            );
+        }
+        Ok(self.writers[slot].as_mut().expect("made above"))
+    }
+
+    /// Finish the files of slot `slot` so far (tagged with its bucket).
+    async fn flush_slot(&mut self, slot: usize) -> Result<Vec<Add>> {
+        let Some(writer) = self.writers[slot].as_mut() else {
+            return Ok(Vec::new());
+        };
+        let mut adds = writer.flush().await?;
+        if self.bucketing.is_some() {
+            for add in &mut adds {
+                crate::bucket::tag_bucket(add, slot as u32);
+            }
+        }
+        Ok(adds)
+    }
+
+    /// Finish every open file; with those finished early.
+    async fn flush_all(&mut self) -> Result<Vec<Add>> {
+        let mut adds = std::mem::take(&mut self.finished);
+        for slot in 0..self.writers.len() {
+            adds.extend(self.flush_slot(slot).await?);
+        }
+        Ok(adds)
     }
 
     pub fn rows(&self) -> u64 {
@@ -165,23 +231,53 @@ impl TableWriter {
         }
         let batch = conform(&batch, &self.stored_schema)?;
         let rows = batch.num_rows() as u64;
-        self.writer.write(batch).await?;
+        match self.bucketing.clone() {
+            None => self.writer(0)?.write(batch).await?,
+            Some((key, buckets)) => {
+                for (bucket, rows) in crate::bucket::split_by_bucket(&batch, &key, buckets)? {
+                    self.writer(bucket as usize)?.write(rows).await?;
+                }
+                self.limit_buffers().await?;
+            }
+        }
         self.rows += rows;
         self.batches += 1;
         failpoint::reach("write.batch", self.batches);
         Ok(())
     }
 
+    /// Finish the largest bucket's files while the open ones hold more than
+    /// [`BUCKET_BUFFER_BYTES`].
+    async fn limit_buffers(&mut self) -> Result<()> {
+        loop {
+            let sizes: Vec<(usize, usize)> = self
+                .writers
+                .iter()
+                .enumerate()
+                .filter_map(|(slot, w)| w.as_ref().map(|w| (w.buffer_len(), slot)))
+                .collect();
+            let total: usize = sizes.iter().map(|(size, _)| size).sum();
+            if total <= BUCKET_BUFFER_BYTES {
+                return Ok(());
+            }
+            let Some(&(_, largest)) = sizes.iter().max() else {
+                return Ok(());
+            };
+            let adds = self.flush_slot(largest).await?;
+            self.finished.extend(adds);
+        }
+    }
+
     /// Finish the data files without committing them: the caller commits the
     /// returned actions together with others (DELETE/UPDATE/MERGE) and removes
     /// the files with [`remove_files`] if that commit does not happen.
     pub async fn finish(mut self) -> Result<Vec<Add>> {
-        Ok(self.writer.flush().await?)
+        self.flush_all().await
     }
 
     /// Finish the data files and commit them; returns the rows written.
     pub async fn commit(mut self) -> Result<u64> {
-        let adds = self.writer.flush().await?;
+        let adds = self.flush_all().await?;
         failpoint::reach("write.before_commit", 1);
         if adds.is_empty() && self.mode == SaveMode::Append {
             return Ok(0);
@@ -218,8 +314,11 @@ impl TableWriter {
 
     /// Give up: remove every file written so far. The table is unchanged.
     pub async fn abort(&mut self) {
-        if let Ok(adds) = self.writer.flush().await {
-            remove_files(&self.table, &adds).await;
+        remove_files(&self.table, &std::mem::take(&mut self.finished)).await;
+        for slot in 0..self.writers.len() {
+            if let Ok(adds) = self.flush_slot(slot).await {
+                remove_files(&self.table, &adds).await;
+            }
         }
     }
 }

@@ -6,6 +6,7 @@
 pub(crate) mod access;
 pub(crate) mod copy;
 pub(crate) mod deallocate;
+pub(crate) mod distribution;
 pub(crate) mod maintenance;
 pub(crate) mod setting;
 pub(crate) mod transaction;

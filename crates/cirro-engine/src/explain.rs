@@ -1,0 +1,149 @@
+//! What EXPLAIN says about joins: every join's line ends with how its
+//! inputs meet —
+//!
+//! - `join=broadcast`: one side is collected whole and given to every
+//!   partition (and task) of the other (`CollectLeft` hash joins, nested
+//!   loop and cross joins);
+//! - `join=co-located`: both sides arrive partitioned on the join key
+//!   without an exchange for this join (bucketed tables scanned bucket by
+//!   bucket, or inputs an earlier aggregation or join already partitioned);
+//! - `join=shuffle`: rows of at least one side are exchanged by the hash of
+//!   the key (`RepartitionExec`, across nodes `NetworkShuffleExec`).
+//!
+//! The plan is the one the statement would run; its joins are matched to
+//! the EXPLAIN text by their one-line display, which is what both the
+//! single-node and the distributed (staged) formats print for a node.
+
+use std::sync::Arc;
+
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning, displayable};
+
+/// Names of the plan nodes that join.
+const JOINS: [&str; 5] = [
+    "HashJoinExec",
+    "SortMergeJoinExec",
+    "NestedLoopJoinExec",
+    "CrossJoinExec",
+    "SymmetricHashJoinExec",
+];
+
+/// Each join of `plan` (its one-line display) with its strategy, in plan
+/// order (the distributed planner's stages included).
+pub(crate) fn join_strategies(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, &'static str)> {
+    let mut found = Vec::new();
+    collect(plan, &mut found);
+    found
+}
+
+fn collect(plan: &Arc<dyn ExecutionPlan>, found: &mut Vec<(String, &'static str)>) {
+    if let Some(strategy) = strategy(plan) {
+        let line = displayable(plan.as_ref()).one_line().to_string();
+        found.push((line.trim_end().to_string(), strategy));
+    }
+    for child in plan.children() {
+        collect(child, found);
+    }
+}
+
+fn strategy(plan: &Arc<dyn ExecutionPlan>) -> Option<&'static str> {
+    let partitioned = if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        join.mode == PartitionMode::Partitioned
+    } else if plan.is::<SortMergeJoinExec>() || plan.name() == "SymmetricHashJoinExec" {
+        true
+    } else if JOINS.contains(&plan.name()) {
+        false
+    } else {
+        return None;
+    };
+    if !partitioned {
+        return Some("broadcast");
+    }
+    if plan.children().iter().any(|child| exchanged(child)) {
+        Some("shuffle")
+    } else {
+        Some("co-located")
+    }
+}
+
+/// Whether rows reach this input of a join through a hash exchange made
+/// for the join: one below it before any operator that partitions its own
+/// output by key (an aggregation or join, whose exchange is its own).
+fn exchanged(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    if let Some(repartition) = plan.downcast_ref::<RepartitionExec>()
+        && matches!(repartition.partitioning(), Partitioning::Hash(_, _))
+    {
+        return true;
+    }
+    match plan.name() {
+        "NetworkShuffleExec" => return true,
+        "AggregateExec" | "NetworkBroadcastExec" => return false,
+        name if JOINS.contains(&name) => return false,
+        _ => {}
+    }
+    plan.children().iter().any(|child| exchanged(child))
+}
+
+/// `text` (EXPLAIN's plan column) with `, join=…` at the end of every line
+/// that shows one of `strategies`' joins.
+pub(crate) fn mark_joins(text: &str, strategies: &[(String, &'static str)]) -> String {
+    let mut left: Vec<Option<&(String, &'static str)>> = strategies.iter().map(Some).collect();
+    let mut lines: Vec<String> = Vec::new();
+    for line in text.split('\n') {
+        let shown = line.trim_end();
+        let found = left.iter_mut().find(|s| {
+            s.is_some_and(|(join, _)| {
+                shown.ends_with(join.as_str())
+                    && shown[..shown.len() - join.len()]
+                        .chars()
+                        .all(|c| c.is_whitespace() || !c.is_alphanumeric())
+            })
+        });
+        match found.and_then(Option::take) {
+            Some((_, strategy)) => lines.push(format!("{shown}, join={strategy}")),
+            None => lines.push(line.to_string()),
+        }
+    }
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_each_join_once() {
+        let strategies = vec![
+            (
+                "HashJoinExec: mode=Partitioned, join_type=Inner, on=[(a@0, b@0)]".to_string(),
+                "co-located",
+            ),
+            (
+                "HashJoinExec: mode=CollectLeft, join_type=Inner, on=[(c@0, d@0)]".to_string(),
+                "broadcast",
+            ),
+        ];
+        let text = "ProjectionExec: expr=[a@0 as a]\n  HashJoinExec: mode=Partitioned, join_type=Inner, on=[(a@0, b@0)]\n  │ HashJoinExec: mode=CollectLeft, join_type=Inner, on=[(c@0, d@0)]\n    DataSourceExec: x";
+        let marked = mark_joins(text, &strategies);
+        assert!(
+            marked.contains("on=[(a@0, b@0)], join=co-located"),
+            "{marked}"
+        );
+        assert!(
+            marked.contains(
+                "│ HashJoinExec: mode=CollectLeft, join_type=Inner, on=[(c@0, d@0)], join=broadcast"
+            ),
+            "{marked}"
+        );
+        assert!(marked.ends_with("DataSourceExec: x"));
+        // A line shown twice but planned once is marked once.
+        let twice = format!("{}\n{}", strategies[0].0, strategies[0].0);
+        assert_eq!(
+            mark_joins(&twice, &strategies[..1])
+                .matches("join=")
+                .count(),
+            1
+        );
+    }
+}
