@@ -178,7 +178,10 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
             )
             .with_distributed_route_tasks_handler(Routing {
                 workers: self.workers(),
-            });
+            })
+            // Scans of bucketed tables are split into tasks by bucket (the
+            // default takes files round-robin, which breaks their partitioning).
+            .with_distributed_scale_up_leaf_node_handler(crate::placement::bucketed_scan_tasks);
         let distributed = builder
             .query_planner()
             .take()
@@ -187,13 +190,6 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
             .config()
             .get_or_insert_default()
             .set_extension(Arc::new(PlacementLog::default()));
-        // datafusion-distributed's scan tasks take files round-robin, which
-        // would break a bucketed scan's declared partitioning: scan bucketed
-        // tables as unbucketed here (bucket-aware tasks: issue 17, part 3).
-        builder
-            .config()
-            .get_or_insert_default()
-            .set_extension(Arc::new(cirro_storage::table::UnbucketedScans));
         builder.with_query_planner(Arc::new(ClusterPlanner {
             distributed,
             workers: self.workers(),

@@ -28,6 +28,7 @@ use cirro_common::{CirroError, Result, SqlState};
 use zookeeper_client as zk;
 
 pub mod distributed;
+mod placement;
 pub mod worker;
 
 /// ZooKeeper session timeout: a node that dies or is cut off leaves the

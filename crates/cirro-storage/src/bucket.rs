@@ -36,8 +36,6 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Schema};
 use cirro_common::{CirroError, Result, SqlState};
-use datafusion::common::hash_utils::create_hashes;
-use datafusion::physical_plan::repartition::REPARTITION_RANDOM_STATE;
 use deltalake::kernel::Add;
 
 /// The most buckets a table may have.
@@ -201,28 +199,24 @@ fn hashable(data_type: &DataType) -> bool {
     )
 }
 
-/// The bucket of every row, given the key columns. Text and binary are
-/// hashed as scans read them, as views (DataFusion hashes a string view of
-/// up to 12 bytes by its view, a `Utf8` string by its bytes: they differ).
+/// The bucket of every row, given the key columns: their hash slot (see
+/// `cirro_exec::functions::slot`; text and binary hashed as scans read
+/// them, as string views).
 pub fn bucket_ids(keys: &[ArrayRef], buckets: u32) -> Result<Vec<u32>> {
-    let rows = keys.first().map(|k| k.len()).unwrap_or(0);
-    let keys = keys
-        .iter()
-        .map(|key| {
-            let view = match key.data_type() {
-                DataType::Utf8 | DataType::LargeUtf8 => DataType::Utf8View,
-                DataType::Binary | DataType::LargeBinary => DataType::BinaryView,
-                _ => return Ok(Arc::clone(key)),
-            };
-            Ok(arrow::compute::cast(key, &view)?)
-        })
-        .collect::<Result<Vec<ArrayRef>>>()?;
-    let mut hashes = vec![0u64; rows];
-    create_hashes(&keys, REPARTITION_RANDOM_STATE.random_state(), &mut hashes)?;
-    Ok(hashes
-        .into_iter()
-        .map(|h| (h % buckets as u64) as u32)
-        .collect())
+    Ok(cirro_exec::functions::slot::hash_slots(
+        keys,
+        buckets as u64,
+    )?)
+}
+
+/// The bucket of a data file in a scan of a bucketed table (an extension
+/// of its `PartitionedFile`): which file groups and, on a cluster, which
+/// tasks it may go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileBucket {
+    pub bucket: u32,
+    /// The table's bucket count.
+    pub buckets: u32,
 }
 
 /// The rows of `batch` by bucket: (bucket, rows of that bucket), buckets
@@ -343,24 +337,6 @@ mod tests {
     const PINNED_INTS: [u32; 5] = [1, 4, 9, 10, 15];
     const PINNED_TEXT: [u32; 3] = [4, 12, 1];
     const PINNED_FINGERPRINT: &str = "foldhash-df:e462159ce582bde4";
-
-    #[test]
-    fn buckets_match_datafusion_repartitioning() {
-        // RepartitionExec puts a row in partition hash mod n: so must we.
-        let values: Vec<i64> = (0..1000).collect();
-        let array = Arc::new(Int64Array::from(values)) as ArrayRef;
-        let mut hashes = vec![0; 1000];
-        create_hashes(
-            std::slice::from_ref(&array),
-            REPARTITION_RANDOM_STATE.random_state(),
-            &mut hashes,
-        )
-        .unwrap();
-        let ours = buckets_of(array, 7);
-        for (hash, bucket) in hashes.iter().zip(ours) {
-            assert_eq!((hash % 7) as u32, bucket);
-        }
-    }
 
     #[test]
     fn text_hashes_alike_in_every_string_layout() {

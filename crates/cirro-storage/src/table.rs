@@ -476,11 +476,10 @@ impl CirroTable {
             &full_schema,
         )?;
         let target = state.config().target_partitions().max(1);
-        let (groups, partitioning) =
-            match self.bucketed_groups(state, &partitioned, &buckets, target)? {
-                Some((groups, partitioning)) => (groups, Some(partitioning)),
-                None => (FileGroup::new(partitioned).split_files(target), None),
-            };
+        let (groups, partitioning) = match self.bucketed_groups(&partitioned, &buckets, target)? {
+            Some((groups, partitioning)) => (groups, Some(partitioning)),
+            None => (FileGroup::new(partitioned).split_files(target), None),
+        };
         let groups: Vec<FileGroup> = groups
             .into_iter()
             .map(|group| {
@@ -522,18 +521,17 @@ impl CirroTable {
 
     /// The files of a bucketed scan grouped into partitions by bucket
     /// (partition j: the buckets b with b mod p = j, p a divisor of the
-    /// bucket count, see `bucket.rs`; `buckets` pairs with `files`) and
-    /// the hash partitioning that makes
-    /// true; None to scan as unbucketed (not bucketed, a scan with row ids,
-    /// or a session that asks for [`UnbucketedScans`]).
+    /// bucket count, see `bucket.rs`; `buckets` pairs with `files`; each
+    /// file carries its [`crate::bucket::FileBucket`]) and the hash
+    /// partitioning that makes true; None to scan as unbucketed (not
+    /// bucketed, or a scan with row ids).
     fn bucketed_groups(
         &self,
-        state: &dyn Session,
         files: &[PartitionedFile],
         buckets: &[Option<u32>],
         target: usize,
     ) -> DfResult<Option<(Vec<FileGroup>, Partitioning)>> {
-        if self.row_ids || state.config().get_extension::<UnbucketedScans>().is_some() {
+        if self.row_ids {
             return Ok(None);
         }
         let Some(distribution) = self.scan_distribution() else {
@@ -545,7 +543,12 @@ impl CirroTable {
             let Some(bucket) = bucket else {
                 return Ok(None);
             };
-            groups[*bucket as usize % partitions].push(file.clone());
+            groups[*bucket as usize % partitions].push(file.clone().with_extension(
+                crate::bucket::FileBucket {
+                    bucket: *bucket,
+                    buckets: distribution.buckets,
+                },
+            ));
         }
         let keys = distribution
             .columns
@@ -558,12 +561,6 @@ impl CirroTable {
         )))
     }
 }
-
-/// A session configuration extension: scans of bucketed tables do not
-/// declare their hash partitioning (the cluster's distributed planner
-/// splits scans into tasks by itself).
-#[derive(Debug, Default)]
-pub struct UnbucketedScans;
 
 fn file_index_field() -> FieldRef {
     Arc::new(Field::new(FILE_INDEX_COLUMN, DataType::UInt32, false))

@@ -657,3 +657,115 @@ fn an_unreachable_hdfs_fails_reads_cleanly_and_loses_nothing() {
         "1001|1001"
     );
 }
+
+/// Tasks over a few hundred kilobytes each, and no broadcast: the small
+/// tables of the bucketing test then join partition by partition on three
+/// nodes.
+const TINY_TASKS_NO_BROADCAST: &str = "SET distributed.file_scan_config_bytes_per_partition = 100000; \
+     SET datafusion.optimizer.hash_join_single_partition_threshold = 0; \
+     SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0";
+
+#[test]
+fn bucketed_tables_join_bucket_by_bucket_across_nodes() {
+    let cluster = Cluster::up(3, "local");
+    cluster.sql(1, "CREATE TABLE o (k BIGINT, c INT)");
+    cluster.sql(1, "CREATE TABLE l (k BIGINT, q INT)");
+    // 12 buckets: 3 tasks of 2 partitions take whole buckets; 8: they
+    // cannot (6 does not divide 8), each task filters its rows by hash.
+    cluster.sql(
+        2,
+        "CREATE TABLE ob (k BIGINT, c INT) DISTRIBUTED BY HASH (k) BUCKETS 12",
+    );
+    cluster.sql(
+        3,
+        "CREATE TABLE lb (k BIGINT, q INT) DISTRIBUTED BY HASH (k) BUCKETS 12",
+    );
+    cluster.sql(
+        1,
+        "CREATE TABLE l8 (k BIGINT, q INT) DISTRIBUTED BY HASH (k) BUCKETS 8",
+    );
+    // Every node writes a third of the rows of every table.
+    for node in 1..=3 {
+        let range = format!(
+            "generate_series({}, {})",
+            (node - 1) * 40000,
+            node * 40000 - 1
+        );
+        for table in ["o", "ob"] {
+            cluster.sql(
+                node,
+                &format!("INSERT INTO {table} SELECT value, CAST(value % 101 AS INT) FROM {range} AS g(value)"),
+            );
+        }
+        for table in ["l", "lb", "l8"] {
+            cluster.sql(
+                node,
+                &format!(
+                    "INSERT INTO {table} SELECT value % 150000, CAST(value % 7 AS INT) FROM {range} AS g(value) \
+                     UNION ALL SELECT value * 3 % 150000, 1 FROM {range} AS g(value)"
+                ),
+            );
+        }
+    }
+    let join = |left: &str, right: &str| {
+        format!(
+            "SELECT count(*), sum(q), sum(c), count(DISTINCT {left}.k) FROM {left} JOIN {right} ON {left}.k = {right}.k"
+        )
+    };
+    let expected = cluster.sql(1, &join("o", "l"));
+    let groups = "SELECT k, count(*) AS n, sum(q) AS s FROM";
+    for node in 1..=3 {
+        for (left, right) in [("ob", "lb"), ("ob", "l8"), ("o", "lb"), ("ob", "l")] {
+            let got = cluster.sql(
+                node,
+                &format!("{TINY_TASKS_NO_BROADCAST}; {}", join(left, right)),
+            );
+            assert_eq!(
+                got.lines().last(),
+                Some(expected.as_str()),
+                "node{node}: {left} ⋈ {right}"
+            );
+        }
+        // Without the key among the columns read: any split is right.
+        let sums = "SELECT count(*), sum(q) FROM";
+        let plain = cluster.sql(node, &format!("{sums} l"));
+        for table in ["lb", "l8"] {
+            let got = cluster.sql(node, &format!("{TINY_TASKS_NO_BROADCAST}; {sums} {table}"));
+            assert_eq!(
+                got.lines().last(),
+                Some(plain.as_str()),
+                "node{node}: {table} summed"
+            );
+        }
+        // Grouped by the key: bucket by bucket, the same groups.
+        for table in ["lb", "l8"] {
+            let diff = cluster.sql(
+                node,
+                &format!(
+                    "{TINY_TASKS_NO_BROADCAST}; SELECT count(*) FROM (({groups} {table} GROUP BY k) \
+                     EXCEPT ALL ({groups} l GROUP BY k)) AS d"
+                ),
+            );
+            assert_eq!(
+                diff.lines().last(),
+                Some("0"),
+                "node{node}: {table} grouped"
+            );
+        }
+    }
+    // The co-located join runs in one stage of three tasks, with no shuffle;
+    // against an unbucketed table only that table is shuffled.
+    let explain = |sql: &str| cluster.sql(2, &format!("{TINY_TASKS_NO_BROADCAST}; EXPLAIN {sql}"));
+    let co_located = explain("SELECT count(*) FROM ob JOIN lb ON ob.k = lb.k");
+    assert!(co_located.contains("join=co-located"), "{co_located}");
+    assert!(co_located.contains("tasks=3"), "{co_located}");
+    assert!(!co_located.contains("NetworkShuffleExec"), "{co_located}");
+    // 12 buckets split whole; 8 cannot be, so the tasks filter by hash slot.
+    assert!(!co_located.contains("cirro_hash_slot"), "{co_located}");
+    let filtered = explain("SELECT count(*) FROM ob JOIN l8 ON ob.k = l8.k");
+    assert!(filtered.contains("join=co-located"), "{filtered}");
+    assert!(filtered.contains("cirro_hash_slot(6, k@0)"), "{filtered}");
+    let mixed = explain("SELECT count(*) FROM o JOIN lb ON o.k = lb.k");
+    assert!(mixed.contains("join=shuffle"), "{mixed}");
+    assert_eq!(mixed.matches("NetworkShuffleExec").count(), 1, "{mixed}");
+}

@@ -2,6 +2,7 @@
 
 pub mod checked;
 pub mod numeric;
+pub mod slot;
 
 /// Cirro's functions that planning rules put into plans, which every node
 /// of a cluster registers so that plans with them run on any node.
@@ -14,5 +15,6 @@ pub fn portable_udfs() -> Vec<std::sync::Arc<datafusion::logical_expr::ScalarUDF
         numeric::numeric_divide_udf(),
         numeric::round_to_integer_udf(),
         crate::rules::segment_udf(),
+        slot::hash_slot_udf(),
     ]
 }
