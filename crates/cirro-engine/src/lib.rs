@@ -499,22 +499,23 @@ impl Engine {
             CirroStatement::CreateDistributed {
                 create,
                 distributed_by,
-            } => match *create {
-                DfStatement::Statement(inner) => match *inner {
-                    SqlStatement::CreateTable(create) => {
-                        self.check_ddl_allowed(&SqlStatement::CreateTable(create.clone()))?;
-                        self.create_table_sql(&create, Some(distributed_by)).await
-                    }
-                    _ => Err(CirroError::new(
+            } => {
+                let create = match *create {
+                    DfStatement::Statement(inner) => match *inner {
+                        SqlStatement::CreateTable(create) => Some(create),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                let Some(create) = create else {
+                    return Err(CirroError::new(
                         SqlState::SYNTAX_ERROR,
                         "DISTRIBUTED BY belongs to CREATE TABLE",
-                    )),
-                },
-                _ => Err(CirroError::new(
-                    SqlState::SYNTAX_ERROR,
-                    "DISTRIBUTED BY belongs to CREATE TABLE",
-                )),
-            },
+                    ));
+                };
+                self.check_transaction_allows("DDL")?;
+                self.create_table_sql(&create, Some(distributed_by)).await
+            }
             CirroStatement::Sql(statement) => self.run_sql(*statement).await,
         }
     }

@@ -477,6 +477,10 @@ mod tests {
         .collect();
         let options = TableOptions::from_configuration(&old);
         assert!(options.indexes.is_empty() && options.constraints.is_empty());
+        assert!(
+            options.distribution.is_none(),
+            "old tables are not bucketed"
+        );
         assert!(!options.has_checks());
         assert!(options.bloom_filter_columns().is_empty());
         assert_eq!(options.write_order()[0].name, "a");
