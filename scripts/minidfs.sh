@@ -4,12 +4,16 @@
 # Maven on the installed Java.
 #
 #   scripts/minidfs.sh --build                    fetch Hadoop's artifacts and build (once)
-#   scripts/minidfs.sh BASE_DIR [PORT [DATANODES [HOST]]]
+#   scripts/minidfs.sh BASE_DIR [PORT [DATANODES [HOST [external]]]]
+#   scripts/minidfs.sh --datanode DIR NAMENODE_HOST:PORT IP
 #
 # The second form prints "ready hdfs://HOST:PORT" once clients can connect
 # (PORT 0: a free one; HOST, default 127.0.0.1, the address clients reach it
 # at: scripts/cluster gives its bridge's) and runs until killed or until its
-# standard input closes.
+# standard input closes. With "external" it starts the name node alone,
+# prints "namenode HOST:PORT http=HOST:PORT" (WebHDFS), and waits for
+# DATANODES data nodes of the third form (one per node's network namespace
+# in scripts/cluster; replication 1) before "ready".
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tool="$root/tools/minidfs"
@@ -29,8 +33,11 @@ if [ "${1:-}" = "--build" ]; then
   exit 0
 fi
 if [ $# -lt 1 ]; then
-  sed -n '2,12p' "$0" >&2
+  sed -n '2,16p' "$0" >&2
   exit 2
 fi
 build
-exec java -Xmx512m -cp "$jar:$(cat "$classpath")" cirro.MiniDfs "$1" "${2:-0}" "${3:-1}" "${4:-127.0.0.1}"
+if [ "$1" = "--datanode" ]; then
+  exec java -Xmx256m -cp "$jar:$(cat "$classpath")" cirro.MiniDfs "$@"
+fi
+exec java -Xmx512m -cp "$jar:$(cat "$classpath")" cirro.MiniDfs "$1" "${2:-0}" "${3:-1}" "${4:-127.0.0.1}" ${5:+"$5"}

@@ -39,6 +39,12 @@ pub struct NodeInfo {
     /// Queries the node runs now (updated as it changes, best effort).
     #[serde(default)]
     pub queries: u32,
+    /// Tasks of distributed queries it runs now (same).
+    #[serde(default)]
+    pub tasks: u32,
+    /// Bytes of its memory pool in use (same).
+    #[serde(default)]
+    pub memory_used: u64,
 }
 
 /// This machine's cores and memory, for the node's registration.

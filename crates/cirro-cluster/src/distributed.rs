@@ -37,6 +37,7 @@ use async_trait::async_trait;
 use cirro_catalog::{Coordination, NodeInfo};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfig};
 use datafusion::datasource::source::DataSourceExec;
@@ -57,9 +58,9 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
 use datafusion_distributed::grpc::{BoxCloneSyncChannel, create_worker_client};
 use datafusion_distributed::{
-    ChannelResolver, DistributedExec, DistributedExt, RouteTasksEvent, RouteTasksEventResponse,
-    SessionStateBuilderExt, Worker, WorkerChannel, WorkerQueryContext, WorkerResolver,
-    WorkerSessionBuilder, display_plan_ascii,
+    ChannelResolver, DistributedExec, DistributedExt, DistributedLeafExec, NetworkBoundaryExt,
+    RouteTasksEvent, RouteTasksEventResponse, SessionStateBuilderExt, Worker, WorkerChannel,
+    WorkerQueryContext, WorkerResolver, WorkerSessionBuilder, display_plan_ascii,
 };
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use futures::future::BoxFuture;
@@ -68,6 +69,8 @@ use tonic::codegen::http;
 use url::Url;
 
 use crate::ZkCluster;
+use crate::locality::Located;
+use crate::placement::TaskNode;
 use crate::worker::SECRET_HEADER;
 
 /// How long a new connection to a worker may take.
@@ -95,6 +98,7 @@ pub struct ClusterExecution {
     suspects: Arc<Suspects>,
     worker: WorkerHandle,
     me: Url,
+    locator: Arc<crate::locality::BlockLocator>,
 }
 
 /// The node's own worker (tasks routed to the coordinator run in process).
@@ -129,6 +133,7 @@ impl ClusterExecution {
             suspects: Arc::default(),
             worker: WorkerHandle(worker),
             me,
+            locator: Arc::default(),
         }))
     }
 
@@ -180,8 +185,11 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
                 workers: self.workers(),
             })
             // Scans of bucketed tables are split into tasks by bucket (the
-            // default takes files round-robin, which breaks their partitioning).
-            .with_distributed_scale_up_leaf_node_handler(crate::placement::bucketed_scan_tasks);
+            // default takes files round-robin, which breaks their
+            // partitioning), HDFS scans by where their blocks are.
+            .with_distributed_scale_up_leaf_node_handler(crate::placement::ScanPlacement {
+                workers: self.workers(),
+            });
         let distributed = builder
             .query_planner()
             .take()
@@ -193,6 +201,7 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
         builder.with_query_planner(Arc::new(ClusterPlanner {
             distributed,
             workers: self.workers(),
+            locator: Arc::clone(&self.locator),
         }))
     }
 
@@ -235,18 +244,48 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
         };
         let stages = std::mem::take(&mut *log.0.lock().unwrap_or_else(|e| e.into_inner()));
         let nodes = self.cluster.nodes();
-        stages
-            .into_iter()
-            .map(|(head, urls)| {
-                let names: Vec<String> = urls.iter().map(|u| node_name(u, &nodes)).collect();
-                format!(
-                    "stage ({head}): {} task{} on {}",
-                    urls.len(),
-                    if urls.len() == 1 { "" } else { "s" },
-                    names.join(", ")
-                )
-            })
-            .collect()
+        let mut lines = Vec::new();
+        let (mut local, mut remote) = (0u64, 0u64);
+        for stage in stages {
+            let names: Vec<String> = stage.urls.iter().map(|u| node_name(u, &nodes)).collect();
+            let mut line = format!(
+                "stage ({}): {} task{} on {}",
+                stage.head,
+                names.len(),
+                if names.len() == 1 { "" } else { "s" },
+                names.join(", ")
+            );
+            if let Some(bytes) = &stage.bytes {
+                // Per node, in the order the nodes first appear.
+                let mut per_node: Vec<(&str, u64, u64)> = Vec::new();
+                for (name, (l, r)) in names.iter().zip(bytes) {
+                    match per_node.iter_mut().find(|(n, _, _)| n == name) {
+                        Some(entry) => {
+                            entry.1 += l;
+                            entry.2 += r;
+                        }
+                        None => per_node.push((name, *l, *r)),
+                    }
+                    local += l;
+                    remote += r;
+                }
+                let parts: Vec<String> = per_node
+                    .iter()
+                    .map(|(n, l, r)| format!("{n} {l} local, {r} remote"))
+                    .collect();
+                line.push_str(&format!("; HDFS bytes scanned: {}", parts.join("; ")));
+            }
+            lines.push(line);
+        }
+        if local + remote > 0 {
+            lines.push(format!(
+                "HDFS bytes scanned: {} local, {} remote ({:.1} % local)",
+                local,
+                remote,
+                100.0 * local as f64 / (local + remote) as f64
+            ));
+        }
+        lines
     }
 }
 
@@ -308,7 +347,7 @@ impl Suspects {
 /// The workers of the cluster, from ZooKeeper's member list (kept current by
 /// a background watch; `WorkerResolver` is synchronous).
 #[derive(Clone)]
-struct ClusterWorkers {
+pub(crate) struct ClusterWorkers {
     cluster: Arc<ZkCluster>,
     suspects: Arc<Suspects>,
     me: Url,
@@ -334,7 +373,39 @@ impl WorkerResolver for ClusterWorkers {
     }
 }
 
+/// A node that can take tasks, and how busy it is.
+pub(crate) struct LiveNode {
+    pub(crate) url: Url,
+    /// Its address (matched to data nodes' addresses and host names).
+    pub(crate) host: String,
+    /// Running statements and tasks per core, plus the share of its memory
+    /// in use (as it last reported to ZooKeeper, every second at most).
+    pub(crate) load: f64,
+    pub(crate) cores: f64,
+}
+
 impl ClusterWorkers {
+    /// The nodes that can take tasks now (this node alone when none is
+    /// listed), in the order of their worker URLs.
+    pub(crate) fn live(&self) -> Vec<LiveNode> {
+        let nodes = self.cluster.nodes();
+        let urls = self.get_urls().unwrap_or_else(|_| vec![self.me.clone()]);
+        urls.into_iter()
+            .map(|url| {
+                let host = url.host_str().unwrap_or_default().to_string();
+                let info = nodes
+                    .iter()
+                    .find(|n| worker_url(&n.worker).ok().as_ref() == Some(&url));
+                LiveNode {
+                    url,
+                    host,
+                    load: info.map_or(0.0, node_load),
+                    cores: info.map_or(1.0, |n| n.cores.max(1) as f64),
+                }
+            })
+            .collect()
+    }
+
     /// Where tasks would go now, for EXPLAIN.
     fn describe(&self) -> String {
         let nodes = self.cluster.nodes();
@@ -353,38 +424,178 @@ impl ClusterWorkers {
     }
 }
 
+/// A node's load as placement weighs it (see [`LiveNode::load`]).
+fn node_load(node: &NodeInfo) -> f64 {
+    (node.queries + node.tasks) as f64 / node.cores.max(1) as f64
+        + node.memory_used as f64 / node.memory_bytes.max(1) as f64
+}
+
 /// Where the tasks of each stage went, per session (`EXPLAIN ANALYZE`).
 #[derive(Debug, Default)]
-struct PlacementLog(Mutex<Vec<(String, Vec<Url>)>>);
+struct PlacementLog(Mutex<Vec<StagePlacement>>);
 
-/// Task placement: a stage of one task on the coordinator itself, the tasks
-/// of a larger one round the workers from a random one.
+#[derive(Debug)]
+struct StagePlacement {
+    head: String,
+    urls: Vec<Url>,
+    /// Per task, the bytes of HDFS file ranges it scans that are stored on
+    /// its node and elsewhere (None: the stage scans no located files).
+    bytes: Option<Vec<(u64, u64)>>,
+}
+
+/// Task placement (see `placement.rs` for the scans' side), at most
+/// ⌈tasks / nodes⌉ tasks of a stage on a node. A stage whose tasks scan files
+/// with known blocks: each task to the node it was split for, or holding most
+/// of its bytes. Other tasks (and those whose node is full) go to the
+/// least-loaded node, counting the tasks of this stage already placed; ties
+/// go round from a random node. A stage of one task scanning nothing runs on the
+/// coordinator itself.
 struct Routing {
     workers: ClusterWorkers,
 }
 
 impl datafusion_distributed::RouteTasksHandler for Routing {
     fn handle(&self, ev: RouteTasksEvent) -> Option<DfResult<RouteTasksEventResponse>> {
-        let urls = if ev.task_count == 1 {
+        let tasks = ev.task_count;
+        let nodes = self.workers.live();
+        let scans = stage_scans(ev.plan, tasks);
+        // Per task, the bytes each node is preferred for.
+        let wants: Vec<Vec<u64>> = scans
+            .iter()
+            .map(|files| {
+                let mut want = vec![0u64; nodes.len()];
+                for file in files {
+                    let (range, size) = crate::locality::file_range(file);
+                    if let Some(TaskNode(url)) = file.extension::<TaskNode>() {
+                        if let Some(n) = nodes.iter().position(|n| &n.url == url) {
+                            want[n] += size;
+                        }
+                    } else if let Some(located) = file.extension::<Located>() {
+                        for (n, node) in nodes.iter().enumerate() {
+                            want[n] += located.0.bytes_on(&node.host, range);
+                        }
+                    }
+                }
+                want
+            })
+            .collect();
+        let located = wants.iter().any(|w| w.iter().any(|b| *b > 0));
+        let urls = if tasks == 1 && !located {
             vec![self.workers.me.clone()]
         } else {
-            let available = match self.workers.get_urls() {
-                Ok(urls) => urls,
-                Err(e) => return Some(Err(e)),
-            };
-            let start = rand::random_range(0..available.len());
-            (0..ev.task_count)
-                .map(|i| available[(start + i) % available.len()].clone())
-                .collect()
+            let chosen = route(&wants, &nodes, tasks);
+            chosen.into_iter().map(|n| nodes[n].url.clone()).collect()
         };
         if let Some(log) = ev.task_ctx.session_config().get_extension::<PlacementLog>() {
+            let bytes = scans
+                .iter()
+                .any(|files| files.iter().any(|f| f.extension::<Located>().is_some()))
+                .then(|| {
+                    scans
+                        .iter()
+                        .zip(&urls)
+                        .map(|(files, url)| local_and_remote(files, url))
+                        .collect()
+                });
             log.0
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push((ev.plan.name().to_string(), urls.clone()));
+                .push(StagePlacement {
+                    head: ev.plan.name().to_string(),
+                    urls: urls.clone(),
+                    bytes,
+                });
         }
         Some(Ok(RouteTasksEventResponse::new(urls)))
     }
+}
+
+/// For each task, the node it goes to (indices into `nodes`), from the
+/// bytes each node is preferred for (see [`Routing`]).
+fn route(wants: &[Vec<u64>], nodes: &[LiveNode], tasks: usize) -> Vec<usize> {
+    let capacity = tasks.div_ceil(nodes.len().max(1));
+    let mut given = vec![0usize; nodes.len()];
+    let mut chosen = vec![usize::MAX; tasks];
+    // Tasks with the most bytes at stake choose first.
+    let mut order: Vec<usize> = (0..tasks).collect();
+    order.sort_by_key(|t| {
+        std::cmp::Reverse(
+            wants
+                .get(*t)
+                .map_or(0, |w| w.iter().copied().max().unwrap_or(0)),
+        )
+    });
+    let start = rand::random_range(0..nodes.len().max(1));
+    for t in order {
+        let want = wants.get(t);
+        let preferred = want.and_then(|want| {
+            (0..nodes.len())
+                .filter(|n| want[*n] > 0 && given[*n] < capacity)
+                .max_by_key(|n| (want[*n], std::cmp::Reverse(*n)))
+        });
+        // Within the share too: datafusion-distributed runs two tasks of a
+        // stage on one worker wrongly ("stream … already consumed"), and by
+        // default a stage has at most as many tasks as there are workers.
+        let n = preferred.unwrap_or_else(|| {
+            (0..nodes.len())
+                .map(|i| (start + i) % nodes.len())
+                .filter(|n| given[*n] < capacity)
+                .min_by(|a, b| {
+                    let busy = |n: usize| given[n] as f64 / nodes[n].cores + nodes[n].load;
+                    busy(*a).total_cmp(&busy(*b))
+                })
+                .unwrap_or(0)
+        });
+        given[n] += 1;
+        chosen[t] = n;
+    }
+    chosen
+}
+
+/// The files each task of the stage headed by `head` scans (the variants
+/// of its split scans; scans not split are read whole by every task).
+fn stage_scans(head: &Arc<dyn ExecutionPlan>, tasks: usize) -> Vec<Vec<PartitionedFile>> {
+    let mut per_task: Vec<Vec<PartitionedFile>> = vec![Vec::new(); tasks];
+    let files_of = |plan: &Arc<dyn ExecutionPlan>| {
+        let mut files = Vec::new();
+        let _ = plan.apply(|node| {
+            if let Some(scan) = node
+                .downcast_ref::<DataSourceExec>()
+                .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
+            {
+                files.extend(scan.file_groups.iter().flat_map(|g| g.iter()).cloned());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+        files
+    };
+    let _ = head.apply(|node| {
+        if node.as_network_boundary().is_some() {
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        if let Some(leaf) = node.downcast_ref::<DistributedLeafExec>() {
+            for (t, variant) in leaf.variants().iter().enumerate().take(tasks) {
+                per_task[t].extend(files_of(variant));
+            }
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    per_task
+}
+
+/// The bytes of `files`' ranges stored on `url`'s host, and elsewhere.
+fn local_and_remote(files: &[PartitionedFile], url: &Url) -> (u64, u64) {
+    let host = url.host_str().unwrap_or_default();
+    files
+        .iter()
+        .filter_map(|file| {
+            let located = file.extension::<Located>()?;
+            let (range, size) = crate::locality::file_range(file);
+            let local = located.0.bytes_on(host, range).min(size);
+            Some((local, size - local))
+        })
+        .fold((0, 0), |(l, r), (a, b)| (l + a, r + b))
 }
 
 /// gRPC channels to the workers: one per worker, each request carrying the
@@ -579,6 +790,7 @@ impl QueryPlanner for Handoff {
 struct ClusterPlanner {
     distributed: Arc<dyn QueryPlanner + Send + Sync>,
     workers: ClusterWorkers,
+    locator: Arc<crate::locality::BlockLocator>,
 }
 
 impl std::fmt::Debug for ClusterPlanner {
@@ -602,6 +814,8 @@ impl ClusterPlanner {
         if !distributable(inner) {
             return Ok(plan);
         }
+        // Where the blocks of HDFS scans are, for task placement.
+        let plan = self.locator.locate(plan).await;
         let plan = DeletionVectorsExec::wrap_scans(plan)?;
         PLANNED
             .scope(
@@ -907,5 +1121,37 @@ mod tests {
         ));
         assert!(!is_node_failure("Divide by zero error"));
         assert!(!is_node_failure("bigint out of range"));
+    }
+
+    fn live(host: &str, load: f64) -> LiveNode {
+        LiveNode {
+            url: Url::parse(&format!("http://{host}:7000")).unwrap(),
+            host: host.to_string(),
+            load,
+            cores: 1.0,
+        }
+    }
+
+    #[test]
+    fn tasks_go_where_their_bytes_are_within_a_fair_share_then_by_load() {
+        let nodes = [live("a", 0.0), live("b", 5.0), live("c", 0.0)];
+        // Tasks 0 and 1 want a; 1 wants it less, and a takes at most 2 of 4;
+        // task 2 wants b; task 3 wants nothing: the idle c, not the busy b.
+        let wants = vec![
+            vec![900, 0, 0],
+            vec![500, 0, 10],
+            vec![0, 700, 0],
+            vec![0, 0, 0],
+        ];
+        assert_eq!(route(&wants, &nodes, 4), [0, 0, 1, 2]);
+        // Three tasks wanting a, one each at most: the weaker go elsewhere,
+        // where they have bytes, else to the one node left, busy or not.
+        let wants = vec![vec![900, 0, 0], vec![800, 0, 5], vec![700, 0, 0]];
+        assert_eq!(route(&wants, &nodes, 3), [0, 2, 1]);
+        // Nothing located: the idle nodes first.
+        let chosen = route(&[vec![0, 0, 0], vec![0, 0, 0]], &nodes, 2);
+        let mut sorted = chosen.clone();
+        sorted.sort();
+        assert_eq!(sorted, [0, 2], "{chosen:?}");
     }
 }

@@ -1,4 +1,5 @@
-//! Which files each task of a stage scans, for scans of bucketed tables.
+//! Which files each task of a stage scans: by bucket for bucketed tables,
+//! by where the blocks are for other HDFS scans (see the end).
 //!
 //! A bucketed scan (`cirro-storage/src/bucket.rs`) declares `Hash(k, p)`:
 //! its partition j holds the buckets b with b mod p = j, and a join or
@@ -25,6 +26,20 @@
 //! times the cores (the docs say so). The datafusion-distributed default
 //! (files dealt round-robin over the tasks' partitions) would break the
 //! declared partitioning, so this handler takes every scan that declares one.
+//!
+//! **Locality.** An unbucketed scan whose files carry their HDFS blocks
+//! (`locality.rs`) is split by node: each file belongs to the live node
+//! holding most of its bytes; the tasks are dealt to the nodes (the nodes
+//! with the most bytes first; with fewer tasks than nodes, only those), a
+//! node's files to its tasks, largest first to the emptiest. A file whose
+//! node takes no task, or has no live node (its node died, its Cirro server
+//! or its data node), goes where the work per task, weighted by the node's
+//! load (running statements and tasks per core, plus the share of memory in
+//! use, as the nodes report them to ZooKeeper), stays least. Every file is
+//! marked with the node meant for its task ([`TaskNode`]); the router
+//! (`distributed.rs`) sends the task there. Bucketed scans are not marked:
+//! the router sends each of their tasks to the node holding most of its
+//! bytes, so bucket b of every table scanned in a stage goes to one node.
 
 use std::sync::Arc;
 
@@ -40,17 +55,151 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 use datafusion::prelude::SessionConfig;
 use datafusion_distributed::{
-    DistributedLeafExec, ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse,
+    DistributedLeafExec, ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse, ScaleUpLeafNodeHandler,
 };
+use url::Url;
 
-/// The scale-up handler for scans that declare a hash partitioning (see the
-/// module docs); None for other leaves (the default handles them).
-pub(crate) fn bucketed_scan_tasks(
-    ev: ScaleUpLeafNodeEvent,
+use crate::distributed::{ClusterWorkers, LiveNode};
+use crate::locality::{Located, file_range};
+
+/// The scale-up handler for file scans (see the module docs): scans that
+/// declare a hash partitioning, and HDFS scans whose files carry their
+/// blocks; None for other leaves (the default deals their files
+/// round-robin).
+pub(crate) struct ScanPlacement {
+    pub(crate) workers: ClusterWorkers,
+}
+
+impl ScaleUpLeafNodeHandler for ScanPlacement {
+    fn handle(&self, ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNodeEventResponse>> {
+        let dse = ev.plan.downcast_ref::<DataSourceExec>()?;
+        let scan = dse.data_source().downcast_ref::<FileScanConfig>()?;
+        if scan.output_partitioning.is_some() {
+            return bucketed_scan_tasks(&ev, scan);
+        }
+        let files: Vec<&PartitionedFile> = scan.file_groups.iter().flat_map(|g| g.iter()).collect();
+        if !files.iter().any(|f| f.extension::<Located>().is_some()) {
+            return None;
+        }
+        let nodes = self.workers.live();
+        let variants = local_split(scan, &files, ev.task_count.max(1), &nodes);
+        Some(
+            DistributedLeafExec::try_new(Arc::clone(ev.plan), variants)
+                .map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf))),
+        )
+    }
+}
+
+/// The node a task's files were placed for (a `PartitionedFile`
+/// extension of locality-split scans).
+#[derive(Debug, Clone)]
+pub(crate) struct TaskNode(pub(crate) Url);
+
+/// The per-task scans of a locality split (see the module docs).
+fn local_split(
+    scan: &FileScanConfig,
+    files: &[&PartitionedFile],
+    tasks: usize,
+    nodes: &[LiveNode],
+) -> Vec<Arc<dyn ExecutionPlan>> {
+    // Each file's size and the node holding most of it.
+    let sized: Vec<(u64, Option<usize>)> = files
+        .iter()
+        .map(|file| {
+            let (range, size) = file_range(file);
+            let best = file.extension::<Located>().and_then(|located| {
+                nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| (located.0.bytes_on(&n.host, range), i))
+                    .filter(|(bytes, _)| *bytes > 0)
+                    .max_by_key(|(bytes, i)| (*bytes, std::cmp::Reverse(*i)))
+                    .map(|(_, i)| i)
+            });
+            (size, best)
+        })
+        .collect();
+    let mut owned = vec![0u64; nodes.len()];
+    for (size, best) in &sized {
+        if let Some(i) = best {
+            owned[*i] += size;
+        }
+    }
+    // The nodes that take tasks: most bytes first, then the least loaded.
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    order.sort_by(|a, b| {
+        owned[*b]
+            .cmp(&owned[*a])
+            .then(nodes[*a].load.total_cmp(&nodes[*b].load))
+    });
+    let task_node: Vec<usize> = (0..tasks).map(|t| order[t % order.len()]).collect();
+    let mut tasks_of = vec![0usize; nodes.len()];
+    for n in &task_node {
+        tasks_of[*n] += 1;
+    }
+    // Largest files first, each to its node's emptiest task; files of no
+    // task-taking node to the node whose weighted work per task stays least.
+    let mut by_size: Vec<usize> = (0..files.len()).collect();
+    by_size.sort_by_key(|i| std::cmp::Reverse(sized[*i].0));
+    let (mine, rest): (Vec<usize>, Vec<usize>) = by_size
+        .into_iter()
+        .partition(|i| sized[*i].1.is_some_and(|n| tasks_of[n] > 0));
+    let mut task_bytes = vec![0u64; tasks];
+    let mut node_bytes = vec![0u64; nodes.len()];
+    let mut task_files: Vec<Vec<usize>> = vec![Vec::new(); tasks];
+    let mut place =
+        |file: usize, node: usize, task_bytes: &mut Vec<u64>, node_bytes: &mut Vec<u64>| {
+            let task = (0..tasks)
+                .filter(|t| task_node[*t] == node)
+                .min_by_key(|t| (task_bytes[*t], *t))
+                .expect("the node takes a task");
+            task_bytes[task] += sized[file].0;
+            node_bytes[node] += sized[file].0;
+            task_files[task].push(file);
+        };
+    for file in mine {
+        let node = sized[file].1.expect("partitioned on it");
+        place(file, node, &mut task_bytes, &mut node_bytes);
+    }
+    for file in rest {
+        let node = (0..nodes.len())
+            .filter(|n| tasks_of[*n] > 0)
+            .min_by(|a, b| {
+                let weighted = |n: usize| {
+                    (node_bytes[n] + sized[file].0) as f64 / tasks_of[n] as f64
+                        * (1.0 + nodes[n].load)
+                };
+                weighted(*a).total_cmp(&weighted(*b))
+            })
+            .expect("some node takes a task");
+        place(file, node, &mut task_bytes, &mut node_bytes);
+    }
+    // Within a task, files to its partitions, largest first to the emptiest.
+    let partitions = scan.file_groups.len().max(1);
+    task_files
+        .into_iter()
+        .enumerate()
+        .map(|(t, mine)| {
+            let url = &nodes[task_node[t]].url;
+            let mut groups: Vec<Vec<PartitionedFile>> = vec![Vec::new(); partitions];
+            let mut sizes = vec![0u64; partitions];
+            for file in mine {
+                let p = (0..partitions)
+                    .min_by_key(|p| (sizes[*p], *p))
+                    .expect("partitions");
+                sizes[p] += sized[file].0;
+                groups[p].push(files[file].clone().with_extension(TaskNode(url.clone())));
+            }
+            scan_of(scan, groups)
+        })
+        .collect()
+}
+
+/// The per-task scans of a scan that declares a hash partitioning.
+fn bucketed_scan_tasks(
+    ev: &ScaleUpLeafNodeEvent,
+    scan: &FileScanConfig,
 ) -> Option<Result<ScaleUpLeafNodeEventResponse>> {
-    let dse = ev.plan.downcast_ref::<DataSourceExec>()?;
-    let scan = dse.data_source().downcast_ref::<FileScanConfig>()?;
-    scan.output_partitioning.as_ref()?;
     let Partitioning::Hash(keys, partitions) = ev.plan.output_partitioning().clone() else {
         // The key is not among the scan's columns: nothing above relies on
         // the partitioning, any split is right; but the default would keep
@@ -169,4 +318,148 @@ fn slot_range(
         literal((first + count) as u64),
     ));
     Ok(Arc::new(BinaryExpr::new(low, Operator::And, high)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use datafusion::arrow::datatypes::Schema;
+    use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
+    use datafusion::execution::object_store::ObjectStoreUrl;
+
+    use super::*;
+    use crate::locality::FileBlocks;
+
+    fn node(host: &str, load: f64) -> LiveNode {
+        LiveNode {
+            url: Url::parse(&format!("http://{host}:7000")).unwrap(),
+            host: host.to_string(),
+            load,
+            cores: 2.0,
+        }
+    }
+
+    /// A file of `size` bytes whose blocks are all on `host`.
+    fn file(name: &str, size: u64, host: &str) -> PartitionedFile {
+        PartitionedFile::new(name.to_string(), size)
+            .with_extension(Located(Arc::new(FileBlocks::of(&[(0, size, &[host])]))))
+    }
+
+    fn scan(files: &[PartitionedFile], partitions: usize) -> FileScanConfig {
+        let schema = Arc::new(Schema::empty());
+        let mut groups = vec![Vec::new(); partitions];
+        for (i, f) in files.iter().enumerate() {
+            groups[i % partitions].push(f.clone());
+        }
+        FileScanConfigBuilder::new(
+            ObjectStoreUrl::parse("hdfs://nn:8020").unwrap(),
+            Arc::new(ParquetSource::new(schema)),
+        )
+        .with_file_groups(groups.into_iter().map(FileGroup::new).collect())
+        .build()
+    }
+
+    /// Per task: the files it scans (names) and the node it is meant for.
+    fn split(
+        files: &[PartitionedFile],
+        tasks: usize,
+        nodes: &[LiveNode],
+    ) -> Vec<(Vec<String>, Option<String>)> {
+        let config = scan(files, 2);
+        let refs: Vec<&PartitionedFile> =
+            config.file_groups.iter().flat_map(|g| g.iter()).collect();
+        local_split(&config, &refs, tasks, nodes)
+            .iter()
+            .map(|variant| {
+                let scan = variant
+                    .downcast_ref::<DataSourceExec>()
+                    .and_then(|d| d.data_source().downcast_ref::<FileScanConfig>())
+                    .expect("a file scan");
+                assert_eq!(scan.file_groups.len(), 2, "the scan's partitions are kept");
+                let mut names = Vec::new();
+                let mut meant = None;
+                for f in scan.file_groups.iter().flat_map(|g| g.iter()) {
+                    names.push(f.object_meta.location.to_string());
+                    let host = f
+                        .extension::<TaskNode>()
+                        .expect("marked")
+                        .0
+                        .host_str()
+                        .unwrap()
+                        .to_string();
+                    assert!(
+                        meant.as_ref().is_none_or(|m| m == &host),
+                        "one node per task"
+                    );
+                    meant = Some(host);
+                }
+                names.sort();
+                (names, meant)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_node_scans_the_files_it_holds_and_a_dead_nodes_go_to_the_least_loaded() {
+        let nodes = [node("a", 0.0), node("b", 3.0), node("c", 0.0)];
+        let mut files = Vec::new();
+        for (i, host) in ["a", "b", "c", "a", "b", "c", "a", "b", "c"]
+            .iter()
+            .enumerate()
+        {
+            files.push(file(&format!("{host}{i}"), 100 + i as u64, host));
+        }
+        // Two files on a node that is gone.
+        files.push(file("d1", 500, "d"));
+        files.push(file("d2", 400, "d"));
+        let tasks = split(&files, 3, &nodes);
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (names, meant) in &tasks {
+            let meant = meant.clone().expect("every task has files");
+            for name in names {
+                *seen.entry(name.clone()).or_default() += 1;
+                if !name.starts_with('d') {
+                    assert!(name.starts_with(&meant), "{name} is scanned on {meant}");
+                }
+            }
+            // The busy node b takes no file of the dead node.
+            if meant == "b" {
+                assert!(names.iter().all(|n| !n.starts_with('d')), "{names:?}");
+            }
+        }
+        assert_eq!(seen.len(), files.len());
+        assert!(seen.values().all(|n| *n == 1), "each file once: {seen:?}");
+        // a and c take one each (the larger to either, then the other).
+        let dead: Vec<&Option<String>> = tasks
+            .iter()
+            .filter(|(names, _)| names.iter().any(|n| n.starts_with('d')))
+            .map(|(_, meant)| meant)
+            .collect();
+        assert_eq!(dead.len(), 2, "{tasks:?}");
+    }
+
+    #[test]
+    fn fewer_tasks_than_nodes_go_to_the_nodes_holding_most() {
+        let nodes = [node("a", 0.0), node("b", 0.0), node("c", 0.0)];
+        let files = [
+            file("a1", 1000, "a"),
+            file("a2", 50, "a"),
+            file("b1", 10, "b"),
+            file("c1", 800, "c"),
+            file("c2", 100, "c"),
+        ];
+        let tasks = split(&files, 2, &nodes);
+        let meant: Vec<String> = tasks.iter().filter_map(|(_, m)| m.clone()).collect();
+        assert_eq!(meant, ["a", "c"], "{tasks:?}");
+        let all: usize = tasks.iter().map(|(n, _)| n.len()).sum();
+        assert_eq!(all, 5);
+        // More tasks than nodes: the node with the most bytes takes two.
+        let tasks = split(&files, 4, &nodes);
+        let on_a = tasks
+            .iter()
+            .filter(|(_, m)| m.as_deref() == Some("a"))
+            .count();
+        assert_eq!(on_a, 2, "{tasks:?}");
+    }
 }

@@ -59,6 +59,8 @@ impl SystemSchema {
                     started_ms: 0,
                     state: "running".into(),
                     queries: 0,
+                    tasks: 0,
+                    memory_used: 0,
                 }]
             }
         }
@@ -73,6 +75,16 @@ fn nodes_table(nodes: &[NodeInfo]) -> DfResult<Arc<dyn TableProvider>> {
             .collect();
         Arc::new(StringArray::from(values)) as ArrayRef
     };
+    let int32 = |f: &dyn Fn(&NodeInfo) -> u32| {
+        Arc::new(Int32Array::from_iter_values(
+            nodes.iter().map(|n| f(n) as i32),
+        )) as ArrayRef
+    };
+    let int64 = |f: &dyn Fn(&NodeInfo) -> u64| {
+        Arc::new(Int64Array::from_iter_values(
+            nodes.iter().map(|n| f(n) as i64),
+        )) as ArrayRef
+    };
     let started: Vec<Option<i64>> = nodes
         .iter()
         .map(|n| Some(n.started_ms).filter(|&t| t > 0))
@@ -83,24 +95,11 @@ fn nodes_table(nodes: &[NodeInfo]) -> DfResult<Arc<dyn TableProvider>> {
         ("flight_address", text(&|n| &n.flight)),
         ("worker_address", text(&|n| &n.worker)),
         ("state", text(&|n| &n.state)),
-        (
-            "cores",
-            Arc::new(Int32Array::from_iter_values(
-                nodes.iter().map(|n| n.cores as i32),
-            )),
-        ),
-        (
-            "memory_bytes",
-            Arc::new(Int64Array::from_iter_values(
-                nodes.iter().map(|n| n.memory_bytes as i64),
-            )),
-        ),
-        (
-            "queries",
-            Arc::new(Int32Array::from_iter_values(
-                nodes.iter().map(|n| n.queries as i32),
-            )),
-        ),
+        ("cores", int32(&|n| n.cores)),
+        ("memory_bytes", int64(&|n| n.memory_bytes)),
+        ("queries", int32(&|n| n.queries)),
+        ("tasks", int32(&|n| n.tasks)),
+        ("memory_used", int64(&|n| n.memory_used)),
         ("version", text(&|n| &n.version)),
         (
             "started",

@@ -306,6 +306,8 @@ async fn join_cluster(
         started_ms: cirro_catalog::state::now_ms(),
         state: "running".to_string(),
         queries: 0,
+        tasks: 0,
+        memory_used: 0,
     };
     cirro_cluster::ZkCluster::join(&options.url, data, me).await
 }
@@ -387,7 +389,11 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         sessions: Mutex::new(HashMap::new()),
     });
     if let Some(cluster) = &cluster {
-        tokio::spawn(report_queries(Arc::clone(cluster), Arc::clone(&shared)));
+        tokio::spawn(report_load(
+            Arc::clone(cluster),
+            Arc::clone(&shared),
+            worker_tasks.clone(),
+        ));
     }
     let mut flight = tonic::transport::Server::builder();
     if let Some((cert, key)) = &config.tls {
@@ -494,16 +500,42 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     Ok(())
 }
 
-/// Keep this node's registration's count of running statements
-/// (`cirro.nodes.queries`) current: checked every second, written to
-/// ZooKeeper when it changed.
-async fn report_queries(cluster: Arc<cirro_cluster::ZkCluster>, shared: Arc<Shared>) {
-    let mut reported = 0u32;
+/// Keep this node's load in its registration current (`cirro.nodes`:
+/// running statements, tasks of distributed queries, memory in use; task
+/// placement weighs it): checked every second, written to ZooKeeper when a
+/// count changed or the memory in use moved by 1/64 of the node's memory.
+async fn report_load(
+    cluster: Arc<cirro_cluster::ZkCluster>,
+    shared: Arc<Shared>,
+    tasks: cirro_cluster::worker::InFlight,
+) {
+    let step = cluster.me().memory_bytes / 64;
+    let mut reported = (0u32, 0u32, 0u64);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let running = shared.activity.running() as u32;
-        if running != reported && cluster.update_me(|me| me.queries = running).await.is_ok() {
-            reported = running;
+        let memory = shared
+            .engine
+            .runtime
+            .as_ref()
+            .map_or(0, |r| r.memory_pool.reserved() as u64);
+        let now = (
+            shared.activity.running() as u32,
+            tasks.count() as u32,
+            memory,
+        );
+        let changed =
+            now.0 != reported.0 || now.1 != reported.1 || now.2.abs_diff(reported.2) > step;
+        if changed
+            && cluster
+                .update_me(|me| {
+                    me.queries = now.0;
+                    me.tasks = now.1;
+                    me.memory_used = now.2;
+                })
+                .await
+                .is_ok()
+        {
+            reported = now;
         }
     }
 }

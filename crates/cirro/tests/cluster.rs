@@ -769,3 +769,82 @@ fn bucketed_tables_join_bucket_by_bucket_across_nodes() {
     assert!(mixed.contains("join=shuffle"), "{mixed}");
     assert_eq!(mixed.matches("NetworkShuffleExec").count(), 1, "{mixed}");
 }
+
+/// The share of HDFS bytes scanned on the node holding them, from the last
+/// line of `EXPLAIN ANALYZE`'s placement ("… (97.1 % local)").
+fn percent_local(analyzed: &str) -> f64 {
+    let line = analyzed
+        .lines()
+        .rfind(|l| l.starts_with("HDFS bytes scanned:"))
+        .unwrap_or_else(|| panic!("no HDFS bytes line:\n{analyzed}"));
+    line.rsplit_once('(')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no share in {line:?}"))
+}
+
+/// HDFS scans run where the blocks are: each node has a data node beside it
+/// (replication 1, so a node's writes are stored on its own disk); a table
+/// written through all three nodes is scanned with ≥ 90 % of its bytes read
+/// on the node holding them, whichever node coordinates; with a node's
+/// server killed (its data node stays), its files' tasks move to the others,
+/// which read those blocks remotely, and the answer stays right.
+#[test]
+fn hdfs_scans_read_their_blocks_where_they_are_and_move_off_a_dead_node() {
+    let cluster = Cluster::up(3, "hdfs");
+    cluster.sql(1, "CREATE TABLE t (a BIGINT, b TEXT)");
+    for node in 1..=3 {
+        for part in 0..2 {
+            let first = (node * 2 + part) * 100_000;
+            cluster.sql(
+                node,
+                &format!(
+                    "INSERT INTO t SELECT value, repeat(CAST(value % 7 AS TEXT), 20) \
+                     FROM generate_series({first}, {}) AS g(value)",
+                    first + 99_999
+                ),
+            );
+        }
+    }
+    let tasks = "SET distributed.file_scan_config_bytes_per_partition = 10000";
+    let query = "SELECT count(*), sum(a), count(DISTINCT b) FROM t";
+    let expected = cluster.sql(1, query);
+    let sum: i64 = (200_000..800_000).sum();
+    assert_eq!(expected, format!("600000|{sum}|7"));
+    for node in 1..=3 {
+        let analyzed = cluster.sql(node, &format!("{tasks}; EXPLAIN ANALYZE {query}"));
+        let local = percent_local(&analyzed);
+        assert!(local >= 90.0, "node{node}: {local} % local:\n{analyzed}");
+        let placement: String = analyzed
+            .lines()
+            .skip_while(|l| !l.starts_with("nodes|"))
+            .collect();
+        for name in ["node1", "node2", "node3"] {
+            assert!(placement.contains(name), "{name} ran nothing:\n{placement}");
+        }
+        assert_eq!(
+            cluster.sql(node, &format!("{tasks}; {query}")),
+            format!("SET\n{expected}")
+        );
+    }
+    cluster.script(&["kill", "3"]);
+    members_become(&cluster, &["node1", "node2"], "node3 killed");
+    for node in 1..=2 {
+        let analyzed = cluster.sql(node, &format!("{tasks}; EXPLAIN ANALYZE {query}"));
+        let placement: String = analyzed
+            .lines()
+            .skip_while(|l| !l.starts_with("nodes|"))
+            .collect();
+        assert!(!placement.contains("node3"), "{placement}");
+        let local = percent_local(&analyzed);
+        // node3's third of the bytes is read from its data node, remotely.
+        assert!(
+            (50.0..90.0).contains(&local),
+            "{local} % local:\n{analyzed}"
+        );
+        assert_eq!(
+            cluster.sql(node, &format!("{tasks}; {query}")),
+            format!("SET\n{expected}")
+        );
+    }
+}
