@@ -35,6 +35,9 @@ def parse(argv):
     ap.add_argument("--fresh", action="store_true", help="ignore earlier results in --out instead of resuming")
     ap.add_argument("--drop-caches", action="store_true", help="empty the page cache before each cold run (root)")
     ap.add_argument("--no-probe", action="store_true", help="skip the memory-bandwidth probe")
+    ap.add_argument("--scaling", action="store_true",
+                    help="cluster: TPC-H on 1, 2, 3 nodes, bucketed and not, bytes exchanged, a model of larger "
+                         "clusters (results in cluster-scaling-sf<N>)")
     ap.add_argument("--report-only", action="store_true", help="rewrite report and plots from results.json")
     ap.add_argument("--cirro", default=os.environ.get("CIRRO_BIN"), help="the cirro binary (set by cirro bench)")
     args = ap.parse_args(argv)
@@ -52,8 +55,13 @@ def main(argv=None):
     sf_label = f"{args.sf:g}"
     if args.suite not in ("dml", "micro", "cluster"):
         suites.get(args.suite)  # refuses an unknown suite before anything is written
-    out = args.out or BENCH / "results" / f"{args.suite}-sf{sf_label}"
+    name = "cluster-scaling" if args.suite == "cluster" and args.scaling else args.suite
+    out = args.out or BENCH / "results" / f"{name}-sf{sf_label}"
     out.mkdir(parents=True, exist_ok=True)
+    if args.suite == "cluster" and args.scaling:
+        from . import scaling
+
+        return scaling.main(args, out)
     if args.suite == "cluster":
         from . import cluster
 

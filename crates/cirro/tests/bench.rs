@@ -212,3 +212,63 @@ fn cluster_suite_end_to_end() {
     assert!(report.contains("| total of medians (s) |"), "{report}");
     assert!(out_dir.join("cluster.png").exists());
 }
+
+/// `cirro bench cluster --scaling` end to end on TPC-H SF 0.01: 1, 2 and 3
+/// nodes, unbucketed and bucketed, every answer checked against DuckDB's;
+/// the bytes exchanged are recorded (on one node nothing is exchanged), the
+/// model is fitted and the report and plot written.
+#[test]
+fn cluster_scaling_end_to_end() {
+    let work = DataDir::new();
+    let out_dir = work.path().join("results");
+    let data_dir = work.path().join("data");
+    let out = cirro_bench(&[
+        "cluster",
+        "--scaling",
+        "--sf",
+        "0.01",
+        "--runs",
+        "1",
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("results.json")).expect("results.json"),
+    )
+    .expect("json");
+    let mut exchanged_on_three = 0;
+    for nodes in ["1", "2", "3"] {
+        for variant in ["unbucketed", "bucketed"] {
+            let queries = doc["results"][nodes][variant].as_object().expect("queries");
+            assert_eq!(queries.len(), 22, "{nodes} node(s), {variant}");
+            for (id, r) in queries {
+                assert!(
+                    r["median"].as_f64().is_some(),
+                    "{nodes} {variant} {id}: {r}"
+                );
+                let moved = r["exchanged_bytes"].as_u64().expect("exchanged bytes");
+                if nodes == "1" {
+                    assert_eq!(moved, 0, "{variant} {id}: exchanged on one node");
+                } else if nodes == "3" {
+                    exchanged_on_three += moved;
+                }
+            }
+        }
+    }
+    assert!(exchanged_on_three > 0, "nothing crossed between 3 nodes");
+    assert!(
+        doc["model"]["points"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        doc["model"]
+    );
+    let report = std::fs::read_to_string(out_dir.join("report.md")).expect("report");
+    assert!(report.contains("## The model"), "{report}");
+    assert!(out_dir.join("scaling.png").exists());
+}
