@@ -213,7 +213,7 @@ def report(doc, out):
              f"`{doc['command']}` — {doc['machine'].get('cpu', '?')}, {doc['machine'].get('cpus')} cores, "
              f"{doc['machine'].get('memory_gib')} GiB. Every node runs on this machine (they share its cores), "
              f"each in its own network namespace; scans cut into tasks of {task_bytes(doc['sf']):,} bytes a "
-             "partition. Medians of {doc['runs']} hot runs through node 1 over Flight "
+             "partition. Medians of " f"{doc['runs']} hot runs through node 1 over Flight "
              "SQL; every answer checked against DuckDB. Bucketed: lineitem and orders DISTRIBUTED BY HASH "
              f"(orderkey), partsupp and part by partkey, {doc['buckets']} buckets. Exchanged = bytes moved "
              "between stages by shuffles and broadcasts (`bytes_transferred` in EXPLAIN ANALYZE), not counting "
