@@ -45,6 +45,7 @@ UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 SIZE = re.compile(r"([0-9.]+) (B|KB|MB|GB|TB)")
 # Model constants (see the report's assumptions).
 PREDICT_NODES = (1, 3, 10, 30, 100)
+PREDICT_SF = 100
 LINKS_GBIT = (10, 100)
 RDMA_LATENCY_S = 2e-6
 ROUND_TRIPS_PER_STAGE = 4
@@ -106,6 +107,8 @@ def run_variant(cluster, nodes, variant, queries, reference, runs):
 def main(args, out):
     if args.report_only:
         doc = json.loads((out / "results.json").read_text())
+        doc["model"] = fit(doc)
+        (out / "results.json").write_text(json.dumps(doc, indent=1))
         print(report(doc, out))
         return 0
     suite, make_tables, make_queries = suites.get("tpch")
@@ -160,28 +163,67 @@ def _points(doc):
                     yield q, variant, n, one[q]["median"], r["median"], r["exchanged_bytes"], r["stages"]
 
 
-def fit(doc):
-    """Least squares for t_n − t_1 = α·t_1 + S_n / B + k_n·N·c over the
-    measured points (the nodes share this machine's cores): α the work
-    distribution adds, B the rate of exchanges between the nodes here, c the
-    coordinator's cost per task of a stage (k_n stages)."""
+def _lstsq(rows, target, columns):
+    """Least squares over the given columns of `rows` (the others fixed at 0)."""
     import numpy as np
 
-    rows, target = [], []
-    for _, _, n, t1, tn, moved, stages in _points(doc):
-        rows.append([t1, moved, stages * n])
-        target.append(tn - t1)
-    if len(rows) < 3:
+    a = np.array([[r[c] for c in columns] for r in rows], dtype=float)
+    coef, *_ = np.linalg.lstsq(a, np.array(target, dtype=float), rcond=None)
+    full = [0.0, 0.0, 0.0]
+    for c, v in zip(columns, coef):
+        full[c] = float(v)
+    return full
+
+
+def _fit_points(points):
+    """(α, 1/B, c) for t_n − t_1 = α·t_1 + S_n / B + k·n·c over `points`,
+    with α, 1/B and c kept ≥ 0 (a term that fits negative is dropped and the
+    rest fitted again)."""
+    rows = [[t1, moved, stages * n] for _, _, n, t1, _, moved, stages in points]
+    target = [tn - t1 for _, _, n, t1, tn, _, _ in points]
+    columns = [0, 1, 2]
+    while columns:
+        coef = _lstsq(rows, target, columns)
+        negative = [c for c in columns if coef[c] < 0]
+        if not negative:
+            return coef
+        columns.remove(min(negative, key=lambda c: coef[c]))
+    return [0.0, 0.0, 0.0]
+
+
+def _modelled(coef, t1, moved, stages, n):
+    alpha, inv_b, c_task = coef
+    return t1 * (1 + alpha) + moved * inv_b + stages * n * c_task
+
+
+def _errors(coef, points):
+    return [abs(_modelled(coef, t1, moved, stages, n) - tn) / tn for _, _, n, t1, tn, moved, stages in points]
+
+
+def fit(doc):
+    """The model's constants, fitted to the measured 2- and 3-node points
+    (the nodes share this machine's cores): t_n − t_1 = α·t_1 + S_n / B +
+    k_n·n·c, α the work distribution adds, B the rate of exchanges between
+    the nodes here, c the coordinator's cost per task of a stage (k_n
+    stages). Checked by fitting to the 2-node points alone and predicting the
+    3-node ones."""
+    points = list(_points(doc))
+    if len(points) < 3:
         return {}
-    coef, *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(target, dtype=float), rcond=None)
-    alpha, inv_b, c_task = (float(x) for x in coef)
-    inv_b = max(inv_b, 1e-12)
-    errors = []
-    for _, _, n, t1, tn, moved, stages in _points(doc):
-        fitted = t1 * (1 + alpha) + moved * inv_b + stages * n * c_task
-        errors.append(abs(fitted - tn) / tn)
-    return {"alpha": alpha, "local_exchange_bytes_per_s": 1 / inv_b, "task_cost_s": c_task,
-            "median_error": statistics.median(errors), "max_error": max(errors), "points": len(errors)}
+    coef = _fit_points(points)
+    errors = _errors(coef, points)
+    two = [p for p in points if p[2] == 2]
+    three = [p for p in points if p[2] == 3]
+    held_out = {}
+    if len(two) >= 3 and three:
+        held = _errors(_fit_points(two), three)
+        held_out = {"held_out_median_error": statistics.median(held), "held_out_max_error": max(held),
+                    "held_out_total_error": abs(
+                        sum(_modelled(_fit_points(two), t1, m, k, n) for _, _, n, t1, _, m, k in three)
+                        - sum(tn for _, _, _, _, tn, _, _ in three)) / sum(tn for _, _, _, _, tn, _, _ in three)}
+    return {"alpha": coef[0], "local_exchange_bytes_per_s": 1 / coef[1] if coef[1] > 0 else None,
+            "task_cost_s": coef[2], "median_error": statistics.median(errors), "max_error": max(errors),
+            "points": len(errors), **held_out}
 
 
 def predict(t1, shuffle_total, stages, nodes, link_gbit, model):
@@ -254,43 +296,60 @@ def report(doc, out):
                          f"| {q} | {n} | {_mb(u)} | {_mb(b)} | |")
         lines.append("")
     if model:
+        rate = model.get("local_exchange_bytes_per_s")
+        rate_text = f"{rate / 1e6:,.0f} MB/s" if rate else "unbounded (the term fitted negative: dropped)"
+        held = ""
+        if "held_out_median_error" in model:
+            held = (" Checked the other way: fitted to the 2-node points alone, it predicts the 3-node points "
+                    f"with a median error of {model['held_out_median_error'] * 100:.0f} % (largest "
+                    f"{model['held_out_max_error'] * 100:.0f} %), their total within "
+                    f"{model['held_out_total_error'] * 100:.0f} %.")
+        big = PREDICT_SF / doc["sf"]
         lines += ["## The model", "",
                   "Fitted to the measured 2- and 3-node points (least squares over "
-                  f"{model['points']} points, both variants): for a query with one-node time t₁, "
-                  "exchanged bytes Sₙ and k stages on n nodes sharing this machine,", "",
+                  f"{model['points']} points, both variants, every constant ≥ 0): for a query with one-node "
+                  "time t₁, exchanged bytes Sₙ and k stages on n nodes sharing this machine,", "",
                   "    tₙ = t₁·(1 + α) + Sₙ / B_here + k·n·c", "",
-                  f"gives α = {model['alpha']:.3f} (work distribution adds: plans, serialization, more "
-                  f"operators), B_here = {model['local_exchange_bytes_per_s'] / 1e6:,.0f} MB/s (exchange "
-                  f"between processes on this machine, encoding included), c = {model['task_cost_s'] * 1e3:.2f} ms "
-                  f"per task of a stage. Median error {model['median_error'] * 100:.0f} %, "
-                  f"largest {model['max_error'] * 100:.0f} %.", "",
-                  "Predicted for n machines, each like this one (its 2 cores' one-node time per share of the "
-                  "work), on links of L Gb/s:", "",
+                  f"gives α = {model['alpha']:.3f} (what distribution adds to the work: plans, encoding, more "
+                  f"operators), B_here = {rate_text} (exchange between processes on this machine, encoding "
+                  f"included), c = {model['task_cost_s'] * 1e3:.2f} ms per task of a stage (sending plans, "
+                  f"starting streams). Median error {model['median_error'] * 100:.0f} %, largest "
+                  f"{model['max_error'] * 100:.0f} % (small queries, where a few ms of noise is a large "
+                  f"share).{held}", "",
+                  "Predicted for n machines, each like this one (2 cores, the one-node time t₁ measured here), "
+                  "on links of L Gb/s:", "",
                   "    t(n) = t₁·(1 + α) / n  +  S·(n − 1)/n / (n · L/8)  +  k·(n·c + 4·ℓ)", "",
-                  "| nodes | " + " | ".join(f"{v} {g} Gb/s (s)" for v in ("unbucketed", "bucketed")
-                                           for g in LINKS_GBIT) + " |",
-                  "|---:|" + "---:|" * (2 * len(LINKS_GBIT))]
-        for n in PREDICT_NODES:
-            cells = []
-            for v in ("unbucketed", "bucketed"):
-                for g in LINKS_GBIT:
-                    cells.append(f"{sum(_predict_query(res, v, q, n, g, model) for q in ids):.2f}")
-            lines.append(f"| {n} | " + " | ".join(cells) + " |")
-        lines += ["", "Assumptions:", "",
+                  f"At SF{doc['sf']:g} (as measured):", ""]
+        lines += _prediction_table(res, ids, model, 1.0)
+        lines += ["", f"At SF{PREDICT_SF:g} (t₁ and S scaled by {big:g}, the stages as measured):", ""]
+        lines += _prediction_table(res, ids, model, big)
+        def total(v, n, scale):
+            return sum(_predict_query(res, v, q, n, LINKS_GBIT[0], model, scale) for q in ids)
+
+        best = {scale: min(PREDICT_NODES, key=lambda n: total("bucketed", n, scale)) for scale in (1.0, big)}
+        saved = {n: 1 - total("bucketed", n, big) / total("unbucketed", n, big) for n in PREDICT_NODES[1:]}
+        lines += ["", f"The modelled totals (bucketed, {LINKS_GBIT[0]} Gb/s) are least at {best[1.0]} nodes for "
+                  f"SF{doc['sf']:g} and at {best[big]} for SF{PREDICT_SF:g}: past that the per-task cost of each "
+                  "stage (k·n·c) outgrows the divided work. Bucketing saves "
+                  + ", ".join(f"{saved[n] * 100:.0f} % at {n} nodes" for n in saved)
+                  + f" (SF{PREDICT_SF:g}, {LINKS_GBIT[0]} Gb/s).", "",
+                  "Assumptions:", "",
                   "- Compute divides evenly: every node scans and computes its 1/n of the data at this "
                   "machine's one-node rate (t₁ measured here, 2 cores), plus the overhead α fitted above; no "
-                  "skew, no straggler, data placed evenly (hash distribution or HDFS blocks spread).",
+                  "skew, no straggler, data placed evenly (hash distribution or HDFS blocks spread), reads "
+                  "local (as the locality-aware placement gives on HDFS).",
                   "- Exchanges: a query's exchanges move S bytes in all, estimated from the 2- and 3-node "
                   "measurements as Sₙ·n/(n − 1); on n nodes (n − 1)/n of it crosses the network, each node "
                   "sending and receiving its 1/n at the link rate L (full bisection bandwidth, no congestion, "
                   "transfers not overlapped with compute: an upper bound).",
                   "- Latency: RDMA-class, ℓ = 2 µs per message (as the OSU HiBD RDMA-for-Hadoop/Spark work "
-                  f"measures for verbs), {ROUND_TRIPS_PER_STAGE} round trips per stage; the coordinator sends "
-                  "a stage's n tasks one after another at the fitted c each.",
+                  f"measures for verbs), {ROUND_TRIPS_PER_STAGE} round trips per stage; the coordinator's "
+                  "cost per task (c, fitted on nodes that share 2 cores, so pessimistic) grows with the tasks "
+                  "of a stage, i.e. with n.",
                   "- Broadcast joins stay broadcasts (their bytes grow with n in reality; small here).",
                   "- The same plans as measured: the bucketed variant's co-located joins stay co-located "
                   "(bucket counts a multiple of the tasks' partitions)."]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.5))
     for v, color in (("unbucketed", "#d62728"), ("bucketed", "#1f77b4")):
         measured = [sum(r["median"] for r in res[str(n)][v].values() if "median" in r) for n in NODES]
         axes[0].plot(NODES, measured, "o-", color=color, label=f"{v}, measured (one machine)")
@@ -305,6 +364,19 @@ def report(doc, out):
     axes[0].set_ylabel("TPC-H total of medians (s)")
     axes[0].set_title(f"TPC-H SF{doc['sf']:g}: measured and modelled")
     axes[0].legend(fontsize=7)
+    if model:
+        big = PREDICT_SF / doc["sf"]
+        for v, color in (("unbucketed", "#d62728"), ("bucketed", "#1f77b4")):
+            for g, style in zip(LINKS_GBIT, ("--", ":")):
+                xs = PREDICT_NODES
+                axes[2].plot(xs, [sum(_predict_query(res, v, q, n, g, model, big) for q in ids) for n in xs],
+                             style, color=color, marker="o", label=f"{v}, {g} Gb/s")
+        axes[2].set_xscale("log")
+        axes[2].set_yscale("log")
+        axes[2].set_xlabel("nodes")
+        axes[2].set_ylabel("TPC-H total (s), modelled")
+        axes[2].set_title(f"model at SF{PREDICT_SF:g}")
+        axes[2].legend(fontsize=7)
     x = range(len(CO_LOCATED))
     last = str(NODES[-1])
     for j, (v, color) in enumerate((("unbucketed", "#d62728"), ("bucketed", "#1f77b4"))):
@@ -318,9 +390,22 @@ def report(doc, out):
     return finish_report(fig, axes, lines, out, plot="scaling.png")
 
 
-def _predict_query(res, variant, q, nodes, link_gbit, model):
+def _predict_query(res, variant, q, nodes, link_gbit, model, scale=1.0):
+    """The query's predicted time; `scale`: the data's size over the measured
+    one (one-node time and exchanged bytes grow with it, stages do not)."""
     one = res["1"][variant].get(q, {})
     if "median" not in one:
         return 0.0
     stages = max((res[str(n)][variant].get(q, {}).get("stages", 1) for n in NODES[1:]), default=1)
-    return predict(one["median"], shuffle_total(res, variant, q), stages, nodes, link_gbit, model)
+    return predict(one["median"] * scale, shuffle_total(res, variant, q) * scale, stages, nodes, link_gbit, model)
+
+
+def _prediction_table(res, ids, model, scale):
+    lines = ["| nodes | " + " | ".join(f"{v} {g} Gb/s (s)" for v in ("unbucketed", "bucketed")
+                                       for g in LINKS_GBIT) + " |",
+             "|---:|" + "---:|" * (2 * len(LINKS_GBIT))]
+    for n in PREDICT_NODES:
+        cells = [f"{sum(_predict_query(res, v, q, n, g, model, scale) for q in ids):.2f}"
+                 for v in ("unbucketed", "bucketed") for g in LINKS_GBIT]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
