@@ -503,13 +503,14 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
 /// Keep this node's load in its registration current (`cirro.nodes`:
 /// running statements, tasks of distributed queries, memory in use; task
 /// placement weighs it): checked every second, written to ZooKeeper when a
-/// count changed or the memory in use moved by 1/64 of the node's memory.
+/// count changed or the memory in use moved by 1/4096 of the node's memory
+/// (at most one small write a second).
 async fn report_load(
     cluster: Arc<cirro_cluster::ZkCluster>,
     shared: Arc<Shared>,
     tasks: cirro_cluster::worker::InFlight,
 ) {
-    let step = cluster.me().memory_bytes / 64;
+    let step = cluster.me().memory_bytes / 4096;
     let mut reported = (0u32, 0u32, 0u64);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -586,6 +586,12 @@ fn a_cancelled_distributed_query_stops_on_every_node() {
         "node3 seeing node1 run a query",
         || cluster.sql(3, running) == "t",
     );
+    // The workers report their tasks and the memory they hold (placement
+    // weighs both).
+    let working = "SELECT tasks >= 1 AND memory_used > 0 FROM cirro.nodes WHERE id = 'node2'";
+    within(Duration::from_secs(5), "node2 reporting its load", || {
+        cluster.sql(3, working) == "t"
+    });
     let out = child.wait_with_output().expect("psql");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("57014"), "{err}");
