@@ -817,12 +817,14 @@ impl ClusterPlanner {
         // Where the blocks of HDFS scans are, for task placement.
         let plan = self.locator.locate(plan).await;
         let plan = DeletionVectorsExec::wrap_scans(plan)?;
-        PLANNED
+        let plan = PLANNED
             .scope(
                 RefCell::new(Some(plan)),
                 self.distributed.create_physical_plan(logical_plan, session),
             )
-            .await
+            .await?;
+        // EXPLAIN ANALYZE must not wait forever for tasks that never ran.
+        crate::analyze::bound_metrics_wait(plan)
     }
 }
 

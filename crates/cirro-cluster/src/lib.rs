@@ -27,6 +27,7 @@ use cirro_catalog::{Coordination, HeldLock, NodeInfo};
 use cirro_common::{CirroError, Result, SqlState};
 use zookeeper_client as zk;
 
+mod analyze;
 pub mod distributed;
 mod locality;
 mod placement;
