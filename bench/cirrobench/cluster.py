@@ -171,11 +171,9 @@ def run_shuffle(args):
     return results
 
 
-def main(args, out):
-    if args.report_only:
-        doc = json.loads((out / "results.json").read_text())
-        print(report(doc, out))
-        return 0
+def tpch_with_answers(args):
+    """TPC-H at --sf (--queries of it), generated or reused: the queries, the
+    tables' Parquet directories, the data's facts and DuckDB's answers."""
     if not args.cirro or not Path(args.cirro).exists():
         sys.exit("cirro bench: the cirro binary is unknown: run through `cirro bench` or pass --cirro")
     suite, make_tables, make_queries = suites.get("tpch")
@@ -184,10 +182,18 @@ def main(args, out):
         queries = [q for q in queries if q.id in args.queries.split(",")]
     root = args.data_dir / f"tpch-sf{args.sf:g}"
     _, tables, facts = data.prepare(suite, make_tables, args.sf, root, args.cirro, args.threads)
-    ctx = engines.Context(tables, args.threads, root)
-    duck = engines.DuckDB(ctx)
+    duck = engines.DuckDB(engines.Context(tables, args.threads, root))
     reference = {q.id: duck.run(q.sql) for q in queries}
     duck.close()
+    return queries, tables, facts, reference
+
+
+def main(args, out):
+    if args.report_only:
+        doc = json.loads((out / "results.json").read_text())
+        print(report(doc, out))
+        return 0
+    queries, tables, facts, reference = tpch_with_answers(args)
     doc = {"command": " ".join(args.argv), "machine": machine(), "sf": args.sf, "runs": args.runs,
            "parquet_bytes": facts.get("parquet_bytes"),
            "tpch": run_tpch(args, tables, queries, reference), "shuffle": run_shuffle(args)}

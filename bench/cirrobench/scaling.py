@@ -31,8 +31,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from . import compare, data, engines, suites  # noqa: E402
-from .cluster import Cluster  # noqa: E402
+from . import compare  # noqa: E402
+from .cluster import Cluster, tpch_with_answers  # noqa: E402
 from .runner import machine  # noqa: E402
 from .wire import finish_report  # noqa: E402
 
@@ -111,16 +111,7 @@ def main(args, out):
         (out / "results.json").write_text(json.dumps(doc, indent=1))
         print(report(doc, out))
         return 0
-    suite, make_tables, make_queries = suites.get("tpch")
-    queries = make_queries(args.sf)
-    if args.queries:
-        queries = [q for q in queries if q.id in args.queries.split(",")]
-    root = args.data_dir / f"tpch-sf{args.sf:g}"
-    _, tables, facts = data.prepare(suite, make_tables, args.sf, root, args.cirro, args.threads)
-    ctx = engines.Context(tables, args.threads, root)
-    duck = engines.DuckDB(ctx)
-    reference = {q.id: duck.run(q.sql) for q in queries}
-    duck.close()
+    queries, tables, facts, reference = tpch_with_answers(args)
     results = {}
     for nodes in NODES:
         cluster = Cluster(nodes, args.cirro)

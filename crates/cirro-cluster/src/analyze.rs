@@ -48,6 +48,17 @@ pub(crate) fn bound_metrics_wait(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<d
     .map(|t| t.data)
 }
 
+/// The one child of a plan node that takes one (`with_new_children`).
+pub(crate) fn only_child(
+    mut children: Vec<Arc<dyn ExecutionPlan>>,
+    node: &str,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    match children.pop().filter(|_| children.is_empty()) {
+        Some(child) => Ok(child),
+        None => Err(DataFusionError::Internal(format!("{node} takes one input"))),
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct BoundedAnalyzeExec {
     input: Arc<dyn ExecutionPlan>,
@@ -97,15 +108,10 @@ impl ExecutionPlan for BoundedAnalyzeExec {
 
     fn with_new_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let Some(input) = children.pop().filter(|_| children.is_empty()) else {
-            return Err(DataFusionError::Internal(
-                "BoundedAnalyzeExec takes one input".to_string(),
-            ));
-        };
         Ok(Arc::new(Self {
-            input,
+            input: only_child(children, self.name())?,
             verbose: self.verbose,
             properties: Arc::clone(&self.properties),
         }))

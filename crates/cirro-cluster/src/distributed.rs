@@ -963,15 +963,10 @@ impl ExecutionPlan for DeletionVectorsExec {
 
     fn with_new_children(
         self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let Some(input) = children.pop().filter(|_| children.is_empty()) else {
-            return Err(DataFusionError::Internal(
-                "DeletionVectorsExec takes one input".to_string(),
-            ));
-        };
         Ok(Arc::new(Self {
-            input,
+            input: crate::analyze::only_child(children, self.name())?,
             selections: Arc::clone(&self.selections),
         }))
     }

@@ -159,17 +159,16 @@ fn unknown_suite_and_peer_are_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown peer 'oracle'"));
 }
 
-/// `cirro bench cluster` end to end on TPC-H SF 0.01: a 1-node and a 3-node
-/// cluster by `scripts/cluster`, every answer checked against DuckDB's (a
-/// wrong one fails the run), and rows crossing between the nodes in the
-/// shuffle benchmark on two nodes.
-#[test]
-fn cluster_suite_end_to_end() {
+/// `cirro bench cluster ARGS --sf 0.01 --runs 1`, which must succeed, into a
+/// scratch directory (results in `results/`): the directory and the
+/// results.
+fn cluster_bench_at_sf_001(args: &[&str]) -> (DataDir, serde_json::Value) {
     let work = DataDir::new();
     let out_dir = work.path().join("results");
     let data_dir = work.path().join("data");
-    let out = cirro_bench(&[
-        "cluster",
+    let mut all = vec!["cluster"];
+    all.extend_from_slice(args);
+    all.extend([
         "--sf",
         "0.01",
         "--runs",
@@ -179,15 +178,27 @@ fn cluster_suite_end_to_end() {
         "--data-dir",
         data_dir.to_str().unwrap(),
     ]);
+    let out = cirro_bench(&all);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let results: serde_json::Value = serde_json::from_str(
+    let results = serde_json::from_str(
         &std::fs::read_to_string(out_dir.join("results.json")).expect("results.json"),
     )
     .expect("json");
+    (work, results)
+}
+
+/// `cirro bench cluster` end to end on TPC-H SF 0.01: a 1-node and a 3-node
+/// cluster by `scripts/cluster`, every answer checked against DuckDB's (a
+/// wrong one fails the run), and rows crossing between the nodes in the
+/// shuffle benchmark on two nodes.
+#[test]
+fn cluster_suite_end_to_end() {
+    let (work, results) = cluster_bench_at_sf_001(&[]);
+    let out_dir = work.path().join("results");
     for nodes in ["1", "3"] {
         let queries = results["tpch"][nodes]["queries"]
             .as_object()
@@ -219,30 +230,8 @@ fn cluster_suite_end_to_end() {
 /// model is fitted and the report and plot written.
 #[test]
 fn cluster_scaling_end_to_end() {
-    let work = DataDir::new();
+    let (work, doc) = cluster_bench_at_sf_001(&["--scaling"]);
     let out_dir = work.path().join("results");
-    let data_dir = work.path().join("data");
-    let out = cirro_bench(&[
-        "cluster",
-        "--scaling",
-        "--sf",
-        "0.01",
-        "--runs",
-        "1",
-        "--out",
-        out_dir.to_str().unwrap(),
-        "--data-dir",
-        data_dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out_dir.join("results.json")).expect("results.json"),
-    )
-    .expect("json");
     let mut exchanged_on_three = 0;
     for nodes in ["1", "2", "3"] {
         for variant in ["unbucketed", "bucketed"] {
