@@ -148,6 +148,16 @@ struct Counters {
 }
 
 /// 42P02 for a `$n` where the statement cannot take parameters.
+/// The bucketing of a scan of a Cirro table, for the planning rule that
+/// joins co-located tables first ([`cirro_exec::rules::CoLocatedJoinsFirst`]).
+fn scan_buckets(scan: &datafusion::logical_expr::TableScan) -> Option<(Vec<String>, u32)> {
+    let provider = datafusion::datasource::source_as_provider(&scan.source).ok()?;
+    let table =
+        (provider.as_ref() as &dyn std::any::Any).downcast_ref::<cirro_storage::CirroTable>()?;
+    let distribution = table.scan_distribution()?;
+    Some((distribution.columns.clone(), distribution.buckets))
+}
+
 fn no_parameter(n: usize) -> CirroError {
     CirroError::new(
         SqlState::UNDEFINED_PARAMETER,
@@ -339,6 +349,9 @@ impl Engine {
             .with_config(session_config)
             .with_default_features()
             .with_analyzer_rules(cirro_exec::rules::analyzer_rules())
+            .with_optimizer_rule(Arc::new(cirro_exec::rules::CoLocatedJoinsFirst::new(
+                scan_buckets,
+            )))
             .with_physical_optimizer_rules(cirro_exec::rules::physical_optimizer_rules())
             .with_catalog_list(list.clone());
         if let Some(runtime) = &config.runtime {

@@ -2,6 +2,7 @@
 
 mod chains;
 mod checked;
+mod colocate;
 mod segment;
 mod yields;
 
@@ -17,6 +18,7 @@ use datafusion::optimizer::analyzer::Analyzer;
 
 pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
+pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
 pub use segment::segment_udf;
 pub use yields::YieldAfterJoins;
 
