@@ -5,7 +5,9 @@ then run the harness (`cirrobench`) in it.
 Standard library only: it runs under the system's python3. The environment
 lives in ~/.cache/cirro/bench-venv (CIRRO_BENCH_VENV overrides) and holds the
 peers at the versions pinned in requirements.txt; it is rebuilt when that file
-changes. Spark (requirements-spark.txt) is added only when a run asks for it.
+changes. DuckDB's newest release (requirements-duckdb2.txt) goes into its
+directory `duckdb2` inside it. Spark (requirements-spark.txt) is added only
+when a run asks for it.
 
     python3 bench/bootstrap.py [--setup-only] <harness arguments>
 """
@@ -55,6 +57,15 @@ def ensure_venv(spark: bool) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip_install(venv, requirements)
+    # DuckDB's newest release in a directory of its own: it cannot share
+    # site-packages with the pinned one (same package name).
+    newest, target = HERE / "requirements-duckdb2.txt", venv / "duckdb2"
+    if not installed(target, newest):
+        print("cirro bench: adding DuckDB's newest release beside the pinned one", file=sys.stderr)
+        shutil.rmtree(target, ignore_errors=True)
+        subprocess.run([str(venv / "bin/pip"), "install", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--target", str(target), "-r", str(newest)], check=True)
+        shutil.copy(newest, target / newest.name)
     if spark:
         extra = HERE / "requirements-spark.txt"
         if not installed(venv, extra):

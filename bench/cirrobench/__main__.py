@@ -22,6 +22,8 @@ def parse(argv):
     ap.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     ap.add_argument("--peers", default=",".join(engines.DEFAULT_PEERS),
                     help=f"comma-separated, of {', '.join(engines.ALL[1:])} (default: all but spark)")
+    ap.add_argument("--wire", choices=["flight", "pg"], default="flight",
+                    help="how the harness queries Cirro: Arrow Flight SQL (default) or the PostgreSQL protocol")
     ap.add_argument("--runs", type=int, default=3, help="hot runs per query and engine (default 3)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per query run (default 300)")
     ap.add_argument("--duration", type=float, default=5, help="micro: seconds per operation and client count")
@@ -90,7 +92,7 @@ def main(argv=None):
         queries = [q for q in queries if q.id in wanted]
     root = args.data_dir / f"{args.suite}-sf{sf_label}"
     cirro_data, tables, facts = data.prepare(suite, make_tables, args.sf, root, args.cirro, args.threads)
-    ctx = engines.Context(tables, args.threads, root, args.cirro, cirro_data)
+    ctx = engines.Context(tables, args.threads, root, args.cirro, cirro_data, args.wire)
     state = runner.run_suite(args, suite, queries, ctx, facts, out)
     path = report.write(state, out)
     print(f"cirro bench: report {path}", file=sys.stderr)

@@ -6,6 +6,7 @@ Layout of a data directory (`~/.cache/cirro/bench-data/<suite>-sf<N>`):
     cirro/       Cirro's data location (catalog and Delta tables)
     parquet/     one directory of Parquet files per table
     duckdb.db    DuckDB's own database (made by the duckdb-db peer on first use)
+    duckdb2.db   the same for DuckDB 2.x (duckdb2-db)
     READY        written last: the data set is complete
 """
 

@@ -6,6 +6,10 @@ than ending the run.
 Every engine reads the same Parquet files (`tables`: name -> directory of the
 files), except Cirro, which reads its own tables (the files were hard-linked
 from them), and `duckdb-db`, DuckDB's own database file loaded from them.
+`duckdb2` and `duckdb2-db` are the same with DuckDB's newest release (2.x),
+installed beside the pinned one (which the Delta reader of the interop tests
+and the reference answers use) in a directory of its own, imported only in
+its workers.
 `run(sql)` returns a pyarrow Table; the time measured around it includes
 planning, execution and materialising the whole result.
 """
@@ -13,12 +17,37 @@ planning, execution and materialising the whole result.
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+# DuckDB's memory limit in every run: a share of this machine's memory, so
+# that DuckDB and the Cirro server (its own caches included) fit it together.
+DUCKDB_MEMORY_SHARE = 0.4
+# Where bootstrap.py installs DuckDB's newest release, inside the benchmark
+# environment (requirements-duckdb2.txt).
+DUCKDB2_DIR = "duckdb2"
+
+
+def memory_bytes():
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def import_duckdb(newest):
+    """The pinned DuckDB, or (newest) the 2.x release from its own
+    directory. A worker process imports one or the other, never both."""
+    if newest:
+        sys.path.insert(0, str(Path(sys.prefix) / DUCKDB2_DIR))
+    import duckdb
+
+    want = "2." if newest else "1."
+    if not duckdb.__version__.startswith(want):
+        raise RuntimeError(f"expected DuckDB {want}x, imported {duckdb.__version__} from {duckdb.__file__}")
+    return duckdb
+
 # Engine names as `--peers` takes them, in the order reports show them.
-ALL = ["cirro", "duckdb", "duckdb-db", "datafusion", "polars", "chdb", "spark"]
-DEFAULT_PEERS = ["duckdb", "duckdb-db", "datafusion", "polars", "chdb"]
+ALL = ["cirro", "duckdb", "duckdb-db", "duckdb2", "duckdb2-db", "datafusion", "polars", "chdb", "spark"]
+DEFAULT_PEERS = ["duckdb", "duckdb-db", "duckdb2", "duckdb2-db", "datafusion", "polars", "chdb"]
 # The engine whose results every Cirro result is checked against.
 REFERENCE = "duckdb"
 
@@ -26,8 +55,9 @@ REFERENCE = "duckdb"
 class Context:
     """What an engine is given: the data set and the run's settings."""
 
-    def __init__(self, tables, threads, work, cirro_bin=None, cirro_data=None):
+    def __init__(self, tables, threads, work, cirro_bin=None, cirro_data=None, wire="flight"):
         self.tables = {k: str(v) for k, v in tables.items()}
+        self.wire = wire
         self.threads = threads
         self.work = str(work)
         self.cirro_bin = cirro_bin
@@ -45,8 +75,10 @@ def thread_env(threads):
 
 
 class Cirro:
-    """`cirro serve` on the data location, queried over Arrow Flight SQL
-    (ADBC), as a client program would: the time includes the round trip."""
+    """`cirro serve` on the data location, queried as a client program
+    would, so the time includes the round trip: over Arrow Flight SQL
+    (ADBC), or with `--wire pg` over the PostgreSQL protocol (psycopg, binary
+    results, turned into an Arrow table column by column)."""
 
     name = "cirro"
     PASSWORD = "cirro-bench"
@@ -58,26 +90,47 @@ class Cirro:
             env={**os.environ, "CIRRO_PASSWORD": self.PASSWORD, "CIRRO_USER": "cirro"},
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
         )
-        port = None
+        ports = {}
         for _ in range(2):
             line = self.proc.stdout.readline()
-            if "Flight SQL" in line:
-                port = int(line.strip().rsplit(":", 1)[1])
-        if port is None:
+            for wire, banner in (("flight", "Flight SQL"), ("pg", "PostgreSQL protocol")):
+                if banner in line:
+                    ports[wire] = int(line.split(" (")[0].strip().rsplit(":", 1)[1])
+        self.wire = getattr(ctx, "wire", "flight")
+        if self.wire not in ports:
             raise RuntimeError(f"cirro serve did not start (exit {self.proc.poll()})")
-        import adbc_driver_flightsql.dbapi as flightsql
+        if self.wire == "pg":
+            import psycopg
 
-        self.conn = flightsql.connect(f"grpc://127.0.0.1:{port}",
-                                      db_kwargs={"username": "cirro", "password": self.PASSWORD},
-                                      autocommit=True)
+            self.conn = psycopg.connect(host="127.0.0.1", port=ports["pg"], user="cirro", dbname="cirro",
+                                        password=self.PASSWORD, autocommit=True)
+        else:
+            import adbc_driver_flightsql.dbapi as flightsql
+
+            self.conn = flightsql.connect(f"grpc://127.0.0.1:{ports['flight']}",
+                                          db_kwargs={"username": "cirro", "password": self.PASSWORD},
+                                          autocommit=True)
         self.pid = self.proc.pid
         out = subprocess.run([ctx.cirro_bin, "--version"], capture_output=True, text=True)
         self.version = out.stdout.strip().split()[-1] if out.returncode == 0 else "?"
 
     def run(self, sql):
+        if self.wire == "pg":
+            return self._run_pg(sql)
         with self.conn.cursor() as cur:
             cur.execute(sql)
             return cur.fetch_arrow_table()
+
+    def _run_pg(self, sql):
+        import pyarrow as pa
+
+        with self.conn.cursor(binary=True) as cur:
+            cur.execute(sql)
+            if cur.description is None:
+                return pa.table({})
+            rows = cur.fetchall()
+            names = [f"c{i}" for i in range(len(cur.description))]
+            return pa.table({n: pa.array([r[i] for r in rows]) for i, n in enumerate(names)})
 
     def close(self):
         try:
@@ -91,13 +144,14 @@ class DuckDB:
     """DuckDB over the Parquet files (views on read_parquet)."""
 
     name = "duckdb"
+    newest = False
 
     def __init__(self, ctx, path=":memory:"):
-        import duckdb
-
+        duckdb = import_duckdb(self.newest)
         self.version = duckdb.__version__
         self.con = duckdb.connect(path)
         self.con.execute(f"SET threads = {ctx.threads}")
+        self.con.execute(f"SET memory_limit = '{int(memory_bytes() * DUCKDB_MEMORY_SHARE) >> 20}MB'")
         self.con.execute("SET enable_progress_bar = false")  # it would draw on the harness's output
         self.attach(ctx)
 
@@ -106,7 +160,14 @@ class DuckDB:
             self.con.execute(f"CREATE OR REPLACE VIEW {name} AS SELECT * FROM read_parquet('{path}/*.parquet')")
 
     def run(self, sql):
-        return self.con.execute(sql).fetch_arrow_table()
+        # A relation's Arrow table: no extra copy of the rows (2.x warns
+        # that a DB-API result's makes one); None for a statement.
+        relation = self.con.sql(sql)
+        if relation is None:
+            import pyarrow as pa
+
+            return pa.table({})
+        return relation.to_arrow_table()
 
     def close(self):
         self.con.close()
@@ -117,9 +178,10 @@ class DuckDBNative(DuckDB):
     (the load is timed and kept in `load_seconds`)."""
 
     name = "duckdb-db"
+    file = "duckdb.db"
 
     def __init__(self, ctx):
-        path = Path(ctx.work) / "duckdb.db"
+        path = Path(ctx.work) / self.file
         self.load_seconds = None
         super().__init__(ctx, str(path))
 
@@ -236,7 +298,23 @@ class Spark:
         self.spark.stop()
 
 
-CLASSES = {c.name: c for c in [Cirro, DuckDB, DuckDBNative, DataFusion, Polars, Chdb, Spark]}
+class DuckDB2(DuckDB):
+    """DuckDB's newest release (2.x) over the Parquet files."""
+
+    name = "duckdb2"
+    newest = True
+
+
+class DuckDB2Native(DuckDBNative):
+    """DuckDB's newest release on its own database file (2.x writes a
+    format 1.5 cannot read: a file of its own)."""
+
+    name = "duckdb2-db"
+    newest = True
+    file = "duckdb2.db"
+
+
+CLASSES = {c.name: c for c in [Cirro, DuckDB, DuckDBNative, DuckDB2, DuckDB2Native, DataFusion, Polars, Chdb, Spark]}
 
 
 def make(name, ctx):

@@ -17,8 +17,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from . import engines as engine_list  # noqa: E402
 
-COLORS = {"cirro": "#d62728", "duckdb": "#1f77b4", "duckdb-db": "#6baed6", "datafusion": "#2ca02c",
+COLORS = {"cirro": "#d62728", "duckdb": "#1f77b4", "duckdb-db": "#6baed6", "duckdb2": "#17becf",
+          "duckdb2-db": "#9edae5", "datafusion": "#2ca02c",
           "polars": "#9467bd", "chdb": "#ff7f0e", "spark": "#8c564b"}
+
+
+WIRES = {"flight": "Arrow Flight SQL (ADBC)", "pg": "the PostgreSQL protocol (psycopg, binary results)"}
 
 
 def _engines(state):
@@ -173,9 +177,11 @@ def write(state, out):
               f"by query; per-query timeout {state.get('timeout_seconds')} s. Run {state.get('started')} – "
               f"{state.get('finished', 'unfinished')}.", ""]
     lines += ["Engines: " + ", ".join(f"{n} {state['versions'].get(n, '?')}" for n in names) + ". "
-              "Cirro is queried through `cirro serve` over Arrow Flight SQL (ADBC), so its times include a "
-              "client round trip; the peers run in-process. DuckDB runs twice: `duckdb` on the Parquet files, "
-              "`duckdb-db` on its own database file loaded from them.", ""]
+              f"Cirro is queried through `cirro serve` over {WIRES[cfg.get('wire', 'flight')]}, so its times include a "
+              "client round trip; the peers run in-process. DuckDB runs twice per release: `duckdb` on the "
+              "Parquet files, `duckdb-db` on its own database file loaded from them; `duckdb`/`duckdb-db` are "
+              "the pinned release, `duckdb2`/`duckdb2-db` the newest (2.x). DuckDB's memory limit is "
+              f"{engine_list.DUCKDB_MEMORY_SHARE:.0%} of the machine's memory.", ""]
     data = state.get("data", {})
     if data:
         lines += [f"Data: {len(data.get('tables', []))} tables, {data.get('parquet_bytes', 0) / 1e6:,.0f} MB of "

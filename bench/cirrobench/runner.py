@@ -60,7 +60,10 @@ def drop_caches():
 
 
 def _config(args, names):
-    return {"suite": args.suite, "sf": args.sf, "threads": args.threads, "runs": args.runs, "engines": names}
+    config = {"suite": args.suite, "sf": args.sf, "threads": args.threads, "runs": args.runs, "engines": names}
+    if getattr(args, "wire", "flight") != "flight":
+        config["wire"] = args.wire  # (absent for Flight: earlier results resume)
+    return config
 
 
 def load_state(path, config, fresh):

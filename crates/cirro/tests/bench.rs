@@ -81,11 +81,15 @@ fn tpch_end_to_end_with_peers_and_a_wrong_result_caught() {
     ];
     let mut args = vec!["tpch"];
     args.extend(common);
+    // Over the PostgreSQL protocol here (the wrong-result run below uses
+    // Flight SQL), beside both DuckDB releases.
     args.extend([
         "--peers",
-        "duckdb,datafusion,polars",
+        "duckdb,duckdb2-db,datafusion,polars",
         "--queries",
         "q01,q06,q13,q14",
+        "--wire",
+        "pg",
     ]);
     let out = cirro_bench(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -103,6 +107,8 @@ fn tpch_end_to_end_with_peers_and_a_wrong_result_caught() {
         "polars",
         "datafusion",
         "## Physical limit",
+        "duckdb2-db 2.",
+        "over the PostgreSQL protocol",
     ] {
         assert!(report.contains(needle), "{needle} missing: {report}");
     }
@@ -112,7 +118,7 @@ fn tpch_end_to_end_with_peers_and_a_wrong_result_caught() {
     }
     let results: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
-    for engine in ["cirro", "duckdb", "datafusion", "polars"] {
+    for engine in ["cirro", "duckdb", "duckdb2-db", "datafusion", "polars"] {
         let median = &results["queries"]["q06"]["engines"][engine]["median"];
         assert!(
             median.as_f64().is_some_and(|m| m > 0.0),
