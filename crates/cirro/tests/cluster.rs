@@ -481,11 +481,13 @@ fn whole_or_failed(out: &std::process::Output, expected: &str) {
 fn a_query_outlives_a_node_killed_or_cut_during_it() {
     let cluster = Cluster::up(3, "local");
     let _generated = load_tpch_through_node1(&cluster, "0.1", &["lineitem"]);
+    let started = Instant::now();
     let expected = cluster.sql(1, &format!("{SMALL_TASKS}; {LONG_QUERY}"));
+    let alone = started.elapsed();
     let expected = expected.trim_start_matches("SET\n").to_string();
 
-    // Killed: the query is run again on the others (or fails) within 10 s.
-    survives(&cluster, &expected, "kill", 2, || {
+    // Killed: the query is run again on the others (or fails) soon (see survives).
+    survives(&cluster, (&expected, alone), "kill", 2, || {
         cluster.script(&["kill", "3"]);
     });
 
@@ -494,7 +496,7 @@ fn a_query_outlives_a_node_killed_or_cut_during_it() {
     members_become(&cluster, &["node1", "node2", "node3"], "node3 back");
 
     // Cut off: the same, bounded by the connections' keep-alives.
-    survives(&cluster, &expected, "cut", 3, || {
+    survives(&cluster, (&expected, alone), "cut", 3, || {
         cluster.script(&["cut", "2"]);
     });
     cluster.script(&["heal", "2"]);
@@ -522,12 +524,23 @@ fn a_query_outlives_a_node_killed_or_cut_during_it() {
 }
 
 /// LONG_QUERY through node 1 while `fault` hits 1.5 s into it: the whole
-/// answer or a node failure, within 10 s of the fault; then the query
-/// succeeds through node `then`.
-fn survives(cluster: &Cluster, expected: &str, what: &str, then: usize, fault: impl FnOnce()) {
+/// answer or a node failure, soon after the fault; then the query succeeds
+/// through node `then`. Soon: 10 s (the failure is seen within the
+/// keep-alive's 3 s) plus twice the query's undisturbed time `alone` (the
+/// second run on the other nodes, which the tests running beside this one
+/// on the same cores can slow: a fixed 10 s failed once at 12 s). A hang
+/// (no keep-alive: TCP's retransmission timeout, minutes) stays far above.
+fn survives(
+    cluster: &Cluster,
+    (expected, alone): (&str, Duration),
+    what: &str,
+    then: usize,
+    fault: impl FnOnce(),
+) {
     let (out, took) = long_query_with_fault(cluster, Duration::from_millis(1500), fault);
     whole_or_failed(&out, expected);
-    assert!(took < Duration::from_secs(10), "{took:?} after the {what}");
+    let bound = Duration::from_secs(10) + 2 * alone;
+    assert!(took < bound, "{took:?} after the {what} (bound {bound:?})");
     assert_eq!(
         cluster.sql(then, &format!("{SMALL_TASKS}; {LONG_QUERY}")),
         format!("SET\n{expected}")
