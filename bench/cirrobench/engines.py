@@ -96,7 +96,7 @@ class Cirro:
             for wire, banner in (("flight", "Flight SQL"), ("pg", "PostgreSQL protocol")):
                 if banner in line:
                     ports[wire] = int(line.split(" (")[0].strip().rsplit(":", 1)[1])
-        self.wire = getattr(ctx, "wire", "flight")
+        self.wire = ctx.wire
         if self.wire not in ports:
             raise RuntimeError(f"cirro serve did not start (exit {self.proc.poll()})")
         if self.wire == "pg":

@@ -61,7 +61,7 @@ def drop_caches():
 
 def _config(args, names):
     config = {"suite": args.suite, "sf": args.sf, "threads": args.threads, "runs": args.runs, "engines": names}
-    if getattr(args, "wire", "flight") != "flight":
+    if args.wire != "flight":
         config["wire"] = args.wire  # (absent for Flight: earlier results resume)
     return config
 

@@ -247,8 +247,10 @@ impl OptimizerRule for CoLocatedJoinsFirst {
         if outer.on.is_empty() {
             return Ok(Transformed::no(plan));
         }
-        // The chain leaning left, (A ⋈₁ B) ⋈₂ C, or right, C ⋈₂ (A ⋈₁ B);
-        // in both, ⋈₂'s keys on the pair's side are `pair_keys`.
+        // The chain leaning left, (A ⋈₁ B) ⋈₂ C, or right, C ⋈₂ (A ⋈₁ B).
+        // The plan's shape is checked first; the co-location checks, which
+        // trace keys down to the scans and ask the storage layer, only for
+        // a shape that fits.
         for pair_on_left in [true, false] {
             let (pair, third) = if pair_on_left {
                 (&outer.left, &outer.right)
@@ -258,42 +260,36 @@ impl OptimizerRule for CoLocatedJoinsFirst {
             let Some(inner) = inner_join_below(pair) else {
                 continue;
             };
-            if inner.on.is_empty()
-                || self.co_located(&inner.left, &inner.right, &inner.on)
-                || self.co_located(&outer.left, &outer.right, &outer.on)
-            {
+            if inner.on.is_empty() || !filtered(third) {
                 continue;
             }
-            // ⋈₂ as (keys on the pair's side, keys on the third's side).
-            let on2: Vec<(Expr, Expr)> = if pair_on_left {
-                outer.on.clone()
-            } else {
-                outer
-                    .on
-                    .iter()
-                    .map(|(l, r)| (r.clone(), l.clone()))
-                    .collect()
-            };
+            // ⋈₂'s keys on the pair's side.
+            let pair_keys: Vec<&Expr> = outer
+                .on
+                .iter()
+                .map(|(l, r)| if pair_on_left { l } else { r })
+                .collect();
             for partner_is_right in [true, false] {
                 let (partner, other) = if partner_is_right {
                     (&inner.right, &inner.left)
                 } else {
                     (&inner.left, &inner.right)
                 };
-                if !on2.iter().all(|(k, _)| reads_only(k, partner))
-                    || !unfiltered(other)
+                if !unfiltered(other)
                     || !filtered(partner)
-                    || !filtered(third)
+                    || !pair_keys.iter().all(|k| reads_only(k, partner))
                 {
                     continue;
                 }
-                let co_located = if pair_on_left {
-                    self.co_located(partner, third, &on2)
+                let partner_meets_third = if pair_on_left {
+                    self.co_located(partner, third, &outer.on)
                 } else {
-                    let on: Vec<_> = on2.iter().map(|(p, t)| (t.clone(), p.clone())).collect();
-                    self.co_located(third, partner, &on)
+                    self.co_located(third, partner, &outer.on)
                 };
-                if !co_located {
+                if !partner_meets_third
+                    || self.co_located(&inner.left, &inner.right, &inner.on)
+                    || self.co_located(&outer.left, &outer.right, &outer.on)
+                {
                     continue;
                 }
                 let rewritten = self.rotate(
@@ -363,13 +359,7 @@ impl CoLocatedJoinsFirst {
         )?;
         debug_assert!(rest.is_empty());
         let original = &outer.schema;
-        if second.schema().fields() == original.fields()
-            && second
-                .schema()
-                .iter()
-                .zip(original.iter())
-                .all(|((q1, _), (q2, _))| q1 == q2)
-        {
+        if second.schema().columns() == original.columns() {
             return Ok(second);
         }
         let columns: Vec<Expr> = original
