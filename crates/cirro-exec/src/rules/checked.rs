@@ -1,8 +1,8 @@
 //! Arithmetic as PostgreSQL does it: integer `+ - *` and negation fail with
 //! 22003 on overflow (through the functions of `functions/checked.rs`), and
-//! sums and averages widen: `sum` of a BIGINT is NUMERIC (DECIMAL(38,0)) where
-//! DataFusion's wraps, `avg` of an integer is NUMERIC where DataFusion's is a
-//! float. (`sum` of SMALLINT/INTEGER is BIGINT in both.) NUMERIC division
+//! sums and averages widen ([`PgOperators`], before type coercion): `sum` of
+//! a BIGINT is NUMERIC (DECIMAL(38,0)) where DataFusion's wraps, `avg` of an
+//! integer is NUMERIC where DataFusion's is a float. (`sum` of SMALLINT/INTEGER is BIGINT in both.) NUMERIC division
 //! and casts of floats and NUMERICs to integers round as PostgreSQL's do
 //! (`functions/numeric.rs`).
 //!
@@ -14,7 +14,7 @@ use arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DFSchema, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
-use datafusion::logical_expr::expr::{AggregateFunction, Cast, ScalarFunction};
+use datafusion::logical_expr::expr::{Cast, ScalarFunction};
 use datafusion::logical_expr::{BinaryExpr, Expr, ExprSchemable, LogicalPlan, Operator};
 use datafusion::optimizer::AnalyzerRule;
 
@@ -52,7 +52,6 @@ fn candidate(expr: &Expr) -> bool {
     match expr {
         Expr::BinaryExpr(b) => CheckedOp::of(b.op).is_some(),
         Expr::Negative(_) => true,
-        Expr::AggregateFunction(a) => a.func.name() == "sum",
         Expr::Cast(Cast { field, .. }) => field.data_type().is_integer(),
         _ => false,
     }
@@ -69,21 +68,6 @@ fn check_plan(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
 
 fn is_integer(data_type: &DataType) -> bool {
     data_type.is_integer()
-}
-
-/// What the coercion cast of an aggregate's argument (to BIGINT for `sum`,
-/// to DOUBLE for `avg`) was put around. Other casts are the user's and stay:
-/// `sum(CAST(b AS DECIMAL(12,2)))` must still check that b fits (stripping
-/// every cast lost that check; found by the differential test).
-fn uncast(expr: Expr) -> Expr {
-    match expr {
-        Expr::Cast(Cast { expr, field })
-            if matches!(field.data_type(), DataType::Int64 | DataType::Float64) =>
-        {
-            *expr
-        }
-        other => other,
-    }
 }
 
 fn check_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
@@ -135,25 +119,6 @@ fn check_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
             ))),
             _ => Ok(Transformed::no(Expr::Negative(inner))),
         },
-        Expr::AggregateFunction(mut aggregate) => {
-            // Type coercion has cast the argument to what DataFusion's
-            // function takes (`avg`: a float, `sum`: BIGINT): look at the
-            // type the user's expression had.
-            let widen = match (aggregate.func.name(), aggregate.params.args.as_slice()) {
-                ("sum", [arg]) => match uncast(arg.clone()).get_type(schema) {
-                    Ok(DataType::Int64 | DataType::UInt64) => Some(WIDE_DECIMAL),
-                    _ => None,
-                },
-                _ => None,
-            };
-            let Some(wide) = widen else {
-                return Ok(Transformed::no(Expr::AggregateFunction(aggregate)));
-            };
-            let AggregateFunction { params, .. } = &mut aggregate;
-            let arg = uncast(params.args.remove(0));
-            params.args.push(Expr::Cast(Cast::new(Box::new(arg), wide)));
-            Ok(Transformed::yes(Expr::AggregateFunction(aggregate)))
-        }
         other => Ok(Transformed::no(other)),
     }
 }
@@ -177,7 +142,7 @@ impl AnalyzerRule for PgOperators {
             let divides = |e: &Expr| match e {
                 Expr::BinaryExpr(b) => matches!(b.op, Operator::Divide | Operator::Minus),
                 Expr::ScalarFunction(f) => f.func.name() == "round",
-                Expr::AggregateFunction(a) => a.func.name() == "avg",
+                Expr::AggregateFunction(a) => matches!(a.func.name(), "avg" | "sum"),
                 _ => false,
             };
             super::rewrite_expressions(plan, divides, |expr, schema| {
@@ -201,7 +166,7 @@ fn as_numeric(operand: Expr, data_type: &DataType) -> Option<Expr> {
 
 fn divide_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     // `avg` of an integer or a NUMERIC of few decimals sums at AVG_SCALE
-    // decimals. Before type coercion, so that what compares with an average
+    // decimals; `sum` of a BIGINT is NUMERIC. Before type coercion, so that what compares with an average
     // (TPC-H Q22's `c_acctbal > (SELECT avg(c_acctbal) …)`) is coerced to its
     // real type.
     if let Expr::AggregateFunction(mut aggregate) = node {
@@ -218,6 +183,15 @@ fn divide_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
                 let wanted = (AVG_SCALE as i16).min(WIRE_DIGITS_MAX - 4 - digits);
                 (scale < wanted).then(|| DataType::Decimal128(38, wanted as i8))
             }
+            // `sum` of a BIGINT is NUMERIC. Before type coercion too, so
+            // that what is built on the sum (`sum(b) > 0`, `coalesce(sum(b),
+            // 0)`) is coerced to NUMERIC: widened after it, such expressions
+            // failed ("Invalid comparison operation: Decimal128(38, 0) >
+            // Int64").
+            ("sum", [arg]) => match arg.get_type(schema) {
+                Ok(DataType::Int64 | DataType::UInt64) => Some(WIDE_DECIMAL),
+                _ => None,
+            },
             _ => None,
         };
         let changed = wide.is_some();
