@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[1]
 
 def parse(argv):
     ap = argparse.ArgumentParser(prog="cirro bench", description="Benchmark Cirro beside its peers.")
-    ap.add_argument("suite", help="tpch, ssb, joins, aggregation, dml, micro or cluster")
+    ap.add_argument("suite", help="tpch, ssb, joins, aggregation, dml, micro, cluster or cache")
     ap.add_argument("--sf", type=float, default=1.0,
                     help="scale factor (tpch, ssb); joins and aggregation: a multiplier of the paper's sizes")
     ap.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
@@ -40,6 +40,9 @@ def parse(argv):
     ap.add_argument("--scaling", action="store_true",
                     help="cluster: TPC-H on 1, 2, 3 nodes, bucketed and not, bytes exchanged, a model of larger "
                          "clusters (results in cluster-scaling-sf<N>)")
+    ap.add_argument("--passes", type=int, default=3, help="cache: passes of the query stream (default 3)")
+    ap.add_argument("--cache-memory", type=int,
+                    help="cache: the hot-data tier's bytes (default: the tables' Parquet size)")
     ap.add_argument("--report-only", action="store_true", help="rewrite report and plots from results.json")
     ap.add_argument("--cirro", default=os.environ.get("CIRRO_BIN"), help="the cirro binary (set by cirro bench)")
     args = ap.parse_args(argv)
@@ -55,7 +58,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     sf_label = f"{args.sf:g}"
-    if args.suite not in ("dml", "micro", "cluster"):
+    if args.suite not in ("dml", "micro", "cluster", "cache"):
         suites.get(args.suite)  # refuses an unknown suite before anything is written
     name = "cluster-scaling" if args.suite == "cluster" and args.scaling else args.suite
     out = args.out or BENCH / "results" / f"{name}-sf{sf_label}"
@@ -68,6 +71,10 @@ def main(argv=None):
         from . import cluster
 
         return cluster.main(args, out)
+    if args.suite == "cache":
+        from . import cache
+
+        return cache.main(args, out)
     if args.suite in ("dml", "micro"):
         from . import wire
 

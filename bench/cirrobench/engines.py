@@ -62,6 +62,8 @@ class Context:
         self.work = str(work)
         self.cirro_bin = cirro_bin
         self.cirro_data = str(cirro_data) if cirro_data else None
+        # Extra environment of `cirro serve` (e.g. CIRRO_CACHE_MEMORY).
+        self.cirro_env = {}
 
 
 def thread_env(threads):
@@ -87,7 +89,7 @@ class Cirro:
         self.proc = subprocess.Popen(
             [ctx.cirro_bin, "--data", ctx.cirro_data, "--threads", str(ctx.threads),
              "serve", "--pg-port", "0", "--flight-port", "0"],
-            env={**os.environ, "CIRRO_PASSWORD": self.PASSWORD, "CIRRO_USER": "cirro"},
+            env={**os.environ, "CIRRO_PASSWORD": self.PASSWORD, "CIRRO_USER": "cirro", **ctx.cirro_env},
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
         )
         ports = {}

@@ -181,7 +181,9 @@ def write(state, out):
               "client round trip; the peers run in-process. DuckDB runs twice per release: `duckdb` on the "
               "Parquet files, `duckdb-db` on its own database file loaded from them; `duckdb`/`duckdb-db` are "
               "the pinned release, `duckdb2`/`duckdb2-db` the newest (2.x). DuckDB's memory limit is "
-              f"{engine_list.DUCKDB_MEMORY_SHARE:.0%} of the machine's memory.", ""]
+              f"{engine_list.DUCKDB_MEMORY_SHARE:.0%} of the machine's memory; Cirro's hot-data tier (decoded "
+              "column chunks kept between queries) takes its default, 25 %, so the two fit the machine together; "
+              "the cold run fills it, the hot runs read from it.", ""]
     data = state.get("data", {})
     if data:
         lines += [f"Data: {len(data.get('tables', []))} tables, {data.get('parquet_bytes', 0) / 1e6:,.0f} MB of "

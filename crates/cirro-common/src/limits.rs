@@ -84,3 +84,48 @@ pub const EXPRESSION_OPERATORS_MAX: usize = 100_000;
 /// and operator limits above are sized so that the deepest statement they
 /// allow fits with room to spare (the hardening tests run at the limits).
 pub const STATEMENT_THREAD_STACK_BYTES: usize = 256 * 1024 * 1024;
+
+/// A size as PostgreSQL writes memory settings: a number of bytes, or a
+/// number with a unit (`B`, `kB`, `MB`, `GB`, `TB`, powers of 1024, case
+/// ignored), or a percentage of `total` (`25%`).
+pub fn parse_size(text: &str, total: u64) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let bad = || {
+        format!("invalid size {text:?}: a number of bytes, with kB, MB, GB or TB, or a percentage")
+    };
+    let number: f64 = number.parse().map_err(|_| bad())?;
+    let bytes = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => number,
+        "kb" => number * 1024.0,
+        "mb" => number * 1024.0 * 1024.0,
+        "gb" => number * 1024.0 * 1024.0 * 1024.0,
+        "tb" => number * 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        "%" if number <= 100.0 => total as f64 * number / 100.0,
+        _ => return Err(bad()),
+    };
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_postgresql_units_and_percentages() {
+        assert_eq!(parse_size("2GB", 0), Ok(2 << 30));
+        assert_eq!(parse_size("64 MB", 0), Ok(64 << 20));
+        assert_eq!(parse_size("512kB", 0), Ok(512 << 10));
+        assert_eq!(parse_size("1000", 0), Ok(1000));
+        assert_eq!(parse_size("25%", 400), Ok(100));
+        assert!(parse_size("lots", 0).is_err());
+        assert!(parse_size("5 XB", 0).is_err());
+        assert!(parse_size("150%", 100).is_err());
+    }
+}

@@ -147,6 +147,22 @@ struct Counters {
     plans: AtomicU64,
 }
 
+/// DataFusion's and Cirro's physical optimizer rules, the hot-data tier's
+/// last: it wraps the scans the others have settled. A cluster node's scans
+/// are sent to other nodes as DataFusion's own Parquet scans: there the
+/// tier is not used (yet).
+fn physical_rules(
+    distributed: bool,
+) -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules = cirro_exec::rules::physical_optimizer_rules();
+    if !distributed {
+        rules.push(Arc::new(cirro_storage::cache::CacheScans::new(Arc::clone(
+            cirro_storage::cache::global(),
+        ))));
+    }
+    rules
+}
+
 /// 42P02 for a `$n` where the statement cannot take parameters.
 /// The bucketing of a scan of a Cirro table, for the planning rule that
 /// joins co-located tables first ([`cirro_exec::rules::CoLocatedJoinsFirst`]).
@@ -342,6 +358,9 @@ impl Engine {
                 DEFAULT_SCHEMA,
             )
             .with_create_default_catalog_and_schema(false);
+        // The hot-data tier's session switch (`SET cache`).
+        session_config =
+            session_config.with_option_extension(cirro_storage::cache::CacheOptions::default());
         if let Some(partitions) = config.target_partitions {
             session_config = session_config.with_target_partitions(partitions.max(1));
         }
@@ -352,7 +371,7 @@ impl Engine {
             .with_optimizer_rule(Arc::new(cirro_exec::rules::CoLocatedJoinsFirst::new(
                 scan_buckets,
             )))
-            .with_physical_optimizer_rules(cirro_exec::rules::physical_optimizer_rules())
+            .with_physical_optimizer_rules(physical_rules(config.distribution.is_some()))
             .with_catalog_list(list.clone());
         if let Some(runtime) = &config.runtime {
             builder = builder.with_runtime_env(Arc::clone(runtime));

@@ -23,6 +23,7 @@ pub const SERVER_VERSION: &str = "16.6";
 const SETTINGS: &[(&str, &str)] = &[
     ("application_name", ""),
     ("bytea_output", "hex"),
+    ("cache", "on"),
     ("client_encoding", "UTF8"),
     ("client_min_messages", "notice"),
     ("datestyle", "ISO, MDY"),
@@ -155,6 +156,24 @@ impl Engine {
         }
     }
 
+    /// Hand a setting that steers planning to the engine: `cache` is the
+    /// hot-data tier's switch in the session's DataFusion options.
+    fn apply_setting(&self, name: &str, value: &str) -> Result<()> {
+        if name == "cache" {
+            let enabled = value == "on";
+            self.context()
+                .state_ref()
+                .write()
+                .config_mut()
+                .options_mut()
+                .set(
+                    "cirro_cache.enabled",
+                    if enabled { "true" } else { "false" },
+                )?;
+        }
+        Ok(())
+    }
+
     /// The value of a setting as SHOW gives it, or 42704.
     pub(crate) fn setting_value(&self, name: &str) -> Result<String> {
         if let Some(value) = self.read_only_value(name) {
@@ -187,6 +206,7 @@ impl Engine {
                 if let Ok(mut settings) = self.settings.0.lock() {
                     settings.insert(name, value.clone());
                 }
+                self.apply_setting(name, &value)?;
                 Ok(command("SET", reported(name, value).into_iter().collect()))
             }
             SettingStatement::Reset(name) => {
@@ -204,6 +224,7 @@ impl Engine {
                             .find(|(s, _)| *s == n)
                             .map(|(_, v)| v.to_string())
                             .unwrap_or_default();
+                        self.apply_setting(n, &default)?;
                         report.extend(reported(n, default));
                     }
                 }
@@ -266,6 +287,14 @@ fn checked_value(name: &'static str, value: String) -> Result<String> {
             parse_timeout(&value)?;
             Ok(value)
         }
+        "cache" => match value.to_ascii_lowercase().as_str() {
+            "on" | "true" | "1" | "yes" => Ok("on".to_string()),
+            "off" | "false" | "0" | "no" => Ok("off".to_string()),
+            _ => Err(CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!("invalid value for parameter \"cache\": \"{value}\" (on or off)"),
+            )),
+        },
         "client_encoding" => {
             let v = value.to_ascii_uppercase().replace('-', "");
             if v != "UTF8" && v != "UNICODE" {

@@ -2,6 +2,9 @@
 //!
 //! - `cirro.nodes`: the members of the cluster (one row, `local`, on a
 //!   single node): id, addresses, state, cores, memory, running queries.
+//! - `cirro.cache`: the hot-data tier of this node, one row per data file it
+//!   holds or was asked for: entries (column chunks), bytes, hits, misses,
+//!   the best priority among its entries.
 
 use std::sync::Arc;
 
@@ -16,7 +19,7 @@ use crate::pg_compat::memory_table;
 /// The system schema's name (reserved: CREATE SCHEMA refuses it).
 pub const SYSTEM_SCHEMA: &str = "cirro";
 
-const TABLES: &[&str] = &["nodes"];
+const TABLES: &[&str] = &["nodes", "cache"];
 
 /// The `cirro` schema of a session.
 #[derive(Debug)]
@@ -33,6 +36,7 @@ impl SchemaProvider for SystemSchema {
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         match name {
             "nodes" => Ok(Some(nodes_table(&self.nodes())?)),
+            "cache" => Ok(Some(cache_table()?)),
             _ => Ok(None),
         }
     }
@@ -104,6 +108,33 @@ fn nodes_table(nodes: &[NodeInfo]) -> DfResult<Arc<dyn TableProvider>> {
         (
             "started",
             Arc::new(TimestampMillisecondArray::from(started).with_timezone("UTC")),
+        ),
+    ])
+}
+
+fn cache_table() -> DfResult<Arc<dyn TableProvider>> {
+    let rows = cirro_storage::cache::global().by_file();
+    let int64 = |f: &dyn Fn(&cirro_storage::cache::FileCounts) -> u64| {
+        Arc::new(Int64Array::from_iter_values(
+            rows.iter().map(|(_, c)| f(c) as i64),
+        )) as ArrayRef
+    };
+    memory_table(vec![
+        (
+            "file",
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|(f, _)| f))) as ArrayRef,
+        ),
+        ("entries", int64(&|c| c.entries)),
+        ("bytes", int64(&|c| c.bytes)),
+        ("hits", int64(&|c| c.hits)),
+        ("misses", int64(&|c| c.misses)),
+        (
+            "priority",
+            Arc::new(StringArray::from(
+                rows.iter()
+                    .map(|(_, c)| c.priority.map(|p| p.name()))
+                    .collect::<Vec<_>>(),
+            )),
         ),
     ])
 }

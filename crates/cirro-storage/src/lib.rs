@@ -8,6 +8,7 @@
 //! its previous version; unreferenced files are garbage, never data.
 
 pub mod bucket;
+pub mod cache;
 pub mod dv;
 pub mod evolve;
 pub mod failpoint;

@@ -341,6 +341,7 @@ pub async fn commit_actions(
     // checkpoint every `delta.checkpointInterval` versions; without it every
     // reader replays the whole JSON log, and each statement on a table with
     // many small commits gets slower and holds more memory.
+    let replaced = replaced_files(table, &actions);
     let mut builder = CommitBuilder::from(CommitProperties::default()).with_actions(actions);
     // An append reads no existing file and changes none, so it can neither
     // lose an update nor invalidate another writer's reads: mark it a blind
@@ -375,7 +376,33 @@ pub async fn commit_actions(
     let finalized = builder
         .build(Some(snapshot), table.log_store(), operation)
         .await?;
+    crate::cache::global().forget_files(&replaced);
     Ok(finalized.version() as i64)
+}
+
+/// The object-store paths of the data files a commit of `actions` removes
+/// without adding them back (a changed deletion vector re-adds its file):
+/// the hot-data tier drops their entries once the commit is in.
+fn replaced_files(table: &DeltaTable, actions: &[Action]) -> Vec<String> {
+    let added: std::collections::HashSet<&str> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Add(add) => Some(add.path.as_str()),
+            _ => None,
+        })
+        .collect();
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Remove(remove) if !added.contains(remove.path.as_str()) => {
+                let url = table.table_url().join(&remove.path).ok()?;
+                let url =
+                    datafusion::datasource::listing::ListingTableUrl::parse(url.as_str()).ok()?;
+                Some(url.prefix().to_string())
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// Commit `actions` to `table` only if no other commit came after the
@@ -388,11 +415,13 @@ pub async fn commit_exclusive(
     operation: DeltaOperation,
 ) -> Result<i64> {
     let snapshot = table.snapshot()?;
+    let replaced = replaced_files(table, &actions);
     let finalized = CommitBuilder::from(CommitProperties::default())
         .with_actions(actions)
         .with_max_retries(0)
         .build(Some(snapshot), table.log_store(), operation)
         .await?;
+    crate::cache::global().forget_files(&replaced);
     Ok(finalized.version() as i64)
 }
 

@@ -38,6 +38,19 @@ struct Cli {
     /// Threads for query execution (DataFusion target_partitions); default: all cores.
     #[arg(long, global = true, env = "CIRRO_THREADS")]
     threads: Option<usize>,
+    /// Memory of the hot-data tier (decoded column chunks of hot tables):
+    /// bytes, with kB/MB/GB, or a share of RAM (`25%`, the default); 0 turns it off.
+    #[arg(long, global = true, env = "CIRRO_CACHE_MEMORY", default_value = "25%")]
+    cache_memory: String,
+    /// What the hot-data tier evicts first: `plan` (priorities from the query
+    /// plan, the default) or `lru` (least recently used, for comparison).
+    #[arg(
+        long,
+        global = true,
+        env = "CIRRO_CACHE_POLICY",
+        default_value = "plan"
+    )]
+    cache_policy: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -236,6 +249,16 @@ fn flags(cli: &Cli) -> Vec<Flag> {
             "data location (--data, CIRRO_DATA)",
         ),
         flag(
+            "cirro.cache_memory",
+            cli.cache_memory.clone(),
+            "memory of the hot-data tier (--cache-memory, CIRRO_CACHE_MEMORY)",
+        ),
+        flag(
+            "cirro.cache_policy",
+            cli.cache_policy.clone(),
+            "eviction policy of the hot-data tier: plan or lru (--cache-policy)",
+        ),
+        flag(
             "cirro.threads",
             cli.threads
                 .map(|t| t.to_string())
@@ -281,6 +304,15 @@ fn flags(cli: &Cli) -> Vec<Flag> {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
+    let memory = cirro_storage::cache::physical_memory().unwrap_or(4 << 30);
+    let bad = |e: String| CirroError::new(cirro_common::SqlState::INVALID_PARAMETER_VALUE, e);
+    let cache_memory = cirro_common::limits::parse_size(&cli.cache_memory, memory)
+        .map_err(|e| bad(format!("--cache-memory: {e}")))?;
+    let cache_policy: cirro_storage::cache::Policy = cli
+        .cache_policy
+        .parse()
+        .map_err(|e: String| bad(format!("--cache-policy: {e}")))?;
+    cirro_storage::cache::configure(cache_memory, cache_policy);
     let config = EngineConfig {
         target_partitions: cli.threads,
         flags: std::sync::Arc::new(flags(&cli)),

@@ -221,10 +221,17 @@ pub enum Reply {
 
 impl Session {
     pub fn open(data: &DataDir) -> Self {
+        Self::open_with(data, &[])
+    }
+
+    /// A session of a process started with the extra arguments `args`
+    /// (global flags such as `--cache-memory 1MB`).
+    pub fn open_with(data: &DataDir, args: &[&str]) -> Self {
         use std::process::Stdio;
         let mut child = data
             .command()
             .args(["sql", "--format", "csv", "--null", "NULL"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -1,0 +1,547 @@
+//! The hot-data tier: decoded Arrow column chunks of Parquet data files,
+//! kept in memory under a budget (`--cache-memory`), with what enters and
+//! what leaves chosen from the query plan.
+//!
+//! # What is cached
+//! One entry is one column of one row group of one data file, decoded (the
+//! array the Parquet reader produced, Utf8View strings and all): a scan that
+//! finds every column it needs for a row group builds its batches from the
+//! cache and never touches the file. Deletion vectors are applied when the
+//! batches are built, from the scan's own snapshot; the entries hold the
+//! file as written. Data files of a Delta table are never rewritten (a
+//! change writes new files under new names), so an entry keyed by the
+//! file's path and size can never be stale: the snapshot decides which
+//! files a scan reads, and an entry of a file no snapshot names is only
+//! dead weight. Commits that remove a file without adding it back (UPDATE,
+//! OPTIMIZE, TRUNCATE, …) drop its entries at once ([`ColumnCache::forget_files`]).
+//!
+//! # The policy (plan-driven; LRU for comparison)
+//! Every scan carries a [`Priority`] that the physical plan gives it
+//! (`scan.rs`, [`CacheScans`]): `Hot` for the build side of a join (small
+//! dimension tables, read by every query that joins them), `Scan` for a
+//! large sequential scan (one whose decoded columns would take a good part
+//! of the budget), `Normal` for the rest. Entries are evicted lowest
+//! priority first, least recently used first within a priority, and an
+//! insert may only evict entries of a lower priority, or of its own
+//! priority that the running query has not used (its epoch): a large scan
+//! of cold data fills free space and cycles through its own kind, but
+//! never flushes hot data, and a scan larger than the budget keeps the part
+//! that fitted instead of evicting it again before it is read (LRU's
+//! failure on a cyclic scan). An entry read again by a later query is
+//! promoted from `Scan` to `Normal`. Under [`Policy::Lru`] every entry is
+//! alike and the least recently used goes first.
+
+mod scan;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arrow::array::ArrayRef;
+use parquet::file::metadata::ParquetMetaData;
+
+pub use scan::{CacheOptions, CacheScans, CachedParquetSource};
+
+/// How valuable a scan's chunks are, from the plan (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// A large sequential scan: admitted into free space, evicts only its own kind.
+    Scan = 0,
+    Normal = 1,
+    /// The build side of a join: small tables that many queries read.
+    Hot = 2,
+}
+
+impl Priority {
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Scan => "scan",
+            Priority::Normal => "normal",
+            Priority::Hot => "hot",
+        }
+    }
+}
+
+/// Which entries leave first when the cache is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Priorities from the plan (the default; see the module docs).
+    Plan,
+    /// Least recently used first, whatever the plan says.
+    Lru,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "plan" => Ok(Policy::Plan),
+            "lru" => Ok(Policy::Lru),
+            other => Err(format!("unknown cache policy {other:?}: plan or lru")),
+        }
+    }
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Plan => "plan",
+            Policy::Lru => "lru",
+        }
+    }
+}
+
+/// One decoded column chunk: a file (its path in the object store and its
+/// size), a row group, a column (its index in the file's Arrow schema).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ChunkKey {
+    pub file: Arc<str>,
+    pub size: u64,
+    pub row_group: u32,
+    pub column: u32,
+}
+
+/// A cached column chunk: the column of one row group, in pieces of
+/// [`PIECE_ROWS`] rows (the last one shorter), as the reader decoded them.
+/// Scans hand the pieces on as they are: batches that are slices of one
+/// large array would each count the whole array in DataFusion's memory
+/// accounting.
+pub type Chunk = Arc<Vec<ArrayRef>>;
+
+/// Rows of a [`Chunk`]'s pieces.
+pub const PIECE_ROWS: usize = 8192;
+
+struct Entry {
+    array: Chunk,
+    bytes: usize,
+    priority: Priority,
+    last_used: u64,
+}
+
+/// Per-file counts for `cirro.cache`.
+#[derive(Clone, Debug, Default)]
+pub struct FileCounts {
+    pub entries: u64,
+    pub bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub priority: Option<Priority>,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<ChunkKey, Entry>,
+    /// Eviction order: (priority, last use, key), the first goes first.
+    order: BTreeSet<(Priority, u64, ChunkKey)>,
+    used: usize,
+    tick: u64,
+    /// Hits and misses by file, kept while the file has entries or was
+    /// looked up since (bounded: forgotten with the file's entries).
+    counts: HashMap<Arc<str>, (u64, u64)>,
+    /// Footers of the files read through the cache.
+    footers: HashMap<(Arc<str>, u64), Arc<ParquetMetaData>>,
+}
+
+/// The cache's totals since the process started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheTotals {
+    pub hits: u64,
+    pub misses: u64,
+    pub inserted: u64,
+    pub evicted: u64,
+    /// Chunks not admitted (no room without evicting better data).
+    pub rejected: u64,
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+/// The process's hot-data tier (see the module docs).
+pub struct ColumnCache {
+    budget: AtomicU64,
+    policy: Mutex<Policy>,
+    inner: Mutex<Inner>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    inserted: AtomicU64,
+    evicted: AtomicU64,
+    rejected: AtomicU64,
+}
+
+impl std::fmt::Debug for ColumnCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ColumnCache")
+            .field("budget", &self.budget())
+            .field("policy", &self.policy())
+            .finish()
+    }
+}
+
+/// The fraction of the machine's memory the cache takes unless
+/// `--cache-memory` says otherwise.
+pub const DEFAULT_MEMORY_SHARE: f64 = 0.25;
+
+static GLOBAL: OnceLock<Arc<ColumnCache>> = OnceLock::new();
+
+/// The process's cache (a quarter of the memory, plan policy, until
+/// [`configure`] says otherwise).
+pub fn global() -> &'static Arc<ColumnCache> {
+    GLOBAL.get_or_init(|| {
+        let memory = physical_memory().unwrap_or(4 << 30);
+        Arc::new(ColumnCache::new(
+            (memory as f64 * DEFAULT_MEMORY_SHARE) as u64,
+            Policy::Plan,
+        ))
+    })
+}
+
+/// Set the process's cache budget and policy (`--cache-memory`,
+/// `--cache-policy`); entries beyond a smaller budget leave at once.
+pub fn configure(budget: u64, policy: Policy) {
+    let cache = global();
+    cache.set_budget(budget);
+    if let Ok(mut p) = cache.policy.lock() {
+        *p = policy;
+    }
+}
+
+/// This machine's memory in bytes (Linux), if known.
+pub fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl ColumnCache {
+    pub fn new(budget: u64, policy: Policy) -> Self {
+        Self {
+            budget: AtomicU64::new(budget),
+            policy: Mutex::new(policy),
+            inner: Mutex::new(Inner::default()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            inserted: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+        }
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget.load(Ordering::Relaxed)
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy.lock().map(|p| *p).unwrap_or(Policy::Plan)
+    }
+
+    pub fn set_budget(&self, budget: u64) {
+        self.budget.store(budget, Ordering::Relaxed);
+        let mut inner = self.lock();
+        while inner.used as u64 > budget {
+            let Some(victim) = inner.order.first().cloned() else {
+                break;
+            };
+            inner.remove(&victim.2);
+            self.evicted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent maps (every
+        // change is a few inserts/removes): keep going with them.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new epoch: the value a query's scans pass to [`Self::get`] and
+    /// [`Self::insert`], so that the query never evicts what it used itself.
+    pub fn epoch(&self) -> u64 {
+        let mut inner = self.lock();
+        inner.tick += 1;
+        inner.tick
+    }
+
+    /// The chunk `key`, if cached; counts a hit or a miss.
+    pub fn get(&self, key: &ChunkKey, priority: Priority, epoch: u64) -> Option<Chunk> {
+        let policy = self.policy();
+        let mut inner = self.lock();
+        inner.tick += 1;
+        let tick = inner.tick;
+        let Some(entry) = inner.entries.get_mut(key) else {
+            inner.counts.entry(Arc::clone(&key.file)).or_default().1 += 1;
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let old = (entry.priority, entry.last_used, key.clone());
+        let mut promoted = entry.priority.max(priority);
+        if policy == Policy::Plan && entry.priority == Priority::Scan && entry.last_used < epoch {
+            // Read again by a later query: not a one-pass scan after all.
+            promoted = promoted.max(Priority::Normal);
+        }
+        if policy == Policy::Lru {
+            promoted = Priority::Normal;
+        }
+        entry.priority = promoted;
+        entry.last_used = tick;
+        let array = Arc::clone(&entry.array);
+        inner.order.remove(&old);
+        inner.order.insert((promoted, tick, key.clone()));
+        inner.counts.entry(Arc::clone(&key.file)).or_default().0 += 1;
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(array)
+    }
+
+    /// Keep `array` as chunk `key` if the policy finds room; returns whether it did.
+    pub fn insert(&self, key: ChunkKey, array: Chunk, priority: Priority, epoch: u64) -> bool {
+        let bytes = array
+            .iter()
+            .map(|a| a.get_array_memory_size())
+            .sum::<usize>();
+        let budget = self.budget() as usize;
+        let policy = self.policy();
+        let priority = if policy == Policy::Lru {
+            Priority::Normal
+        } else {
+            priority
+        };
+        let mut inner = self.lock();
+        if inner.entries.contains_key(&key) {
+            return true;
+        }
+        if bytes > budget {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        // Find the victims first, evict only if there are enough.
+        let mut freed = 0usize;
+        let mut victims = Vec::new();
+        for (p, last_used, victim) in inner.order.iter() {
+            if inner.used - freed + bytes <= budget {
+                break;
+            }
+            if policy == Policy::Plan && (*p > priority || (*p == priority && *last_used >= epoch))
+            {
+                break; // all that follow are better still
+            }
+            freed += inner.entries.get(victim).map_or(0, |e| e.bytes);
+            victims.push(victim.clone());
+        }
+        if inner.used - freed + bytes > budget {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        for victim in &victims {
+            inner.remove(victim);
+        }
+        self.evicted
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        inner.tick += 1;
+        let tick = inner.tick;
+        inner.order.insert((priority, tick, key.clone()));
+        inner.used += bytes;
+        inner.entries.insert(
+            key,
+            Entry {
+                array,
+                bytes,
+                priority,
+                last_used: tick,
+            },
+        );
+        self.inserted.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Drop every entry of the files at `paths` (object-store paths), e.g.
+    /// files a commit removed.
+    pub fn forget_files(&self, paths: &[String]) {
+        if paths.is_empty() {
+            return;
+        }
+        let mut inner = self.lock();
+        let wanted: std::collections::HashSet<&str> = paths.iter().map(|p| p.as_str()).collect();
+        let keys: Vec<ChunkKey> = inner
+            .entries
+            .keys()
+            .filter(|k| wanted.contains(&*k.file))
+            .cloned()
+            .collect();
+        for key in &keys {
+            inner.remove(key);
+        }
+        inner.counts.retain(|file, _| !wanted.contains(&**file));
+        inner
+            .footers
+            .retain(|(file, _), _| !wanted.contains(&**file));
+    }
+
+    /// Drop everything (the counts since start stay).
+    pub fn clear(&self) {
+        let mut inner = self.lock();
+        let tick = inner.tick;
+        *inner = Inner {
+            tick,
+            ..Inner::default()
+        };
+    }
+
+    /// The footer of a file read through the cache, if kept.
+    pub fn footer(&self, file: &Arc<str>, size: u64) -> Option<Arc<ParquetMetaData>> {
+        self.lock().footers.get(&(Arc::clone(file), size)).cloned()
+    }
+
+    pub fn keep_footer(&self, file: Arc<str>, size: u64, footer: Arc<ParquetMetaData>) {
+        let mut inner = self.lock();
+        // Footers are small; still, a process reading many files over a long
+        // life should not keep them all.
+        if inner.footers.len() >= FOOTERS_KEPT_MAX {
+            inner.footers.clear();
+        }
+        inner.footers.insert((file, size), footer);
+    }
+
+    pub fn totals(&self) -> CacheTotals {
+        let inner = self.lock();
+        CacheTotals {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            inserted: self.inserted.load(Ordering::Relaxed),
+            evicted: self.evicted.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+            bytes: inner.used as u64,
+            entries: inner.entries.len() as u64,
+        }
+    }
+
+    /// Entries, bytes, hits and misses by file (`cirro.cache`).
+    pub fn by_file(&self) -> Vec<(String, FileCounts)> {
+        let inner = self.lock();
+        let mut files: HashMap<&Arc<str>, FileCounts> = HashMap::new();
+        for (key, entry) in &inner.entries {
+            let counts = files.entry(&key.file).or_default();
+            counts.entries += 1;
+            counts.bytes += entry.bytes as u64;
+            counts.priority = counts.priority.max(Some(entry.priority));
+        }
+        for (file, (hits, misses)) in &inner.counts {
+            let counts = files.entry(file).or_default();
+            counts.hits = *hits;
+            counts.misses = *misses;
+        }
+        let mut rows: Vec<(String, FileCounts)> = files
+            .into_iter()
+            .map(|(file, counts)| (file.to_string(), counts))
+            .collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows
+    }
+}
+
+/// Footers the cache keeps at most.
+const FOOTERS_KEPT_MAX: usize = 100_000;
+
+impl Inner {
+    fn remove(&mut self, key: &ChunkKey) {
+        if let Some(entry) = self.entries.remove(key) {
+            self.order
+                .remove(&(entry.priority, entry.last_used, key.clone()));
+            self.used -= entry.bytes;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::Int64Array;
+
+    fn key(file: &str, rg: u32) -> ChunkKey {
+        ChunkKey {
+            file: Arc::from(file),
+            size: 1,
+            row_group: rg,
+            column: 0,
+        }
+    }
+
+    fn chunk() -> Chunk {
+        Arc::new(vec![Arc::new(Int64Array::from(vec![7; 1000])) as ArrayRef])
+    }
+
+    /// Room for `n` chunks.
+    fn cache(n: usize, policy: Policy) -> ColumnCache {
+        ColumnCache::new((chunk()[0].get_array_memory_size() * n) as u64, policy)
+    }
+
+    #[test]
+    fn a_large_scan_does_not_flush_hot_data() {
+        let cache = cache(4, Policy::Plan);
+        let q1 = cache.epoch();
+        assert!(cache.insert(key("dim", 0), chunk(), Priority::Hot, q1));
+        assert!(cache.insert(key("dim", 1), chunk(), Priority::Hot, q1));
+        let q2 = cache.epoch();
+        for rg in 0..10 {
+            cache.insert(key("fact", rg), chunk(), Priority::Scan, q2);
+        }
+        assert!(cache.get(&key("dim", 0), Priority::Hot, q2).is_some());
+        assert!(cache.get(&key("dim", 1), Priority::Hot, q2).is_some());
+        // The scan kept what fitted first and did not evict it again.
+        assert!(cache.get(&key("fact", 0), Priority::Scan, q2).is_some());
+        assert!(cache.get(&key("fact", 1), Priority::Scan, q2).is_some());
+        assert!(cache.get(&key("fact", 2), Priority::Scan, q2).is_none());
+        assert_eq!(cache.totals().entries, 4);
+
+        // Under LRU the same stream flushes the dimension table.
+        let lru = self::cache(4, Policy::Lru);
+        let q1 = lru.epoch();
+        lru.insert(key("dim", 0), chunk(), Priority::Hot, q1);
+        let q2 = lru.epoch();
+        for rg in 0..10 {
+            lru.insert(key("fact", rg), chunk(), Priority::Scan, q2);
+        }
+        assert!(lru.get(&key("dim", 0), Priority::Hot, q2).is_none());
+        assert!(lru.get(&key("fact", 9), Priority::Scan, q2).is_some());
+    }
+
+    #[test]
+    fn a_later_query_evicts_an_earlier_scan_and_reuse_promotes() {
+        let cache = cache(2, Policy::Plan);
+        let q1 = cache.epoch();
+        assert!(cache.insert(key("a", 0), chunk(), Priority::Scan, q1));
+        assert!(cache.insert(key("a", 1), chunk(), Priority::Scan, q1));
+        let q2 = cache.epoch();
+        // a/0 read again: promoted to normal, a later scan cannot evict it.
+        assert!(cache.get(&key("a", 0), Priority::Scan, q2).is_some());
+        let q3 = cache.epoch();
+        assert!(cache.insert(key("b", 0), chunk(), Priority::Scan, q3));
+        assert!(cache.get(&key("a", 1), Priority::Scan, q3).is_none());
+        assert!(!cache.insert(key("b", 1), chunk(), Priority::Scan, q3));
+        assert!(cache.get(&key("a", 0), Priority::Normal, q3).is_some());
+        // A normal insert of a new query evicts the oldest scan chunk.
+        let q4 = cache.epoch();
+        assert!(cache.insert(key("c", 0), chunk(), Priority::Normal, q4));
+        assert!(cache.get(&key("b", 0), Priority::Scan, q4).is_none());
+        let totals = cache.totals();
+        assert_eq!(totals.entries, 2);
+        assert!(totals.rejected >= 1 && totals.evicted >= 2, "{totals:?}");
+    }
+
+    #[test]
+    fn forgetting_a_file_and_shrinking_the_budget() {
+        let cache = cache(4, Policy::Plan);
+        let q = cache.epoch();
+        cache.insert(key("x", 0), chunk(), Priority::Normal, q);
+        cache.insert(key("x", 1), chunk(), Priority::Normal, q);
+        cache.insert(key("y", 0), chunk(), Priority::Normal, q);
+        cache.forget_files(&["x".to_string()]);
+        assert!(cache.get(&key("x", 0), Priority::Normal, q).is_none());
+        assert!(cache.get(&key("y", 0), Priority::Normal, q).is_some());
+        assert_eq!(cache.totals().entries, 1);
+        cache.set_budget(0);
+        assert_eq!(cache.totals().bytes, 0);
+        let rows = cache.by_file();
+        assert!(
+            rows.iter()
+                .any(|(f, c)| f == "y" && c.hits == 1 && c.entries == 0)
+        );
+    }
+}

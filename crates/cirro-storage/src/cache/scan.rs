@@ -1,0 +1,822 @@
+//! Scans through the hot-data tier: [`CachedParquetSource`] wraps
+//! DataFusion's `ParquetSource` (everything but reading is the wrapped
+//! source's: filter and projection pushdown, statistics, EXPLAIN) and
+//! reads row groups from the [`ColumnCache`], decoding from the file only
+//! the column chunks the cache lacks; [`CacheScans`], the last physical
+//! optimizer rule, puts it in place with the priority the plan gives.
+//!
+//! What the cached reader does as DataFusion's does: row groups outside the
+//! file's byte range (a file split across partitions) are skipped, and so are
+//! those the scan's predicate (dynamic join/TopK filters included, as they
+//! stand when the file is opened) rules out by their statistics; rows a
+//! deletion vector removes (the `ParquetRowSelection` Cirro attaches) are
+//! dropped; the limit stops the scan. What it leaves to the wrapped reader
+//! (so scans using it bypass the cache): partition or virtual columns (DML
+//! scans with row ids), projections of expressions rather than columns, row
+//! filters evaluated inside the reader (`pushdown_filters`). A cached scan
+//! does not use page indexes or bloom filters: whole row groups are decoded
+//! once and then read from memory.
+
+use std::collections::HashMap;
+use std::fmt::Formatter;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, new_null_array};
+use arrow::compute::{cast, filter_record_batch};
+use arrow::datatypes::SchemaRef;
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::physical_plan::parquet::{
+    DefaultParquetFileReaderFactory, ParquetAccessPlan, ParquetFileMetrics,
+    ParquetFileReaderFactory, ParquetRowSelection, RowGroupAccessPlanFilter,
+    apply_file_schema_type_coercions,
+};
+use datafusion::datasource::physical_plan::{
+    FileOpener, FileScanConfig, FileScanConfigBuilder, FileSource, ParquetSource,
+};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::datasource::table_schema::TableSchema;
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::projection::ProjectionExprs;
+use datafusion::physical_expr_common::physical_expr::snapshot_physical_expr;
+use datafusion::physical_expr_common::sort_expr::PhysicalSortExpr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_optimizer::pruning::{FilePruner, PruningPredicateBuilder};
+use datafusion::physical_plan::DisplayFormatType;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::filter_pushdown::FilterPushdownPropagation;
+use datafusion::physical_plan::joins::{CrossJoinExec, HashJoinExec, NestedLoopJoinExec};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
+use datafusion::physical_plan::sort_pushdown::SortOrderPushdownResult;
+use datafusion_datasource::PartitionedFile;
+use datafusion_datasource::morsel::{Morsel, MorselPlan, MorselPlanner, Morselizer};
+use futures::FutureExt;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStore;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection};
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::file::metadata::ParquetMetaData;
+
+use super::{Chunk, ChunkKey, ColumnCache, PIECE_ROWS, Priority};
+
+/// DataFusion's Parquet source, reading through the hot-data tier.
+#[derive(Clone)]
+pub struct CachedParquetSource {
+    inner: ParquetSource,
+    cache: Arc<ColumnCache>,
+    priority: Priority,
+}
+
+impl CachedParquetSource {
+    pub fn new(inner: ParquetSource, cache: Arc<ColumnCache>, priority: Priority) -> Self {
+        Self {
+            inner,
+            cache,
+            priority,
+        }
+    }
+
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
+    /// `source` (what the wrapped source returned) wrapped again.
+    fn wrap(&self, source: Arc<dyn FileSource>) -> Arc<dyn FileSource> {
+        match source.downcast_ref::<ParquetSource>() {
+            Some(parquet) => Arc::new(Self {
+                inner: parquet.clone(),
+                ..self.clone()
+            }),
+            None => source,
+        }
+    }
+
+    /// The file columns a cached read produces, in output order; None when
+    /// the scan needs the wrapped reader (see the module docs).
+    fn cached_columns(&self) -> Option<Vec<usize>> {
+        let schema: &TableSchema = self.inner.table_schema();
+        if !schema.table_partition_cols().is_empty()
+            || !schema.virtual_columns().is_empty()
+            || self.inner.table_parquet_options().global.pushdown_filters
+        {
+            return None;
+        }
+        let files = schema.file_schema().fields().len();
+        match self.inner.projection() {
+            None => Some((0..files).collect()),
+            Some(projection) => projection
+                .iter()
+                .map(|p| {
+                    let column = p.expr.downcast_ref::<Column>()?;
+                    (column.index() < files && p.alias == column.name()).then_some(column.index())
+                })
+                .collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for CachedParquetSource {
+    fn fmt(&self, f: &mut Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedParquetSource")
+            .field("priority", &self.priority)
+            .finish()
+    }
+}
+
+impl FileSource for CachedParquetSource {
+    fn create_file_opener(
+        &self,
+        object_store: Arc<dyn ObjectStore>,
+        base_config: &FileScanConfig,
+        partition: usize,
+    ) -> Result<Arc<dyn FileOpener>> {
+        self.inner
+            .create_file_opener(object_store, base_config, partition)
+    }
+
+    fn create_morselizer(
+        &self,
+        object_store: Arc<dyn ObjectStore>,
+        base_config: &FileScanConfig,
+        partition: usize,
+    ) -> Result<Box<dyn Morselizer>> {
+        let Some(columns) = self.cached_columns() else {
+            return self
+                .inner
+                .create_morselizer(object_store, base_config, partition);
+        };
+        let file_schema = Arc::clone(self.inner.table_schema().file_schema());
+        let output = Arc::new(file_schema.project(&columns)?);
+        let metrics = self.inner.metrics().clone();
+        let opener = CachedOpener {
+            cache: Arc::clone(&self.cache),
+            readers: self
+                .inner
+                .parquet_file_reader_factory()
+                .cloned()
+                .unwrap_or_else(|| Arc::new(DefaultParquetFileReaderFactory::new(object_store))),
+            file_schema,
+            columns,
+            output,
+            predicate: self.inner.filter(),
+            pruning: self.inner.table_parquet_options().global.pruning,
+            limit: base_config.limit,
+            priority: self.priority,
+            epoch: self.cache.epoch(),
+            partition,
+            hits: MetricBuilder::new(&metrics).counter("cache_hits", partition),
+            misses: MetricBuilder::new(&metrics).counter("cache_misses", partition),
+            rejected: MetricBuilder::new(&metrics).counter("cache_rejected", partition),
+            metrics,
+        };
+        Ok(Box::new(CachedMorselizer(Arc::new(opener))))
+    }
+
+    fn table_schema(&self) -> &TableSchema {
+        self.inner.table_schema()
+    }
+
+    /// The wrapped reader's batch size; a cached scan hands on the pieces
+    /// the cache holds ([`PIECE_ROWS`] rows, DataFusion's default batch size).
+    fn with_batch_size(&self, batch_size: usize) -> Arc<dyn FileSource> {
+        self.wrap(self.inner.with_batch_size(batch_size))
+    }
+
+    fn filter(&self) -> Option<Arc<dyn PhysicalExpr>> {
+        self.inner.filter()
+    }
+
+    fn projection(&self) -> Option<&ProjectionExprs> {
+        self.inner.projection()
+    }
+
+    fn metrics(&self) -> &ExecutionPlanMetricsSet {
+        self.inner.metrics()
+    }
+
+    fn file_type(&self) -> &str {
+        self.inner.file_type()
+    }
+
+    fn fmt_extra(&self, t: DisplayFormatType, f: &mut Formatter) -> std::fmt::Result {
+        self.inner.fmt_extra(t, f)?;
+        write!(f, ", cache={}", self.priority.name())
+    }
+
+    fn supports_repartitioning(&self) -> bool {
+        self.inner.supports_repartitioning()
+    }
+
+    fn repartitioned(
+        &self,
+        target_partitions: usize,
+        repartition_file_min_size: usize,
+        output_ordering: Option<datafusion::physical_expr::LexOrdering>,
+        config: &FileScanConfig,
+    ) -> Result<Option<FileScanConfig>> {
+        self.inner.repartitioned(
+            target_partitions,
+            repartition_file_min_size,
+            output_ordering,
+            config,
+        )
+    }
+
+    fn try_pushdown_filters(
+        &self,
+        filters: Vec<Arc<dyn PhysicalExpr>>,
+        config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn FileSource>>> {
+        let mut result = self.inner.try_pushdown_filters(filters, config)?;
+        result.updated_node = result.updated_node.map(|node| self.wrap(node));
+        Ok(result)
+    }
+
+    fn try_pushdown_sort(
+        &self,
+        order: &[PhysicalSortExpr],
+        eq_properties: &EquivalenceProperties,
+    ) -> Result<SortOrderPushdownResult<Arc<dyn FileSource>>> {
+        Ok(self
+            .inner
+            .try_pushdown_sort(order, eq_properties)?
+            .map(|inner| self.wrap(inner)))
+    }
+
+    fn reorder_files(&self, files: Vec<PartitionedFile>) -> Vec<PartitionedFile> {
+        self.inner.reorder_files(files)
+    }
+
+    fn try_pushdown_projection(
+        &self,
+        projection: &ProjectionExprs,
+    ) -> Result<Option<Arc<dyn FileSource>>> {
+        Ok(self
+            .inner
+            .try_pushdown_projection(projection)?
+            .map(|s| self.wrap(s)))
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.inner.apply_expressions(f)
+    }
+}
+
+/// Opens one file of a cached scan (see the module docs).
+struct CachedOpener {
+    cache: Arc<ColumnCache>,
+    /// DataFusion's reader of the scan's files (it counts bytes_scanned).
+    readers: Arc<dyn ParquetFileReaderFactory>,
+    /// The table's columns (the scan's file schema).
+    file_schema: SchemaRef,
+    /// Indices into `file_schema` of the columns produced, in order.
+    columns: Vec<usize>,
+    output: SchemaRef,
+    predicate: Option<Arc<dyn PhysicalExpr>>,
+    pruning: bool,
+    limit: Option<usize>,
+    priority: Priority,
+    epoch: u64,
+    partition: usize,
+    metrics: ExecutionPlanMetricsSet,
+    hits: Count,
+    misses: Count,
+    rejected: Count,
+}
+
+impl std::fmt::Debug for CachedOpener {
+    fn fmt(&self, f: &mut Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedOpener")
+            .field("columns", &self.columns)
+            .field("priority", &self.priority)
+            .finish()
+    }
+}
+
+/// The morsel API over [`CachedOpener`]: one morsel per file, its stream
+/// (as DataFusion adapts a `FileOpener`, which it does not export).
+#[derive(Debug)]
+struct CachedMorselizer(Arc<CachedOpener>);
+
+impl Morselizer for CachedMorselizer {
+    fn plan_file(&self, file: PartitionedFile) -> Result<Box<dyn MorselPlanner>> {
+        Ok(Box::new(CachedPlanner::Unopened(
+            Arc::clone(&self.0),
+            Box::new(file),
+        )))
+    }
+}
+
+enum CachedPlanner {
+    Unopened(Arc<CachedOpener>, Box<PartitionedFile>),
+    Ready(BoxStream<'static, Result<RecordBatch>>),
+}
+
+impl std::fmt::Debug for CachedPlanner {
+    fn fmt(&self, f: &mut Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CachedPlanner")
+    }
+}
+
+impl MorselPlanner for CachedPlanner {
+    fn plan(self: Box<Self>) -> Result<Option<MorselPlan>> {
+        match *self {
+            Self::Unopened(opener, file) => {
+                let opening = async move {
+                    let stream = opener.open_file(*file).await?;
+                    Ok(Box::new(Self::Ready(stream)) as Box<dyn MorselPlanner>)
+                }
+                .boxed();
+                Ok(Some(MorselPlan::new().with_pending_planner(opening)))
+            }
+            Self::Ready(stream) => Ok(Some(
+                MorselPlan::new().with_morsels(vec![Box::new(FileMorsel(stream))]),
+            )),
+        }
+    }
+}
+
+struct FileMorsel(BoxStream<'static, Result<RecordBatch>>);
+
+impl std::fmt::Debug for FileMorsel {
+    fn fmt(&self, f: &mut Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FileMorsel")
+    }
+}
+
+impl Morsel for FileMorsel {
+    fn into_stream(self: Box<Self>) -> BoxStream<'static, Result<RecordBatch>> {
+        self.0
+    }
+}
+
+impl CachedOpener {
+    async fn footer(
+        &self,
+        path: &Arc<str>,
+        file: &PartitionedFile,
+    ) -> Result<Arc<ParquetMetaData>> {
+        let size = file.object_meta.size;
+        if let Some(footer) = self.cache.footer(path, size) {
+            return Ok(footer);
+        }
+        let mut reader: Box<dyn AsyncFileReader> =
+            self.readers
+                .create_reader(self.partition, file.clone(), None, &self.metrics)?;
+        let loaded = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+            .await?
+            .metadata()
+            .clone();
+        self.cache
+            .keep_footer(Arc::clone(path), size, Arc::clone(&loaded));
+        Ok(loaded)
+    }
+
+    async fn open_file(
+        self: Arc<Self>,
+        file: PartitionedFile,
+    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        let path: Arc<str> = Arc::from(file.object_meta.location.as_ref());
+        let size = file.object_meta.size;
+        // The file as a whole first, by its statistics (as DataFusion's reader).
+        let file_metrics = ParquetFileMetrics::new(self.partition, path.as_ref(), &self.metrics);
+        if let Some(predicate) = &self.predicate
+            && let Some(mut pruner) = FilePruner::try_new(
+                Arc::clone(predicate),
+                &self.file_schema,
+                &file,
+                Count::new(),
+            )
+            && pruner.should_prune()?
+        {
+            file_metrics.files_ranges_pruned_statistics.add_pruned(1);
+            return Ok(futures::stream::empty().boxed());
+        }
+        file_metrics.files_ranges_pruned_statistics.add_matched(1);
+        let footer = self.footer(&path, &file).await?;
+        // The file's columns as the table reads them (Utf8View strings, …).
+        let natural = ArrowReaderMetadata::try_new(Arc::clone(&footer), ArrowReaderOptions::new())?;
+        let mut physical = Arc::clone(natural.schema());
+        if let Some(coerced) = apply_file_schema_type_coercions(&self.file_schema, &physical) {
+            physical = Arc::new(coerced);
+        }
+        let reader_metadata = ArrowReaderMetadata::try_new(
+            Arc::clone(&footer),
+            ArrowReaderOptions::new().with_schema(Arc::clone(&physical)),
+        )?;
+        // Output column i: the file's column sources[i] (None: the file
+        // predates the column, which reads as NULL).
+        let sources: Vec<Option<usize>> = self
+            .columns
+            .iter()
+            .map(|&c| physical.index_of(self.file_schema.field(c).name()).ok())
+            .collect();
+
+        let groups = footer.row_groups();
+        let mut plan = RowGroupAccessPlanFilter::new(ParquetAccessPlan::new_all(groups.len()));
+        if let Some(range) = &file.range {
+            plan.prune_by_range(groups, range);
+        }
+        let same_columns = physical.fields().len() == self.file_schema.fields().len()
+            && physical
+                .fields()
+                .iter()
+                .zip(self.file_schema.fields())
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+        if self.pruning
+            && same_columns
+            && let Some(predicate) = &self.predicate
+        {
+            let predicate = snapshot_physical_expr(Arc::clone(predicate))?;
+            if let Some(pruning) = PruningPredicateBuilder::new()
+                .with_file_schema(Arc::clone(&physical))
+                .build(predicate)
+            {
+                plan.prune_by_statistics(
+                    &physical,
+                    reader_metadata.parquet_schema(),
+                    groups,
+                    &pruning,
+                    &file_metrics,
+                );
+            }
+        }
+        let wanted: Vec<usize> = plan.build().row_group_indexes();
+        let deleted: Option<RowSelection> = file
+            .extensions
+            .get::<ParquetRowSelection>()
+            .map(|s| s.selection().clone());
+
+        // Each kept row group: its first row in the file and its rows.
+        let mut first_rows = Vec::with_capacity(groups.len());
+        let mut at = 0usize;
+        for group in groups {
+            first_rows.push(at);
+            at += group.num_rows().max(0) as usize;
+        }
+        let state = FileState {
+            opener: Arc::clone(&self),
+            file: file.clone(),
+            path,
+            size,
+            reader_metadata,
+            sources,
+            row_groups: wanted
+                .iter()
+                .map(|&g| (g, first_rows[g], groups[g].num_rows().max(0) as usize))
+                .collect(),
+            deleted,
+            deleted_at: 0,
+            next: 0,
+            left: self.limit,
+        };
+        let stream = futures::stream::try_unfold(state, |mut state| async move {
+            loop {
+                if state.next >= state.row_groups.len() || state.left == Some(0) {
+                    return Ok::<_, DataFusionError>(None);
+                }
+                let batches = state.next_row_group().await?;
+                if !batches.is_empty() {
+                    return Ok(Some((
+                        futures::stream::iter(batches.into_iter().map(Ok)),
+                        state,
+                    )));
+                }
+            }
+        })
+        .try_flatten();
+        Ok(stream.boxed())
+    }
+}
+
+/// A cached read of one file in progress.
+struct FileState {
+    opener: Arc<CachedOpener>,
+    file: PartitionedFile,
+    path: Arc<str>,
+    size: u64,
+    reader_metadata: ArrowReaderMetadata,
+    sources: Vec<Option<usize>>,
+    /// (row group, first row in the file, rows), in file order.
+    row_groups: Vec<(usize, usize, usize)>,
+    /// The rows of the file to read (the deletion vector's complement), consumed from the front.
+    deleted: Option<RowSelection>,
+    /// The file row `deleted` starts at.
+    deleted_at: usize,
+    next: usize,
+    left: Option<usize>,
+}
+
+impl FileState {
+    /// The batches of the next kept row group.
+    async fn next_row_group(&mut self) -> Result<Vec<RecordBatch>> {
+        let (group, first, rows) = self.row_groups[self.next];
+        self.next += 1;
+        let opener = Arc::clone(&self.opener);
+        let key = |column: usize| ChunkKey {
+            file: Arc::clone(&self.path),
+            size: self.size,
+            row_group: group as u32,
+            column: column as u32,
+        };
+        let mut found: HashMap<usize, Chunk> = HashMap::new();
+        let mut missing = Vec::new();
+        for source in self.sources.iter().flatten() {
+            if found.contains_key(source) || missing.contains(source) {
+                continue;
+            }
+            match opener
+                .cache
+                .get(&key(*source), opener.priority, opener.epoch)
+            {
+                Some(chunk) => {
+                    opener.hits.add(1);
+                    found.insert(*source, chunk);
+                }
+                None => {
+                    opener.misses.add(1);
+                    missing.push(*source);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            for (column, chunk) in self.decode(group, rows, &missing).await? {
+                if !opener.cache.insert(
+                    key(column),
+                    Arc::clone(&chunk),
+                    opener.priority,
+                    opener.epoch,
+                ) {
+                    opener.rejected.add(1);
+                }
+                found.insert(column, chunk);
+            }
+        }
+        let keep = self.selection_of(first, rows);
+        let mut batches = Vec::new();
+        let mut offset = 0;
+        for piece in 0..rows.div_ceil(PIECE_ROWS) {
+            let length = PIECE_ROWS.min(rows - offset);
+            let columns = self
+                .sources
+                .iter()
+                .zip(opener.output.fields())
+                .map(|(source, field)| match source {
+                    Some(c) => Arc::clone(&found[c][piece]),
+                    None => new_null_array(field.data_type(), length),
+                })
+                .collect::<Vec<ArrayRef>>();
+            let mut batch = RecordBatch::try_new_with_options(
+                Arc::clone(&opener.output),
+                columns,
+                &RecordBatchOptions::new().with_row_count(Some(length)),
+            )?;
+            if let Some(keep) = &keep {
+                let mask = keep.slice(offset, length);
+                if mask.true_count() < length {
+                    batch = filter_record_batch(&batch, &mask)?;
+                }
+            }
+            offset += length;
+            if let Some(left) = self.left.as_mut() {
+                if batch.num_rows() > *left {
+                    batch = batch.slice(0, *left);
+                }
+                *left -= batch.num_rows();
+            }
+            if batch.num_rows() > 0 {
+                batches.push(batch);
+            }
+            if self.left == Some(0) {
+                break;
+            }
+        }
+        Ok(batches)
+    }
+
+    /// The rows of `rows` rows starting at file row `first` that the
+    /// deletion vector keeps, as a filter (None: all of them).
+    fn selection_of(&mut self, first: usize, rows: usize) -> Option<BooleanArray> {
+        let selection = self.deleted.as_mut()?;
+        if first > self.deleted_at {
+            selection.split_off(first - self.deleted_at);
+        }
+        let part = selection.split_off(rows);
+        self.deleted_at = first + rows;
+        let mut mask = Vec::with_capacity(rows);
+        for selector in part.iter() {
+            mask.extend(std::iter::repeat_n(!selector.skip, selector.row_count));
+        }
+        // A selection shorter than the file keeps the rest.
+        mask.resize(rows, true);
+        if mask.iter().all(|keep| *keep) {
+            return None;
+        }
+        Some(BooleanArray::from(mask))
+    }
+
+    /// Decode `columns` (indices in the file's schema) of row group
+    /// `group`, cast to the table's types, in pieces of [`PIECE_ROWS`].
+    async fn decode(
+        &self,
+        group: usize,
+        rows: usize,
+        columns: &[usize],
+    ) -> Result<Vec<(usize, Chunk)>> {
+        let opener = &self.opener;
+        let reader: Box<dyn AsyncFileReader> = opener.readers.create_reader(
+            opener.partition,
+            self.file.clone(),
+            None,
+            &opener.metrics,
+        )?;
+        let mask = ProjectionMask::roots(self.reader_metadata.parquet_schema(), columns.to_vec());
+        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            reader,
+            self.reader_metadata.clone(),
+        )
+        .with_projection(mask)
+        .with_row_groups(vec![group])
+        .with_batch_size(PIECE_ROWS)
+        .build()?;
+        let batches: Vec<RecordBatch> = stream.try_collect().await?;
+        // Pieces of PIECE_ROWS rows, the last one shorter, as the scan
+        // hands them on.
+        let expected: Vec<usize> = (0..rows.div_ceil(PIECE_ROWS))
+            .map(|i| PIECE_ROWS.min(rows - i * PIECE_ROWS))
+            .collect();
+        let lengths: Vec<usize> = batches.iter().map(|b| b.num_rows()).collect();
+        let total: usize = lengths.iter().sum();
+        if total != rows {
+            return Err(DataFusionError::Internal(format!(
+                "row group {group} of {} decoded {total} rows, its footer says {rows}",
+                self.path
+            )));
+        }
+        // The reader cuts a row group at the batch size; should it ever cut
+        // otherwise, re-cut (the pieces then share one array's buffers).
+        let batches = if lengths == expected {
+            batches
+        } else {
+            let whole = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+            let mut offset = 0;
+            expected
+                .iter()
+                .map(|&n| {
+                    let piece = whole.slice(offset, n);
+                    offset += n;
+                    piece
+                })
+                .collect()
+        };
+        // The stream's columns are `columns` in file order.
+        let mut sorted = columns.to_vec();
+        sorted.sort_unstable();
+        let mut out = Vec::with_capacity(columns.len());
+        for (position, &column) in sorted.iter().enumerate() {
+            let table_type = opener
+                .output
+                .fields()
+                .iter()
+                .zip(&self.sources)
+                .find(|(_, s)| **s == Some(column))
+                .map(|(f, _)| f.data_type().clone());
+            let pieces = batches
+                .iter()
+                .map(|b| {
+                    let array = Arc::clone(b.column(position));
+                    match &table_type {
+                        Some(t) if t != array.data_type() => Ok(cast(&array, t)?),
+                        _ => Ok(array),
+                    }
+                })
+                .collect::<Result<Vec<ArrayRef>>>()?;
+            out.push((column, Arc::new(pieces)));
+        }
+        Ok(out)
+    }
+}
+
+/// The physical optimizer rule that reads Parquet scans through the
+/// hot-data tier, with a priority from the plan: the build side of a join
+/// `Hot`, a scan whose decoded columns would fill a large part of the
+/// budget `Scan`, others `Normal`. Off with `SET cache = off`.
+#[derive(Debug)]
+pub struct CacheScans {
+    cache: Arc<ColumnCache>,
+}
+
+impl CacheScans {
+    pub fn new(cache: Arc<ColumnCache>) -> Self {
+        Self { cache }
+    }
+
+    fn rewrite(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        build_side: bool,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some(scan) = plan.downcast_ref::<DataSourceExec>()
+            && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
+            && let Some(parquet) = config.file_source().downcast_ref::<ParquetSource>()
+        {
+            let priority = if build_side {
+                Priority::Hot
+            } else if self.is_large(config) {
+                Priority::Scan
+            } else {
+                Priority::Normal
+            };
+            let source =
+                CachedParquetSource::new(parquet.clone(), Arc::clone(&self.cache), priority);
+            let config = FileScanConfigBuilder::from(config.clone())
+                .with_source(Arc::new(source))
+                .build();
+            return Ok(DataSourceExec::from_data_source(config));
+        }
+        let children = plan.children();
+        if children.is_empty() {
+            return Ok(plan);
+        }
+        // The build side of a join: its left input.
+        let joins = plan.downcast_ref::<HashJoinExec>().is_some()
+            || plan.downcast_ref::<NestedLoopJoinExec>().is_some()
+            || plan.downcast_ref::<CrossJoinExec>().is_some();
+        let new_children = children
+            .into_iter()
+            .enumerate()
+            .map(|(i, child)| self.rewrite(Arc::clone(child), build_side || (joins && i == 0)))
+            .collect::<Result<Vec<_>>>()?;
+        datafusion::physical_plan::execution_plan::replace_children_if_necessary(plan, new_children)
+    }
+
+    /// Whether the scan's columns, decoded, would take more than a quarter
+    /// of the budget (decoded data estimated at 3× the compressed bytes of
+    /// the columns read).
+    fn is_large(&self, config: &FileScanConfig) -> bool {
+        let bytes: u64 = config
+            .file_groups
+            .iter()
+            .flat_map(|g| g.iter())
+            .map(|f| f.object_meta.size)
+            .sum();
+        let columns = config
+            .file_source()
+            .table_schema()
+            .file_schema()
+            .fields()
+            .len()
+            .max(1) as u64;
+        let read = config
+            .file_source()
+            .projection()
+            .map_or(columns, |p| p.iter().count() as u64);
+        let decoded = bytes.saturating_mul(3).saturating_mul(read.min(columns)) / columns;
+        decoded > self.cache.budget() / 4
+    }
+}
+
+impl PhysicalOptimizerRule for CacheScans {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let enabled = config
+            .extensions
+            .get::<CacheOptions>()
+            .is_none_or(|o| o.enabled);
+        if !enabled || self.cache.budget() == 0 {
+            return Ok(plan);
+        }
+        self.rewrite(plan, false)
+    }
+
+    fn name(&self) -> &str {
+        "cirro_cache_scans"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+datafusion::common::extensions_options! {
+    /// The session's switch for the hot-data tier (`SET cache = on|off`).
+    pub struct CacheOptions {
+        /// Read Parquet scans through the hot-data tier.
+        pub enabled: bool, default = true
+    }
+}
+
+impl datafusion::common::config::ConfigExtension for CacheOptions {
+    const PREFIX: &'static str = "cirro_cache";
+}

@@ -1,0 +1,183 @@
+//! The hot-data tier (`cirro_storage::cache`): scans read decoded column
+//! chunks from memory once a query has read them, give the same answers as
+//! uncached scans through every kind of change to the table, take their
+//! priority from the plan, and show what they did (EXPLAIN ANALYZE's
+//! `cache_hits`, `cirro.cache`).
+
+mod common;
+
+use common::{DataDir, Session};
+
+/// The value of counter `name` summed over an EXPLAIN ANALYZE's scans.
+fn counter(plan: &str, name: &str) -> u64 {
+    plan.match_indices(&format!("{name}="))
+        .map(|(at, _)| {
+            plan[at + name.len() + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect::<String>()
+                .parse::<u64>()
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// `query`, then EXPLAIN ANALYZE of it, in one new process (extra flags
+/// `args`): the second run's plan with its counters.
+fn analyzed_after_one_run(data: &DataDir, query: &str, args: &[&str]) -> String {
+    let out = data.sql_output(&format!("{query}; EXPLAIN ANALYZE {query}"), args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn explained(data: &DataDir, query: &str, args: &[&str]) -> String {
+    let out = data.sql_output(&format!("EXPLAIN {query}"), args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+const QUERIES: &[&str] = &[
+    "SELECT count(*), sum(id), sum(d), min(s), max(s) FROM t",
+    "SELECT k, count(*), sum(d) FROM t WHERE id % 3 = 1 GROUP BY k ORDER BY k",
+    "SELECT id, s, d FROM t WHERE s LIKE 'v1%' AND k BETWEEN 5 AND 9 ORDER BY id LIMIT 50",
+    "SELECT count(*) FROM t WHERE id BETWEEN 4000 AND 4100",
+    "SELECT * FROM t ORDER BY id DESC LIMIT 7",
+];
+
+/// Every query's rows with the cache cold, hot and off must agree.
+fn same_answers(session: &mut Session, step: &str) {
+    for query in QUERIES {
+        session.ok("SET cache = on");
+        let first = session.rows(query);
+        let second = session.rows(query);
+        session.ok("SET cache = off");
+        let uncached = session.rows(query);
+        session.ok("SET cache = on");
+        assert_eq!(first, uncached, "{step}: {query}: cached (cold) ≠ uncached");
+        assert_eq!(second, uncached, "{step}: {query}: cached (hot) ≠ uncached");
+    }
+}
+
+#[test]
+fn cached_scans_answer_as_uncached_ones_through_changes() {
+    let data = DataDir::new();
+    let mut s = Session::open(&data);
+    s.ok("CREATE TABLE t (id BIGINT, k INT, s VARCHAR, d DOUBLE) WITH (row_group_rows = 2000)");
+    for start in [0, 5000, 10000] {
+        s.ok(&format!(
+            "INSERT INTO t SELECT value, CAST(value % 20 AS INT), 'v' || value, value * 0.5 \
+             FROM generate_series({}, {}) AS g(value)",
+            start + 1,
+            start + 5000
+        ));
+    }
+    same_answers(&mut s, "fresh");
+
+    // A hot scan reads every chunk from memory; the cache shows them.
+    let query = "SELECT sum(d), max(s) FROM t WHERE k = 3";
+    let plan = analyzed_after_one_run(&data, query, &[]);
+    assert!(counter(&plan, "cache_hits") > 0, "{plan}");
+    assert_eq!(counter(&plan, "cache_misses"), 0, "{plan}");
+    let plan = analyzed_after_one_run(&data, query, &["--cache-memory", "0"]);
+    assert_eq!(counter(&plan, "cache_hits"), 0, "{plan}");
+    assert!(
+        !plan.contains("cache="),
+        "a zero budget turns the tier off:\n{plan}"
+    );
+    let cached =
+        s.rows("SELECT count(*), min(hits), min(priority) FROM cirro.cache WHERE entries > 0");
+    let fields: Vec<&str> = cached[0].split(',').collect();
+    assert_eq!(fields[0], "3", "three data files cached: {cached:?}");
+    assert!(fields[1].parse::<u64>().expect("hits") > 0, "{cached:?}");
+    assert_eq!(fields[2], "normal", "{cached:?}");
+
+    // UPDATE and DELETE mark rows in deletion vectors (the data files stay
+    // and so do their chunks) and write new files.
+    s.ok("UPDATE t SET d = d + 1000, s = s || 'u' WHERE k IN (1, 2)");
+    same_answers(&mut s, "after UPDATE");
+    s.ok("DELETE FROM t WHERE id % 7 = 0");
+    same_answers(&mut s, "after DELETE");
+    let plan = analyzed_after_one_run(&data, query, &[]);
+    assert!(counter(&plan, "cache_hits") > 0, "{plan}");
+
+    // A new column: older files read it as NULL, from the cache too.
+    s.ok("ALTER TABLE t ADD COLUMN extra INT");
+    s.ok("INSERT INTO t VALUES (20001, 1, 'new', 1.5, 42)");
+    same_answers(&mut s, "after ADD COLUMN");
+    assert_eq!(
+        s.rows("SELECT count(*), count(extra), sum(extra) FROM t"),
+        s.rows("SELECT count(*), 1, 42 FROM t")
+    );
+
+    // OPTIMIZE replaces every file: their chunks leave at the commit.
+    s.ok("OPTIMIZE t");
+    assert_eq!(
+        s.rows("SELECT coalesce(sum(entries), 0) FROM cirro.cache"),
+        vec!["0"],
+        "chunks of replaced files stay cached"
+    );
+    same_answers(&mut s, "after OPTIMIZE");
+    s.ok("VACUUM t RETAIN 0 HOURS");
+    same_answers(&mut s, "after VACUUM");
+    s.ok("TRUNCATE t");
+    same_answers(&mut s, "after TRUNCATE");
+    assert_eq!(s.rows("SELECT count(*) FROM t"), vec!["0"]);
+}
+
+#[test]
+fn the_plan_sets_priorities_and_a_large_scan_keeps_hot_data() {
+    let data = DataDir::new();
+    // 1 MB of cache: the fact table's decoded columns do not fit.
+    let mut s = Session::open_with(&data, &["--cache-memory", "1MB"]);
+    s.ok("CREATE TABLE dim (k INT, name VARCHAR)");
+    s.ok("INSERT INTO dim SELECT CAST(value AS INT), 'name' || value FROM generate_series(0, 99) AS g(value)");
+    s.ok("CREATE TABLE fact (id BIGINT, k INT, amount DOUBLE, note VARCHAR) WITH (row_group_rows = 20000)");
+    s.ok("INSERT INTO fact SELECT value, CAST(value % 100 AS INT), value * 1.5, 'note number ' || value FROM generate_series(1, 200000) AS g(value)");
+
+    let join = "SELECT d.name, sum(f.amount) FROM fact f JOIN dim d ON f.k = d.k WHERE d.k < 3 GROUP BY d.name ORDER BY 1";
+    let plan = explained(&data, join, &["--cache-memory", "1MB"]);
+    assert!(plan.contains("cache=hot"), "the build side is hot:\n{plan}");
+    assert!(
+        plan.contains("cache=scan"),
+        "the large fact scan is a scan:\n{plan}"
+    );
+    let answer = s.rows(join);
+    // The dimension table is cached (hot) by the join.
+    let dim_entries = "SELECT coalesce(sum(entries), 0) FROM cirro.cache WHERE priority = 'hot'";
+    let before: u64 = s.rows(dim_entries)[0].parse().expect("a number");
+    assert!(before > 0);
+    // Scans of the fact table's every column, larger than the cache, do not evict it.
+    for _ in 0..2 {
+        s.rows("SELECT count(DISTINCT note), sum(amount), max(id) FROM fact");
+    }
+    assert_eq!(
+        s.rows(dim_entries)[0].parse::<u64>().expect("a number"),
+        before
+    );
+    let bytes: u64 = s.rows("SELECT sum(bytes) FROM cirro.cache")[0]
+        .parse()
+        .expect("bytes");
+    assert!(
+        bytes <= 1 << 20,
+        "the cache holds {bytes} bytes, over its 1 MB"
+    );
+    assert_eq!(s.rows(join), answer);
+
+    // SET cache: on/off only; off leaves the scans as DataFusion's.
+    s.ok("SET cache = off");
+    assert_eq!(s.rows("SHOW cache"), vec!["off"]);
+    s.ok("RESET cache");
+    assert_eq!(s.rows("SHOW cache"), vec!["on"]);
+    assert!(data.sql_err("SET cache = maybe").contains("22023"));
+    let out = data.sql_output(&format!("SET cache = off; EXPLAIN {join}"), &[]);
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && !plan.contains("cache="), "{plan}");
+}
