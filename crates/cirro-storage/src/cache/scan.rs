@@ -8,14 +8,15 @@
 //! What the cached reader does as DataFusion's does: row groups outside the
 //! file's byte range (a file split across partitions) are skipped, and so are
 //! those the scan's predicate (dynamic join/TopK filters included, as they
-//! stand when the file is opened) rules out by their statistics; rows a
+//! stand when the file is opened) rules out by their statistics and then by
+//! their bloom filters (Cirro's indexes write them); rows a
 //! deletion vector removes (the `ParquetRowSelection` Cirro attaches) are
 //! dropped; the limit stops the scan. What it leaves to the wrapped reader
 //! (so scans using it bypass the cache): partition or virtual columns (DML
 //! scans with row ids), projections of expressions rather than columns, row
 //! filters evaluated inside the reader (`pushdown_filters`). A cached scan
-//! does not use page indexes or bloom filters: whole row groups are decoded
-//! once and then read from memory.
+//! does not use page indexes: whole row groups are decoded once and then
+//! read from memory.
 
 use std::collections::HashMap;
 use std::fmt::Formatter;
@@ -28,7 +29,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::physical_plan::parquet::{
-    DefaultParquetFileReaderFactory, ParquetAccessPlan, ParquetFileMetrics,
+    BloomFilterStatistics, DefaultParquetFileReaderFactory, ParquetAccessPlan, ParquetFileMetrics,
     ParquetFileReaderFactory, ParquetRowSelection, RowGroupAccessPlanFilter,
     apply_file_schema_type_coercions,
 };
@@ -44,7 +45,9 @@ use datafusion::physical_expr::projection::ProjectionExprs;
 use datafusion::physical_expr_common::physical_expr::snapshot_physical_expr;
 use datafusion::physical_expr_common::sort_expr::PhysicalSortExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_optimizer::pruning::{FilePruner, PruningPredicateBuilder};
+use datafusion::physical_optimizer::pruning::{
+    FilePruner, PruningPredicate, PruningPredicateBuilder,
+};
 use datafusion::physical_plan::DisplayFormatType;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter_pushdown::FilterPushdownPropagation;
@@ -57,9 +60,9 @@ use futures::FutureExt;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
-use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection};
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::arrow::{ProjectionMask, parquet_column};
 use parquet::file::metadata::ParquetMetaData;
 
 use super::{Chunk, ChunkKey, ColumnCache, PIECE_ROWS, Priority};
@@ -152,6 +155,13 @@ impl FileSource for CachedParquetSource {
         };
         let file_schema = Arc::clone(self.inner.table_schema().file_schema());
         let output = Arc::new(file_schema.project(&columns)?);
+        let relaxed = Arc::new(arrow::datatypes::Schema::new(
+            output
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .collect::<Vec<_>>(),
+        ));
         let metrics = self.inner.metrics().clone();
         let opener = CachedOpener {
             cache: Arc::clone(&self.cache),
@@ -163,8 +173,14 @@ impl FileSource for CachedParquetSource {
             file_schema,
             columns,
             output,
+            relaxed,
             predicate: self.inner.filter(),
             pruning: self.inner.table_parquet_options().global.pruning,
+            bloom_filters: self
+                .inner
+                .table_parquet_options()
+                .global
+                .bloom_filter_on_read,
             limit: base_config.limit,
             priority: self.priority,
             epoch: self.cache.epoch(),
@@ -280,8 +296,13 @@ struct CachedOpener {
     /// Indices into `file_schema` of the columns produced, in order.
     columns: Vec<usize>,
     output: SchemaRef,
+    /// `output` with every column nullable.
+    relaxed: SchemaRef,
     predicate: Option<Arc<dyn PhysicalExpr>>,
     pruning: bool,
+    /// Whether row groups are pruned by their bloom filters (Cirro's
+    /// indexes write them).
+    bloom_filters: bool,
     limit: Option<usize>,
     priority: Priority,
     epoch: u64,
@@ -380,6 +401,52 @@ impl CachedOpener {
         Ok(loaded)
     }
 
+    /// The bloom filters of the row groups `plan` still reads, for the
+    /// columns `pruning` compares with literals (as DataFusion's reader
+    /// loads them; a filter that cannot be read prunes nothing).
+    async fn bloom_filters(
+        &self,
+        file: &PartitionedFile,
+        reader_metadata: &ArrowReaderMetadata,
+        physical: &SchemaRef,
+        pruning: &PruningPredicate,
+        plan: &RowGroupAccessPlanFilter,
+    ) -> Result<Vec<BloomFilterStatistics>> {
+        let groups = reader_metadata.metadata().num_row_groups();
+        let mut filters = vec![BloomFilterStatistics::new(); groups];
+        let reader: Box<dyn AsyncFileReader> =
+            self.readers
+                .create_reader(self.partition, file.clone(), None, &self.metrics)?;
+        let mut builder =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, reader_metadata.clone());
+        let columns: Vec<(String, usize)> = pruning
+            .literal_columns()
+            .into_iter()
+            .filter_map(|name| {
+                let (index, _) = parquet_column(builder.parquet_schema(), physical, &name)?;
+                Some((name, index))
+            })
+            .collect();
+        if columns.is_empty() {
+            return Ok(filters);
+        }
+        for group in plan.row_group_indexes() {
+            let mut found = BloomFilterStatistics::with_capacity(columns.len());
+            for (name, index) in &columns {
+                let descriptor = builder.parquet_schema().column(*index);
+                let (kind, length) = (descriptor.physical_type(), descriptor.type_length());
+                if let Ok(Some(filter)) = builder
+                    .get_row_group_column_bloom_filter(group, *index)
+                    .await
+                {
+                    found.insert(name, filter, kind, length);
+                }
+            }
+            filters[group] = found;
+        }
+        Ok(filters)
+    }
+
     async fn open_file(
         self: Arc<Self>,
         file: PartitionedFile,
@@ -431,22 +498,27 @@ impl CachedOpener {
                 .iter()
                 .zip(self.file_schema.fields())
                 .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
-        if self.pruning
-            && same_columns
-            && let Some(predicate) = &self.predicate
-        {
-            let predicate = snapshot_physical_expr(Arc::clone(predicate))?;
-            if let Some(pruning) = PruningPredicateBuilder::new()
+        let pruning = match &self.predicate {
+            Some(predicate) if same_columns => PruningPredicateBuilder::new()
                 .with_file_schema(Arc::clone(&physical))
-                .build(predicate)
-            {
+                .build(snapshot_physical_expr(Arc::clone(predicate))?),
+            _ => None,
+        };
+        if let Some(pruning) = &pruning {
+            if self.pruning {
                 plan.prune_by_statistics(
                     &physical,
                     reader_metadata.parquet_schema(),
                     groups,
-                    &pruning,
+                    pruning,
                     &file_metrics,
                 );
+            }
+            if self.bloom_filters && plan.remaining_row_group_count() > 0 {
+                let filters = self
+                    .bloom_filters(&file, &reader_metadata, &physical, pruning, &plan)
+                    .await?;
+                plan.prune_by_bloom_filters(pruning, &file_metrics, &filters);
             }
         }
         let wanted: Vec<usize> = plan.build().row_group_indexes();
@@ -574,17 +646,33 @@ impl FileState {
                     None => new_null_array(field.data_type(), length),
                 })
                 .collect::<Vec<ArrayRef>>();
-            let mut batch = RecordBatch::try_new_with_options(
-                Arc::clone(&opener.output),
-                columns,
-                &RecordBatchOptions::new().with_row_count(Some(length)),
-            )?;
-            if let Some(keep) = &keep {
-                let mask = keep.slice(offset, length);
-                if mask.true_count() < length {
-                    batch = filter_record_batch(&batch, &mask)?;
+            let options = RecordBatchOptions::new().with_row_count(Some(length));
+            let mask = keep
+                .as_ref()
+                .map(|keep| keep.slice(offset, length))
+                .filter(|mask| mask.true_count() < length);
+            let mut batch = match mask {
+                // Deleted rows may hold NULLs a column's NOT NULL (added
+                // after they were deleted) forbids: filter them out first.
+                Some(mask) => {
+                    let all = RecordBatch::try_new_with_options(
+                        Arc::clone(&opener.relaxed),
+                        columns,
+                        &options,
+                    )?;
+                    let kept = filter_record_batch(&all, &mask)?;
+                    RecordBatch::try_new_with_options(
+                        Arc::clone(&opener.output),
+                        kept.columns().to_vec(),
+                        &RecordBatchOptions::new().with_row_count(Some(kept.num_rows())),
+                    )?
                 }
-            }
+                None => RecordBatch::try_new_with_options(
+                    Arc::clone(&opener.output),
+                    columns,
+                    &options,
+                )?,
+            };
             offset += length;
             if let Some(left) = self.left.as_mut() {
                 if batch.num_rows() > *left {
