@@ -165,3 +165,25 @@ class ReportTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CacheStreamReportTest(unittest.TestCase):
+    def test_report_lists_every_setting_with_its_hit_ratio(self):
+        from cirrobench import cache
+
+        def setting(hits, misses, seconds):
+            times = [{"pass": p, "query": q, "seconds": seconds} for p in range(2) for q in ("q01", "q06")]
+            return {"times": times, "total_seconds": 4 * seconds, "pass_seconds": [2 * seconds] * 2,
+                    "hits": hits, "misses": misses,
+                    "hit_ratio": hits / (hits + misses) if hits + misses else None, "cached_bytes": 2 ** 20}
+
+        results = {"config": {"sf": 1, "threads": 2, "passes": 2, "cache_bytes": 2 ** 30, "wire": "pg",
+                              "stream": ["q01", "q06"] * 2},
+                   "machine": {"cpus": 2}, "parquet_bytes": 2 ** 30,
+                   "settings": {"no cache": setting(0, 0, 1.0), "lru": setting(1, 3, 0.9),
+                                "plan": setting(3, 1, 0.5)}}
+        text = cache.report(results)
+        self.assertIn("| no cache | 4.00 |", text)
+        self.assertIn("| lru | 3.60 | 1.80 | 1.80 | 1 | 3 | 25.0% |", text)
+        self.assertIn("| plan | 2.00 | 1.00 | 1.00 | 3 | 1 | 75.0% |", text)
+        self.assertIn("| q06 | 2.000 | 1.800 | 1.000 |", text)
