@@ -22,10 +22,9 @@ fn counter(plan: &str, name: &str) -> u64 {
         .sum()
 }
 
-/// `query`, then EXPLAIN ANALYZE of it, in one new process (extra flags
-/// `args`): the second run's plan with its counters.
-fn analyzed_after_one_run(data: &DataDir, query: &str, args: &[&str]) -> String {
-    let out = data.sql_output(&format!("{query}; EXPLAIN ANALYZE {query}"), args);
+/// The output of `cirro sql -c SQL` with extra flags `args`, which must succeed.
+fn output_ok(data: &DataDir, sql: &str, args: &[&str]) -> String {
+    let out = data.sql_output(sql, args);
     assert!(
         out.status.success(),
         "{}",
@@ -34,14 +33,14 @@ fn analyzed_after_one_run(data: &DataDir, query: &str, args: &[&str]) -> String 
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `query`, then EXPLAIN ANALYZE of it, in one new process (extra flags
+/// `args`): the second run's plan with its counters.
+fn analyzed_after_one_run(data: &DataDir, query: &str, args: &[&str]) -> String {
+    output_ok(data, &format!("{query}; EXPLAIN ANALYZE {query}"), args)
+}
+
 fn explained(data: &DataDir, query: &str, args: &[&str]) -> String {
-    let out = data.sql_output(&format!("EXPLAIN {query}"), args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    output_ok(data, &format!("EXPLAIN {query}"), args)
 }
 
 const QUERIES: &[&str] = &[
@@ -177,7 +176,6 @@ fn the_plan_sets_priorities_and_a_large_scan_keeps_hot_data() {
     s.ok("RESET cache");
     assert_eq!(s.rows("SHOW cache"), vec!["on"]);
     assert!(data.sql_err("SET cache = maybe").contains("22023"));
-    let out = data.sql_output(&format!("SET cache = off; EXPLAIN {join}"), &[]);
-    let plan = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && !plan.contains("cache="), "{plan}");
+    let plan = output_ok(&data, &format!("SET cache = off; EXPLAIN {join}"), &[]);
+    assert!(!plan.contains("cache="), "{plan}");
 }

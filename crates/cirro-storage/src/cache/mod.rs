@@ -82,15 +82,6 @@ impl std::str::FromStr for Policy {
     }
 }
 
-impl Policy {
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::Plan => "plan",
-            Policy::Lru => "lru",
-        }
-    }
-}
-
 /// One decoded column chunk: a file (its path in the object store and its
 /// size), a row group, a column (its index in the file's Arrow schema).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -372,16 +363,6 @@ impl ColumnCache {
         inner
             .footers
             .retain(|(file, _), _| !wanted.contains(&**file));
-    }
-
-    /// Drop everything (the counts since start stay).
-    pub fn clear(&self) {
-        let mut inner = self.lock();
-        let tick = inner.tick;
-        *inner = Inner {
-            tick,
-            ..Inner::default()
-        };
     }
 
     /// The footer of a file read through the cache, if kept.

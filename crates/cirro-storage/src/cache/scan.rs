@@ -84,10 +84,6 @@ impl CachedParquetSource {
         }
     }
 
-    pub fn priority(&self) -> Priority {
-        self.priority
-    }
-
     /// `source` (what the wrapped source returned) wrapped again.
     fn wrap(&self, source: Arc<dyn FileSource>) -> Arc<dyn FileSource> {
         match source.downcast_ref::<ParquetSource>() {
