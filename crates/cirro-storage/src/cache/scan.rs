@@ -11,7 +11,11 @@
 //! stand when the file is opened) rules out by their statistics and then by
 //! their bloom filters (Cirro's indexes write them); rows a
 //! deletion vector removes (the `ParquetRowSelection` Cirro attaches) are
-//! dropped; the limit stops the scan. What it leaves to the wrapped reader
+//! dropped; the limit stops the scan. Beyond DataFusion's reader without
+//! `pushdown_filters`, the dynamic parts of the predicate (a hash join's
+//! build-side keys, a TopK's bound) also drop rows, batch by batch as
+//! they stand then (see [`DynamicRowFilter`]): the rows that reach a join
+//! or an aggregation under it are those that can matter. What it leaves to the wrapped reader
 //! (so scans using it bypass the cache): partition or virtual columns (DML
 //! scans with row ids), projections of expressions rather than columns, row
 //! filters evaluated inside the reader (`pushdown_filters`). A cached scan
@@ -40,9 +44,12 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::table_schema::TableSchema;
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr, Literal};
 use datafusion::physical_expr::projection::ProjectionExprs;
-use datafusion::physical_expr_common::physical_expr::snapshot_physical_expr;
+use datafusion::physical_expr::utils::{reassign_expr_columns, split_conjunction};
+use datafusion::physical_expr_common::physical_expr::{
+    snapshot_generation, snapshot_physical_expr,
+};
 use datafusion::physical_expr_common::sort_expr::PhysicalSortExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_optimizer::pruning::{
@@ -159,6 +166,11 @@ impl FileSource for CachedParquetSource {
                 .collect::<Vec<_>>(),
         ));
         let metrics = self.inner.metrics().clone();
+        let dynamic = self
+            .inner
+            .filter()
+            .map(|p| DynamicRowFilter::parts(&p, &output))
+            .unwrap_or_default();
         let opener = CachedOpener {
             cache: Arc::clone(&self.cache),
             readers: self
@@ -170,6 +182,7 @@ impl FileSource for CachedParquetSource {
             columns,
             output,
             relaxed,
+            dynamic,
             predicate: self.inner.filter(),
             pruning: self.inner.table_parquet_options().global.pruning,
             bloom_filters: self
@@ -184,6 +197,8 @@ impl FileSource for CachedParquetSource {
             hits: MetricBuilder::new(&metrics).counter("cache_hits", partition),
             misses: MetricBuilder::new(&metrics).counter("cache_misses", partition),
             rejected: MetricBuilder::new(&metrics).counter("cache_rejected", partition),
+            dynamic_filtered: MetricBuilder::new(&metrics)
+                .counter("dynamic_filter_rows_dropped", partition),
             metrics,
         };
         Ok(Box::new(CachedMorselizer(Arc::new(opener))))
@@ -295,6 +310,8 @@ struct CachedOpener {
     /// `output` with every column nullable.
     relaxed: SchemaRef,
     predicate: Option<Arc<dyn PhysicalExpr>>,
+    /// The dynamic parts of `predicate`, over `output`'s columns.
+    dynamic: Vec<Arc<dyn PhysicalExpr>>,
     pruning: bool,
     /// Whether row groups are pruned by their bloom filters (Cirro's
     /// indexes write them).
@@ -307,6 +324,7 @@ struct CachedOpener {
     hits: Count,
     misses: Count,
     rejected: Count,
+    dynamic_filtered: Count,
 }
 
 impl std::fmt::Debug for CachedOpener {
@@ -545,6 +563,7 @@ impl CachedOpener {
             deleted_at: 0,
             next: 0,
             left: self.limit,
+            dynamic: DynamicRowFilter::new(self.dynamic.clone()),
         };
         let stream = futures::stream::try_unfold(state, |mut state| async move {
             loop {
@@ -581,6 +600,7 @@ struct FileState {
     deleted_at: usize,
     next: usize,
     left: Option<usize>,
+    dynamic: DynamicRowFilter,
 }
 
 impl FileState {
@@ -670,6 +690,9 @@ impl FileState {
                 )?,
             };
             offset += length;
+            let before = batch.num_rows();
+            batch = self.dynamic.apply(batch)?;
+            opener.dynamic_filtered.add(before - batch.num_rows());
             if let Some(left) = self.left.as_mut() {
                 if batch.num_rows() > *left {
                     batch = batch.slice(0, *left);
@@ -786,6 +809,93 @@ impl FileState {
             out.push((column, Arc::new(pieces)));
         }
         Ok(out)
+    }
+}
+
+/// The dynamic filters of a scan's predicate applied to its rows. A hash
+/// join fills its filter with the build side's keys once that side is
+/// read, a TopK tightens its bound as it goes; DataFusion's reader uses
+/// them to prune row groups, and to drop rows only with `pushdown_filters`,
+/// which evaluates every predicate inside the Parquet decoder. A cached
+/// scan has its columns decoded already, so it evaluates just the dynamic
+/// parts on each batch (the static ones stay with the `FilterExec` above),
+/// re-reading each filter's current expression every batch. A filter that
+/// keeps nearly every row costs its evaluation for nothing: once one has
+/// kept over [`Self::KEEP_ALL`] of [`Self::SAMPLE_ROWS`] rows it is no
+/// longer evaluated in this file until it changes (its generation).
+struct DynamicRowFilter {
+    filters: Vec<Arc<dyn PhysicalExpr>>,
+    /// The filters' generations the counts below are of.
+    generation: u64,
+    seen: usize,
+    kept: usize,
+}
+
+impl DynamicRowFilter {
+    const SAMPLE_ROWS: usize = 65_536;
+    const KEEP_ALL: f64 = 0.95;
+
+    /// The dynamic conjuncts of `predicate` (over the table's columns)
+    /// re-pointed at the columns of `output`; those that read a column the
+    /// scan does not produce are left out (the filter is only a shortcut:
+    /// the operator that made it drops the rows anyway).
+    fn parts(predicate: &Arc<dyn PhysicalExpr>, output: &SchemaRef) -> Vec<Arc<dyn PhysicalExpr>> {
+        split_conjunction(predicate)
+            .into_iter()
+            .filter(|p| p.downcast_ref::<DynamicFilterPhysicalExpr>().is_some())
+            .filter_map(|p| reassign_expr_columns(Arc::clone(p), output).ok())
+            .collect()
+    }
+
+    fn new(filters: Vec<Arc<dyn PhysicalExpr>>) -> Self {
+        Self {
+            filters,
+            generation: 0,
+            seen: 0,
+            kept: 0,
+        }
+    }
+
+    /// `batch` without the rows the filters, as they stand now, rule out.
+    fn apply(&mut self, batch: RecordBatch) -> Result<RecordBatch> {
+        if self.filters.is_empty() || batch.num_rows() == 0 {
+            return Ok(batch);
+        }
+        let generation = self.filters.iter().map(snapshot_generation).sum::<u64>();
+        if generation != self.generation {
+            (self.generation, self.seen, self.kept) = (generation, 0, 0);
+        }
+        if self.seen >= Self::SAMPLE_ROWS && self.kept as f64 > Self::KEEP_ALL * self.seen as f64 {
+            return Ok(batch);
+        }
+        let mut batch = batch;
+        for filter in &self.filters {
+            let current = snapshot_physical_expr(Arc::clone(filter))?;
+            if current
+                .downcast_ref::<Literal>()
+                .is_some_and(|l| l.value() == &datafusion::common::ScalarValue::Boolean(Some(true)))
+            {
+                continue;
+            }
+            let rows = batch.num_rows();
+            let mask = current.evaluate(&batch)?.into_array(rows)?;
+            let Some(mask) = mask.as_any().downcast_ref::<BooleanArray>() else {
+                return Err(DataFusionError::Internal(format!(
+                    "dynamic filter {current} gave {} rather than booleans",
+                    mask.data_type()
+                )));
+            };
+            self.seen += rows;
+            let kept = mask.true_count();
+            self.kept += kept;
+            if kept < rows {
+                batch = filter_record_batch(&batch, mask)?;
+            }
+            if batch.num_rows() == 0 {
+                break;
+            }
+        }
+        Ok(batch)
     }
 }
 
