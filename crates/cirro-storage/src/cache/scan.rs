@@ -31,7 +31,7 @@ use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::datasource::physical_plan::parquet::{
     BloomFilterStatistics, DefaultParquetFileReaderFactory, ParquetAccessPlan, ParquetFileMetrics,
     ParquetFileReaderFactory, ParquetRowSelection, RowGroupAccessPlanFilter,
@@ -48,7 +48,7 @@ use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr, 
 use datafusion::physical_expr::projection::ProjectionExprs;
 use datafusion::physical_expr::utils::{reassign_expr_columns, split_conjunction};
 use datafusion::physical_expr_common::physical_expr::{
-    snapshot_generation, snapshot_physical_expr,
+    is_volatile, snapshot_generation, snapshot_physical_expr,
 };
 use datafusion::physical_expr_common::sort_expr::PhysicalSortExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -57,9 +57,14 @@ use datafusion::physical_optimizer::pruning::{
 };
 use datafusion::physical_plan::DisplayFormatType;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::filter_pushdown::FilterPushdownPropagation;
 use datafusion::physical_plan::joins::{CrossJoinExec, HashJoinExec, NestedLoopJoinExec};
-use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sort_pushdown::SortOrderPushdownResult;
 use datafusion_datasource::PartitionedFile;
 use datafusion_datasource::morsel::{Morsel, MorselPlan, MorselPlanner, Morselizer};
@@ -80,6 +85,9 @@ pub struct CachedParquetSource {
     inner: ParquetSource,
     cache: Arc<ColumnCache>,
     priority: Priority,
+    /// The dynamic filters (by expression id) of the join right above the
+    /// scan (see [`CacheScans`] and [`DynamicRowFilter`]).
+    direct: Arc<[u64]>,
 }
 
 impl CachedParquetSource {
@@ -88,7 +96,15 @@ impl CachedParquetSource {
             inner,
             cache,
             priority,
+            direct: Arc::from([]),
         }
+    }
+
+    /// The source, knowing the dynamic filters `ids` (their expression
+    /// ids) to come from the join right above.
+    pub fn with_direct_filters(mut self, ids: &[u64]) -> Self {
+        self.direct = Arc::from(ids);
+        self
     }
 
     /// `source` (what the wrapped source returned) wrapped again.
@@ -166,11 +182,7 @@ impl FileSource for CachedParquetSource {
                 .collect::<Vec<_>>(),
         ));
         let metrics = self.inner.metrics().clone();
-        let dynamic = self
-            .inner
-            .filter()
-            .map(|p| DynamicRowFilter::parts(&p, &output))
-            .unwrap_or_default();
+        let dynamic = DynamicRowFilter::new(self.inner.filter(), &output, &self.direct);
         let opener = CachedOpener {
             cache: Arc::clone(&self.cache),
             readers: self
@@ -199,6 +211,8 @@ impl FileSource for CachedParquetSource {
             rejected: MetricBuilder::new(&metrics).counter("cache_rejected", partition),
             dynamic_filtered: MetricBuilder::new(&metrics)
                 .counter("dynamic_filter_rows_dropped", partition),
+            dynamic_filter_time: MetricBuilder::new(&metrics)
+                .subset_time("dynamic_filter_time", partition),
             metrics,
         };
         Ok(Box::new(CachedMorselizer(Arc::new(opener))))
@@ -310,8 +324,8 @@ struct CachedOpener {
     /// `output` with every column nullable.
     relaxed: SchemaRef,
     predicate: Option<Arc<dyn PhysicalExpr>>,
-    /// The dynamic parts of `predicate`, over `output`'s columns.
-    dynamic: Vec<Arc<dyn PhysicalExpr>>,
+    /// The row filter of `predicate`'s dynamic parts, over `output`'s columns.
+    dynamic: DynamicRowFilter,
     pruning: bool,
     /// Whether row groups are pruned by their bloom filters (Cirro's
     /// indexes write them).
@@ -325,6 +339,7 @@ struct CachedOpener {
     misses: Count,
     rejected: Count,
     dynamic_filtered: Count,
+    dynamic_filter_time: Time,
 }
 
 impl std::fmt::Debug for CachedOpener {
@@ -563,7 +578,7 @@ impl CachedOpener {
             deleted_at: 0,
             next: 0,
             left: self.limit,
-            dynamic: DynamicRowFilter::new(self.dynamic.clone()),
+            dynamic: self.dynamic.clone(),
         };
         let stream = futures::stream::try_unfold(state, |mut state| async move {
             loop {
@@ -691,7 +706,9 @@ impl FileState {
             };
             offset += length;
             let before = batch.num_rows();
+            let timer = opener.dynamic_filter_time.timer();
             batch = self.dynamic.apply(batch)?;
+            timer.done();
             opener.dynamic_filtered.add(before - batch.num_rows());
             if let Some(left) = self.left.as_mut() {
                 if batch.num_rows() > *left {
@@ -817,86 +834,169 @@ impl FileState {
 /// read, a TopK tightens its bound as it goes; DataFusion's reader uses
 /// them to prune row groups, and to drop rows only with `pushdown_filters`,
 /// which evaluates every predicate inside the Parquet decoder. A cached
-/// scan has its columns decoded already, so it evaluates just the dynamic
-/// parts on each batch (the static ones stay with the `FilterExec` above),
-/// re-reading each filter's current expression every batch. A filter that
-/// keeps nearly every row costs its evaluation for nothing: once one has
-/// kept over [`Self::KEEP_ALL`] of [`Self::SAMPLE_ROWS`] rows it is no
-/// longer evaluated in this file until it changes (its generation).
+/// scan has its columns decoded already, so it evaluates the dynamic parts
+/// on each batch, re-reading each filter's current expression every batch.
+///
+/// What it costs and saves: a join's filter is a hash lookup of the key,
+/// about what a join's probe of the row costs. Dropping a row early saves
+/// what lies between the scan and that join: nothing much if only joins'
+/// probes and row-wise operators lie there (a `direct` filter, see
+/// [`CacheScans`]), but a hash table's build, an aggregation or a sort
+/// across one. So:
+/// - direct filters are left to their joins;
+/// - while another dynamic filter is active, the static conjuncts join it
+///   (the `FilterExec` above evaluates them again, on the rows left), and
+///   all are evaluated in the order of their measured cost per dropped row
+///   (time per row / share dropped, the classic rank of predicates):
+///   a hash lookup before a string comparison that keeps half the rows, a
+///   date comparison that drops most before a lookup; unmeasured ones go
+///   first, static before dynamic;
+/// - a filter that has kept over [`Self::KEEP_ALL`] of the
+///   [`Self::SAMPLE_ROWS`] rows it saw is not evaluated in this file again
+///   (a dynamic one until it changes: its generation).
+#[derive(Clone, Default)]
 struct DynamicRowFilter {
-    filters: Vec<Arc<dyn PhysicalExpr>>,
-    /// The filters' generations the counts below are of.
+    parts: Vec<FilterPart>,
+}
+
+#[derive(Clone)]
+struct FilterPart {
+    expr: Arc<dyn PhysicalExpr>,
+    dynamic: bool,
+    /// The generation the counts below are of (dynamic filters).
     generation: u64,
     seen: usize,
     kept: usize,
+    nanos: u64,
+}
+
+impl FilterPart {
+    /// Whether it has kept nearly all of enough rows to stop evaluating it.
+    fn keeps_all(&self) -> bool {
+        self.seen >= DynamicRowFilter::SAMPLE_ROWS
+            && self.kept as f64 > DynamicRowFilter::KEEP_ALL * self.seen as f64
+    }
+
+    /// Its cost per dropped row as measured (lower goes first).
+    fn rank(&self) -> f64 {
+        // Unmeasured ones first, static before dynamic: each is then
+        // measured on whole batches (a filter behind a selective one sees
+        // a few rows at a time, and its per-row cost looks inflated).
+        if self.seen == 0 {
+            return if self.dynamic { -1.0 } else { -2.0 };
+        }
+        let per_row = self.nanos as f64 / self.seen as f64;
+        let dropped = 1.0 - self.kept as f64 / self.seen as f64;
+        per_row / dropped.max(1e-3)
+    }
 }
 
 impl DynamicRowFilter {
     const SAMPLE_ROWS: usize = 65_536;
     const KEEP_ALL: f64 = 0.95;
 
-    /// The dynamic conjuncts of `predicate` (over the table's columns)
-    /// re-pointed at the columns of `output`; those that read a column the
-    /// scan does not produce are left out (the filter is only a shortcut:
-    /// the operator that made it drops the rows anyway).
-    fn parts(predicate: &Arc<dyn PhysicalExpr>, output: &SchemaRef) -> Vec<Arc<dyn PhysicalExpr>> {
-        split_conjunction(predicate)
-            .into_iter()
-            .filter(|p| p.downcast_ref::<DynamicFilterPhysicalExpr>().is_some())
-            .filter_map(|p| reassign_expr_columns(Arc::clone(p), output).ok())
-            .collect()
-    }
-
-    fn new(filters: Vec<Arc<dyn PhysicalExpr>>) -> Self {
-        Self {
-            filters,
-            generation: 0,
-            seen: 0,
-            kept: 0,
+    /// The conjuncts of `predicate` (over the table's columns) re-pointed
+    /// at the columns of `output`; those that read a column the scan does
+    /// not produce are left out (the filter is only a shortcut: the
+    /// operators above drop the rows anyway), and so are the `direct`
+    /// filters (their expression ids).
+    fn new(predicate: Option<Arc<dyn PhysicalExpr>>, output: &SchemaRef, direct: &[u64]) -> Self {
+        let mut filter = Self::default();
+        let Some(predicate) = predicate else {
+            return filter;
+        };
+        for part in split_conjunction(&predicate) {
+            if is_volatile(part) {
+                continue;
+            }
+            let Ok(expr) = reassign_expr_columns(Arc::clone(part), output) else {
+                continue;
+            };
+            let dynamic = part.downcast_ref::<DynamicFilterPhysicalExpr>().is_some();
+            if dynamic && part.expression_id().is_some_and(|id| direct.contains(&id)) {
+                continue;
+            }
+            filter.parts.push(FilterPart {
+                expr,
+                dynamic,
+                generation: 0,
+                seen: 0,
+                kept: 0,
+                nanos: 0,
+            });
         }
+        if !filter.parts.iter().any(|p| p.dynamic) {
+            filter.parts.clear();
+        }
+        filter
     }
 
     /// `batch` without the rows the filters, as they stand now, rule out.
     fn apply(&mut self, batch: RecordBatch) -> Result<RecordBatch> {
-        if self.filters.is_empty() || batch.num_rows() == 0 {
+        if self.parts.is_empty() || batch.num_rows() == 0 {
             return Ok(batch);
         }
-        let generation = self.filters.iter().map(snapshot_generation).sum::<u64>();
-        if generation != self.generation {
-            (self.generation, self.seen, self.kept) = (generation, 0, 0);
-        }
-        if self.seen >= Self::SAMPLE_ROWS && self.kept as f64 > Self::KEEP_ALL * self.seen as f64 {
-            return Ok(batch);
-        }
-        let mut batch = batch;
-        for filter in &self.filters {
-            let current = snapshot_physical_expr(Arc::clone(filter))?;
-            if current
-                .downcast_ref::<Literal>()
-                .is_some_and(|l| l.value() == &datafusion::common::ScalarValue::Boolean(Some(true)))
-            {
-                continue;
-            }
-            let rows = batch.num_rows();
-            let mask = current.evaluate(&batch)?.into_array(rows)?;
-            let Some(mask) = mask.as_any().downcast_ref::<BooleanArray>() else {
-                return Err(DataFusionError::Internal(format!(
-                    "dynamic filter {current} gave {} rather than booleans",
-                    mask.data_type()
-                )));
+        let mut active = Vec::with_capacity(self.parts.len());
+        for (i, part) in self.parts.iter_mut().enumerate() {
+            let current = if part.dynamic {
+                let generation = snapshot_generation(&part.expr);
+                if generation != part.generation {
+                    (part.generation, part.seen, part.kept, part.nanos) = (generation, 0, 0, 0);
+                }
+                if part.keeps_all() {
+                    continue;
+                }
+                let current = snapshot_physical_expr(Arc::clone(&part.expr))?;
+                let always = current
+                    .downcast_ref::<Literal>()
+                    .is_some_and(|l| l.value() == &ScalarValue::Boolean(Some(true)));
+                if always {
+                    continue;
+                }
+                current
+            } else {
+                if part.keeps_all() {
+                    continue;
+                }
+                Arc::clone(&part.expr)
             };
-            self.seen += rows;
-            let kept = mask.true_count();
-            self.kept += kept;
-            if kept < rows {
-                batch = filter_record_batch(&batch, mask)?;
-            }
-            if batch.num_rows() == 0 {
+            active.push((i, current));
+        }
+        if !active.iter().any(|(i, _)| self.parts[*i].dynamic) {
+            return Ok(batch);
+        }
+        active.sort_by(|(a, _), (b, _)| self.parts[*a].rank().total_cmp(&self.parts[*b].rank()));
+        let mut batch = batch;
+        for (i, filter) in &active {
+            let rows = batch.num_rows();
+            if rows == 0 {
                 break;
             }
+            let started = std::time::Instant::now();
+            batch = keep(batch, filter)?;
+            let part = &mut self.parts[*i];
+            part.nanos += started.elapsed().as_nanos() as u64;
+            part.seen += rows;
+            part.kept += batch.num_rows();
         }
         Ok(batch)
     }
+}
+
+/// The rows of `batch` for which `filter` is true.
+fn keep(batch: RecordBatch, filter: &Arc<dyn PhysicalExpr>) -> Result<RecordBatch> {
+    let rows = batch.num_rows();
+    let mask = filter.evaluate(&batch)?.into_array(rows)?;
+    let Some(mask) = mask.as_any().downcast_ref::<BooleanArray>() else {
+        return Err(DataFusionError::Internal(format!(
+            "filter {filter} gave {} rather than booleans",
+            mask.data_type()
+        )));
+    };
+    if mask.true_count() == rows {
+        return Ok(batch);
+    }
+    Ok(filter_record_batch(&batch, mask)?)
 }
 
 /// The physical optimizer rule that reads Parquet scans through the
@@ -913,10 +1013,19 @@ impl CacheScans {
         Self { cache }
     }
 
+    /// `build_side`: whether `plan` feeds the build side of a join.
+    /// `direct`: the dynamic filters (expression ids) of the joins whose
+    /// probe sides `plan` feeds with nothing but row-wise operators
+    /// (filters, projections, repartitions) and other joins' probes
+    /// between: evaluating such a filter in the scan costs about what the
+    /// probes it saves cost, while the filters of joins across a hash
+    /// table's build side, an aggregation or a sort save that work
+    /// ([`DynamicRowFilter`]).
     fn rewrite(
         &self,
         plan: Arc<dyn ExecutionPlan>,
         build_side: bool,
+        direct: &[u64],
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if let Some(scan) = plan.downcast_ref::<DataSourceExec>()
             && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
@@ -930,7 +1039,8 @@ impl CacheScans {
                 Priority::Normal
             };
             let source =
-                CachedParquetSource::new(parquet.clone(), Arc::clone(&self.cache), priority);
+                CachedParquetSource::new(parquet.clone(), Arc::clone(&self.cache), priority)
+                    .with_direct_filters(direct);
             let config = FileScanConfigBuilder::from(config.clone())
                 .with_source(Arc::new(source))
                 .build();
@@ -944,10 +1054,31 @@ impl CacheScans {
         let joins = plan.downcast_ref::<HashJoinExec>().is_some()
             || plan.downcast_ref::<NestedLoopJoinExec>().is_some()
             || plan.downcast_ref::<CrossJoinExec>().is_some();
+        let row_wise = plan.downcast_ref::<FilterExec>().is_some()
+            || plan.downcast_ref::<ProjectionExec>().is_some()
+            || plan.downcast_ref::<RepartitionExec>().is_some()
+            || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
+            || plan.downcast_ref::<CooperativeExec>().is_some();
+        let hash_join = plan.downcast_ref::<HashJoinExec>().is_some();
+        let probe_filter: Vec<u64> = if hash_join {
+            plan.dynamic_expressions_produced()
+                .iter()
+                .filter_map(|filter| filter.expression_id())
+                .collect()
+        } else {
+            Vec::new()
+        };
         let new_children = children
             .into_iter()
             .enumerate()
-            .map(|(i, child)| self.rewrite(Arc::clone(child), build_side || (joins && i == 0)))
+            .map(|(i, child)| {
+                let direct: Vec<u64> = match (joins, i) {
+                    (true, 1) if hash_join => direct.iter().chain(&probe_filter).copied().collect(),
+                    (false, _) if row_wise => direct.to_vec(),
+                    _ => Vec::new(),
+                };
+                self.rewrite(Arc::clone(child), build_side || (joins && i == 0), &direct)
+            })
             .collect::<Result<Vec<_>>>()?;
         datafusion::physical_plan::execution_plan::replace_children_if_necessary(plan, new_children)
     }
@@ -991,7 +1122,7 @@ impl PhysicalOptimizerRule for CacheScans {
         if !enabled || self.cache.budget() == 0 {
             return Ok(plan);
         }
-        self.rewrite(plan, false)
+        self.rewrite(plan, false, &[])
     }
 
     fn name(&self) -> &str {
