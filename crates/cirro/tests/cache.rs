@@ -194,7 +194,7 @@ fn cached_scans_drop_rows_by_dynamic_filters() {
     s.ok(
         "CREATE TABLE sale (id BIGINT, k INT, qty INT, price DOUBLE) WITH (row_group_rows = 10000)",
     );
-    s.ok("INSERT INTO sale SELECT value, CAST(value * 7 % 2000 AS INT), CAST(value % 50 AS INT), value * 0.25 FROM generate_series(1, 60000) AS g(value)");
+    s.ok("INSERT INTO sale SELECT value, CAST(value * 7 % 2000 AS INT), CAST(value % 50 AS INT), value * 0.25 FROM generate_series(1, 150000) AS g(value)");
 
     // Q17's shape: an aggregation over the fact table under a semi join
     // with a selective build side.

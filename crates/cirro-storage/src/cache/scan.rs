@@ -850,10 +850,13 @@ impl FileState {
 ///   (time per row / share dropped, the classic rank of predicates):
 ///   a hash lookup before a string comparison that keeps half the rows, a
 ///   date comparison that drops most before a lookup; unmeasured ones go
-///   first, static before dynamic;
+///   first, static before dynamic; the static ones keep their written
+///   order among themselves, so a guard (`x <> 0`) still runs before what
+///   it guards (`10 / x > 1`) and each sees only the rows kept before it;
 /// - a filter that has kept over [`Self::KEEP_ALL`] of the
 ///   [`Self::SAMPLE_ROWS`] rows it saw is not evaluated in this file again
-///   (a dynamic one until it changes: its generation).
+///   (a dynamic one until it changes: its generation; a static one with
+///   the static ones written after it).
 #[derive(Clone, Default)]
 struct DynamicRowFilter {
     parts: Vec<FilterPart>,
@@ -937,6 +940,9 @@ impl DynamicRowFilter {
             return Ok(batch);
         }
         let mut active = Vec::with_capacity(self.parts.len());
+        // Once a static conjunct is skipped, so are the static ones after
+        // it (it may guard them); the `FilterExec` above evaluates them all.
+        let mut statics_stopped = false;
         for (i, part) in self.parts.iter_mut().enumerate() {
             let current = if part.dynamic {
                 let generation = snapshot_generation(&part.expr);
@@ -955,7 +961,8 @@ impl DynamicRowFilter {
                 }
                 current
             } else {
-                if part.keeps_all() {
+                statics_stopped |= part.keeps_all();
+                if statics_stopped {
                     continue;
                 }
                 Arc::clone(&part.expr)
@@ -965,7 +972,30 @@ impl DynamicRowFilter {
         if !active.iter().any(|(i, _)| self.parts[*i].dynamic) {
             return Ok(batch);
         }
+        // By rank, but the static conjuncts keep their written order among
+        // themselves: a guard (`x <> 0`) stays before what it guards
+        // (`10 / x > 1`), and each sees only the rows the earlier ones kept.
+        let statics: Vec<usize> = active
+            .iter()
+            .map(|(i, _)| *i)
+            .filter(|i| !self.parts[*i].dynamic)
+            .collect();
         active.sort_by(|(a, _), (b, _)| self.parts[*a].rank().total_cmp(&self.parts[*b].rank()));
+        let mut slots: Vec<usize> = active
+            .iter()
+            .enumerate()
+            .filter(|(_, (i, _))| !self.parts[*i].dynamic)
+            .map(|(slot, _)| slot)
+            .collect();
+        slots.sort_unstable();
+        let by_index: HashMap<usize, Arc<dyn PhysicalExpr>> = active
+            .iter()
+            .filter(|(i, _)| !self.parts[*i].dynamic)
+            .map(|(i, e)| (*i, Arc::clone(e)))
+            .collect();
+        for (slot, i) in slots.into_iter().zip(statics) {
+            active[slot] = (i, Arc::clone(&by_index[&i]));
+        }
         let mut batch = batch;
         for (i, filter) in &active {
             let rows = batch.num_rows();
