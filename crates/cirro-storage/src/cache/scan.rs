@@ -975,26 +975,14 @@ impl DynamicRowFilter {
         // By rank, but the static conjuncts keep their written order among
         // themselves: a guard (`x <> 0`) stays before what it guards
         // (`10 / x > 1`), and each sees only the rows the earlier ones kept.
-        let statics: Vec<usize> = active
-            .iter()
-            .map(|(i, _)| *i)
-            .filter(|i| !self.parts[*i].dynamic)
-            .collect();
         active.sort_by(|(a, _), (b, _)| self.parts[*a].rank().total_cmp(&self.parts[*b].rank()));
-        let mut slots: Vec<usize> = active
-            .iter()
-            .enumerate()
-            .filter(|(_, (i, _))| !self.parts[*i].dynamic)
-            .map(|(slot, _)| slot)
+        let slots: Vec<usize> = (0..active.len())
+            .filter(|&slot| !self.parts[active[slot].0].dynamic)
             .collect();
-        slots.sort_unstable();
-        let by_index: HashMap<usize, Arc<dyn PhysicalExpr>> = active
-            .iter()
-            .filter(|(i, _)| !self.parts[*i].dynamic)
-            .map(|(i, e)| (*i, Arc::clone(e)))
-            .collect();
-        for (slot, i) in slots.into_iter().zip(statics) {
-            active[slot] = (i, Arc::clone(&by_index[&i]));
+        let mut statics: Vec<_> = slots.iter().map(|&slot| active[slot].clone()).collect();
+        statics.sort_by_key(|(i, _)| *i);
+        for (slot, entry) in slots.into_iter().zip(statics) {
+            active[slot] = entry;
         }
         let mut batch = batch;
         for (i, filter) in &active {
@@ -1081,7 +1069,8 @@ impl CacheScans {
             return Ok(plan);
         }
         // The build side of a join: its left input.
-        let joins = plan.downcast_ref::<HashJoinExec>().is_some()
+        let hash_join = plan.downcast_ref::<HashJoinExec>().is_some();
+        let joins = hash_join
             || plan.downcast_ref::<NestedLoopJoinExec>().is_some()
             || plan.downcast_ref::<CrossJoinExec>().is_some();
         let row_wise = plan.downcast_ref::<FilterExec>().is_some()
@@ -1089,7 +1078,6 @@ impl CacheScans {
             || plan.downcast_ref::<RepartitionExec>().is_some()
             || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
             || plan.downcast_ref::<CooperativeExec>().is_some();
-        let hash_join = plan.downcast_ref::<HashJoinExec>().is_some();
         let probe_filter: Vec<u64> = if hash_join {
             plan.dynamic_expressions_produced()
                 .iter()
