@@ -1,6 +1,7 @@
 //! Cirro's own scalar functions that planning rules put into plans.
 
 pub mod checked;
+pub mod guard;
 pub mod numeric;
 pub mod slot;
 
@@ -12,6 +13,7 @@ pub fn portable_udfs() -> Vec<std::sync::Arc<datafusion::logical_expr::ScalarUDF
         checked::checked_udf(checked::CheckedOp::Subtract),
         checked::checked_udf(checked::CheckedOp::Multiply),
         checked::checked_udf(checked::CheckedOp::Negate),
+        guard::guard_udf(),
         numeric::numeric_divide_udf(),
         numeric::round_to_integer_udf(),
         crate::rules::segment_udf(),

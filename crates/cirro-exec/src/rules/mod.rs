@@ -3,6 +3,7 @@
 mod chains;
 mod checked;
 mod colocate;
+mod guards;
 mod segment;
 mod yields;
 
@@ -19,12 +20,13 @@ use datafusion::optimizer::analyzer::Analyzer;
 pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
+pub use guards::{GuardFallibleConditions, LazyGuards};
 pub use segment::segment_udf;
 pub use yields::YieldAfterJoins;
 
 /// DataFusion's analyzer rules with Cirro's in their places:
 /// [`TypeChainSegments`] and [`PgOperators`] before type coercion,
-/// [`CheckedArithmetic`] after it.
+/// [`CheckedArithmetic`] and [`GuardFallibleConditions`] after it.
 pub fn analyzer_rules() -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
     let mut rules = Vec::new();
     for rule in Analyzer::new().rules {
@@ -36,15 +38,20 @@ pub fn analyzer_rules() -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
         rules.push(rule);
         if coercion {
             rules.push(Arc::new(CheckedArithmetic) as Arc<dyn AnalyzerRule + Send + Sync>);
+            rules.push(Arc::new(GuardFallibleConditions));
         }
     }
     rules
 }
 
-/// DataFusion's physical optimizer rules, then Cirro's: [`YieldAfterJoins`].
+/// DataFusion's physical optimizer rules with Cirro's around them:
+/// [`LazyGuards`] first, [`YieldAfterJoins`] last.
 pub fn physical_optimizer_rules()
 -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
-    let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+    let mut rules: Vec<
+        Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>,
+    > = vec![Arc::new(LazyGuards)];
+    rules.extend(datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules);
     rules.push(Arc::new(YieldAfterJoins));
     rules
 }
