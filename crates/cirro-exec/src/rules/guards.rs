@@ -13,7 +13,10 @@
 //! casts from text or that narrow, NUMERIC arithmetic, functions) into
 //! `l AND cirro_guard(l IS DISTINCT FROM false, r)` (`l OR r`: `… IS
 //! DISTINCT FROM true`; `functions/guard.rs`): a conjunct that guards itself
-//! wherever the optimizer moves it. A boolean CASE's results that can fail
+//! wherever the optimizer moves it. The guard is made of the terms before
+//! `r` over the tables `r` reads (not a join condition, not another table's
+//! filter), so it goes where `r` would; only nodes over row values count
+//! as able to fail (`CAST('1995-03-15' AS date)` is folded when planning). A boolean CASE's results that can fail
 //! are guarded by the conditions that select them, before the simplifier
 //! turns the CASE into AND/OR. The value is unchanged for every `l` and
 //! `r`, NULLs included: where `l` is false the AND is false whatever the
@@ -29,14 +32,18 @@
 //! computed): a guard on one side's columns is pushed below the join, before
 //! the join filter sees its rows.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow::datatypes::DataType;
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{DFSchema, Result};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DFSchema, Result, TableReference};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::expr::{Case, Cast, ScalarFunction};
-use datafusion::logical_expr::{BinaryExpr, Expr, ExprSchemable, LogicalPlan, Operator, lit};
+use datafusion::logical_expr::utils::split_binary;
+use datafusion::logical_expr::{
+    BinaryExpr, Expr, ExprSchemable, LogicalPlan, Operator, binary_expr, lit,
+};
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::physical_expr::expressions::CaseExpr;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
@@ -89,15 +96,35 @@ fn guard_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
         }
     };
     let already = matches!(right.as_ref(), Expr::ScalarFunction(f) if f.name() == GUARD_NAME);
-    if already || !right.exists(|e| Ok(can_fail(e, schema)))? {
+    if already || !row_can_fail(&right, schema) {
         return Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr {
             left,
             op,
             right,
         })));
     }
+    // The guard is made of the terms before `right` (of the same AND or
+    // OR chain) over the relations `right` reads, so that it goes wherever
+    // the optimizer puts `right`: a join condition or another table's filter
+    // in it would keep `right` above the join (TPC-H Q3's date filter).
+    let relations = relations_of(&right);
+    let terms: Vec<Expr> = split_binary(&left, op)
+        .into_iter()
+        .filter(|term| {
+            let own = relations_of(term);
+            !own.is_empty() && own.is_subset(&relations)
+        })
+        .cloned()
+        .collect();
+    let Some(before) = terms.into_iter().reduce(|a, b| binary_expr(a, op, b)) else {
+        return Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr {
+            left,
+            op,
+            right,
+        })));
+    };
     let needed = Expr::BinaryExpr(BinaryExpr::new(
-        left.clone(),
+        Box::new(before),
         Operator::IsDistinctFrom,
         Box::new(lit(short_circuit)),
     ));
@@ -107,6 +134,47 @@ fn guard_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
         op,
         Box::new(guard),
     ))))
+}
+
+/// The relations (table qualifiers; `None` for unqualified columns) `expr`
+/// reads.
+fn relations_of(expr: &Expr) -> HashSet<Option<TableReference>> {
+    expr.column_refs()
+        .into_iter()
+        .map(|c| c.relation.clone())
+        .collect()
+}
+
+/// Whether `expr` can fail on some row: it has a node that can fail over
+/// values of rows (one over constants only fails, or not, when planning
+/// folds it: `CAST('1995-03-15' AS date)` is no reason to guard).
+fn row_can_fail(expr: &Expr, schema: &DFSchema) -> bool {
+    row_failure(expr, schema).1
+}
+
+/// (whether `expr` reads row values, whether it can fail on them)
+fn row_failure(expr: &Expr, schema: &DFSchema) -> (bool, bool) {
+    match expr {
+        Expr::Column(_)
+        | Expr::OuterReferenceColumn(..)
+        | Expr::ScalarSubquery(_)
+        | Expr::Exists(_)
+        | Expr::InSubquery(_) => return (true, false),
+        Expr::Literal(..) | Expr::Placeholder(_) => return (false, false),
+        _ => {}
+    }
+    let (mut rows, mut fails) = (false, false);
+    let _ = expr.apply_children(|child| {
+        let (r, f) = row_failure(child, schema);
+        rows |= r;
+        fails |= f;
+        Ok(if fails {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    });
+    (rows, fails || (rows && can_fail(expr, schema)))
 }
 
 fn guarded(condition: Expr, value: Expr) -> Expr {
@@ -127,8 +195,7 @@ fn guard_case(mut case: Case, schema: &DFSchema) -> Result<Transformed<Expr>> {
         return Ok(Transformed::no(Expr::Case(case)));
     }
     let fails = |e: &Expr| {
-        !matches!(e, Expr::ScalarFunction(f) if f.name() == GUARD_NAME)
-            && e.exists(|n| Ok(can_fail(n, schema))).unwrap_or(true)
+        !matches!(e, Expr::ScalarFunction(f) if f.name() == GUARD_NAME) && row_can_fail(e, schema)
     };
     let mut changed = false;
     // Whether no earlier WHEN was true.
