@@ -28,9 +28,10 @@
 //! queries filter by (comparisons of columns with constants) are planned as
 //! before and still prune files and row groups.
 //!
-//! A join's residual filter keeps the guard as a function (both arguments
-//! computed): a guard on one side's columns is pushed below the join, before
-//! the join filter sees its rows.
+//! Guards are made lazy in filters, projections and the filters of hash and
+//! nested-loop joins; elsewhere (an aggregate's FILTER clause, a sort-merge
+//! join) the guard is evaluated as a function, both arguments first: the
+//! same values, as long as the guarded condition does not fail.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -50,6 +51,10 @@ use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
+use datafusion::physical_plan::joins::utils::JoinFilter;
+use datafusion::physical_plan::joins::{
+    HashJoinExec, HashJoinExecBuilder, NestedLoopJoinExec, NestedLoopJoinExecBuilder,
+};
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
 use crate::functions::guard::{GUARD_NAME, guard_udf};
@@ -248,7 +253,8 @@ fn can_fail(expr: &Expr, schema: &DFSchema) -> bool {
     }
 }
 
-/// Turns each `cirro_guard(condition, value)` of filters and projections into
+/// Turns each `cirro_guard(condition, value)` of filters, projections and
+/// join filters into
 /// `CASE WHEN condition THEN value END`, before DataFusion's physical rules
 /// (whose filter pushdown hands the conjuncts to the scans).
 #[derive(Debug, Default)]
@@ -288,6 +294,22 @@ impl PhysicalOptimizerRule for LazyGuards {
                 let rebuilt = ProjectionExec::try_new(exprs, Arc::clone(projection.input()))?;
                 return Ok(Transformed::yes(Arc::new(rebuilt) as Arc<dyn ExecutionPlan>));
             }
+            if let Some(join) = node.downcast_ref::<HashJoinExec>()
+                && let Some(filter) = lazy_join_filter(join.filter())?
+            {
+                let rebuilt = HashJoinExecBuilder::from(join)
+                    .with_filter(Some(filter))
+                    .build()?;
+                return Ok(Transformed::yes(Arc::new(rebuilt) as Arc<dyn ExecutionPlan>));
+            }
+            if let Some(join) = node.downcast_ref::<NestedLoopJoinExec>()
+                && let Some(filter) = lazy_join_filter(join.filter())?
+            {
+                let rebuilt = NestedLoopJoinExecBuilder::from(join)
+                    .with_filter(Some(filter))
+                    .build()?;
+                return Ok(Transformed::yes(Arc::new(rebuilt) as Arc<dyn ExecutionPlan>));
+            }
             Ok(Transformed::no(node))
         })
         .map(|t| t.data)
@@ -300,6 +322,21 @@ impl PhysicalOptimizerRule for LazyGuards {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// A join's filter with its guards made lazy, or None if it has none.
+fn lazy_join_filter(filter: Option<&JoinFilter>) -> Result<Option<JoinFilter>> {
+    let Some(filter) = filter else {
+        return Ok(None);
+    };
+    let lazy = lazy(Arc::clone(filter.expression()))?;
+    Ok(lazy.transformed.then(|| {
+        JoinFilter::new(
+            lazy.data,
+            filter.column_indices().to_vec(),
+            Arc::clone(filter.schema()),
+        )
+    }))
 }
 
 fn lazy(expr: Arc<dyn PhysicalExpr>) -> Result<Transformed<Arc<dyn PhysicalExpr>>> {
