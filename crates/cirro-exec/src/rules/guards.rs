@@ -86,59 +86,41 @@ fn guard_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     if let Expr::Case(case) = node {
         return guard_case(case, schema);
     }
-    let Expr::BinaryExpr(BinaryExpr { left, op, right }) = node else {
+    let Expr::BinaryExpr(BinaryExpr { left, op, right }) = &node else {
         return Ok(Transformed::no(node));
     };
     let short_circuit = match op {
         Operator::And => false,
         Operator::Or => true,
-        _ => {
-            return Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr {
-                left,
-                op,
-                right,
-            })));
-        }
+        _ => return Ok(Transformed::no(node)),
     };
-    let already = matches!(right.as_ref(), Expr::ScalarFunction(f) if f.name() == GUARD_NAME);
-    if already || !row_can_fail(&right, schema) {
-        return Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr {
-            left,
-            op,
-            right,
-        })));
+    if !needs_guard(right, schema) {
+        return Ok(Transformed::no(node));
     }
     // The guard is made of the terms before `right` (of the same AND or
     // OR chain) over the relations `right` reads, so that it goes wherever
     // the optimizer puts `right`: a join condition or another table's filter
     // in it would keep `right` above the join (TPC-H Q3's date filter).
-    let relations = relations_of(&right);
-    let terms: Vec<Expr> = split_binary(&left, op)
+    let relations = relations_of(right);
+    let before = split_binary(left, *op)
         .into_iter()
         .filter(|term| {
             let own = relations_of(term);
             !own.is_empty() && own.is_subset(&relations)
         })
         .cloned()
-        .collect();
-    let Some(before) = terms.into_iter().reduce(|a, b| binary_expr(a, op, b)) else {
-        return Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr {
-            left,
-            op,
-            right,
-        })));
+        .reduce(|a, b| binary_expr(a, *op, b));
+    let Some(before) = before else {
+        return Ok(Transformed::no(node));
     };
-    let needed = Expr::BinaryExpr(BinaryExpr::new(
-        Box::new(before),
-        Operator::IsDistinctFrom,
-        Box::new(lit(short_circuit)),
-    ));
-    let guard = guarded(needed, *right);
-    Ok(Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(
-        left,
-        op,
-        Box::new(guard),
-    ))))
+    let needed = binary_expr(before, Operator::IsDistinctFrom, lit(short_circuit));
+    let guard = guarded(needed, (**right).clone());
+    Ok(Transformed::yes(binary_expr((**left).clone(), *op, guard)))
+}
+
+/// Whether `expr` can fail on row values and is not guarded yet.
+fn needs_guard(expr: &Expr, schema: &DFSchema) -> bool {
+    !matches!(expr, Expr::ScalarFunction(f) if f.name() == GUARD_NAME) && row_can_fail(expr, schema)
 }
 
 /// The relations (table qualifiers; `None` for unqualified columns) `expr`
@@ -199,15 +181,12 @@ fn guard_case(mut case: Case, schema: &DFSchema) -> Result<Transformed<Expr>> {
     if case.expr.is_some() || !boolean {
         return Ok(Transformed::no(Expr::Case(case)));
     }
-    let fails = |e: &Expr| {
-        !matches!(e, Expr::ScalarFunction(f) if f.name() == GUARD_NAME) && row_can_fail(e, schema)
-    };
     let mut changed = false;
     // Whether no earlier WHEN was true.
     let mut none_before: Option<Expr> = None;
     for (when, then) in case.when_then_expr.iter_mut() {
         let taken = Expr::IsTrue(when.clone());
-        if fails(then) {
+        if needs_guard(then, schema) {
             let selects = match &none_before {
                 Some(none) => none.clone().and(taken.clone()),
                 None => taken.clone(),
@@ -222,7 +201,7 @@ fn guard_case(mut case: Case, schema: &DFSchema) -> Result<Transformed<Expr>> {
         });
     }
     if let (Some(otherwise), Some(none)) = (case.else_expr.as_mut(), none_before)
-        && fails(otherwise)
+        && needs_guard(otherwise, schema)
     {
         **otherwise = guarded(none, (**otherwise).clone());
         changed = true;
@@ -254,9 +233,9 @@ fn can_fail(expr: &Expr, schema: &DFSchema) -> bool {
 }
 
 /// Turns each `cirro_guard(condition, value)` of filters, projections and
-/// join filters into
-/// `CASE WHEN condition THEN value END`, before DataFusion's physical rules
-/// (whose filter pushdown hands the conjuncts to the scans).
+/// join filters into `CASE WHEN condition THEN value END`, before
+/// DataFusion's physical rules (whose filter pushdown hands the conjuncts to
+/// the scans).
 #[derive(Debug, Default)]
 pub struct LazyGuards;
 
