@@ -156,6 +156,8 @@ fn physical_rules(
 ) -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = cirro_exec::rules::physical_optimizer_rules();
     if !distributed {
+        // Radix partitions are planned for one node's threads.
+        rules.push(Arc::new(cirro_exec::rules::AdaptiveAggregation));
         rules.push(Arc::new(cirro_storage::cache::CacheScans::new(Arc::clone(
             cirro_storage::cache::global(),
         ))));
@@ -361,6 +363,9 @@ impl Engine {
         // The hot-data tier's session switch (`SET cache`).
         session_config =
             session_config.with_option_extension(cirro_storage::cache::CacheOptions::default());
+        // Adaptive aggregation's switches (`SET adaptive_aggregation`).
+        session_config =
+            session_config.with_option_extension(cirro_exec::rules::AggregationOptions::default());
         if let Some(partitions) = config.target_partitions {
             session_config = session_config.with_target_partitions(partitions.max(1));
         }

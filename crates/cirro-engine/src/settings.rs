@@ -21,6 +21,7 @@ pub const SERVER_VERSION: &str = "16.6";
 /// Settings clients set and read, with their defaults. Only these are
 /// accepted (42704 otherwise); `datafusion.*` settings go to the engine.
 const SETTINGS: &[(&str, &str)] = &[
+    ("adaptive_aggregation", "on"),
     ("application_name", ""),
     ("bytea_output", "hex"),
     ("cache", "on"),
@@ -157,8 +158,17 @@ impl Engine {
     }
 
     /// Hand a setting that steers planning to the engine: `cache` is the
-    /// hot-data tier's switch in the session's DataFusion options.
+    /// hot-data tier's switch in the session's DataFusion options,
+    /// `adaptive_aggregation` the aggregation rule's.
     fn apply_setting(&self, name: &str, value: &str) -> Result<()> {
+        if name == "adaptive_aggregation" {
+            self.context()
+                .state_ref()
+                .write()
+                .config_mut()
+                .options_mut()
+                .set("cirro_aggregation.mode", value)?;
+        }
         if name == "cache" {
             let enabled = value == "on";
             self.context()
@@ -293,6 +303,17 @@ fn checked_value(name: &'static str, value: String) -> Result<String> {
             _ => Err(CirroError::new(
                 SqlState::INVALID_PARAMETER_VALUE,
                 format!("invalid value for parameter \"cache\": \"{value}\" (on or off)"),
+            )),
+        },
+        "adaptive_aggregation" => match value.to_ascii_lowercase().as_str() {
+            "on" | "true" | "1" | "yes" => Ok("on".to_string()),
+            "off" | "false" | "0" | "no" => Ok("off".to_string()),
+            "force" => Ok("force".to_string()),
+            _ => Err(CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!(
+                    "invalid value for parameter \"adaptive_aggregation\": \"{value}\" (off, on or force)"
+                ),
             )),
         },
         "client_encoding" => {

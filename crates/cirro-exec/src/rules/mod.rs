@@ -1,5 +1,6 @@
 //! Cirro's planning rules and where they run among DataFusion's.
 
+mod aggregation;
 mod chains;
 mod checked;
 mod colocate;
@@ -17,6 +18,7 @@ use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::optimizer::analyzer::Analyzer;
 
+pub use aggregation::{AdaptiveAggregation, AggregationOptions};
 pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};

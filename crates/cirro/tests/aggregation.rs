@@ -1,0 +1,149 @@
+//! Adaptive aggregation (`cirro_exec::rules::AdaptiveAggregation`): grouped
+//! aggregations expected to hold many groups skip the partial phase and
+//! aggregate in more hash partitions than threads; the answers are the same
+//! with the rule off, on and forced, wherever the aggregation sits in a plan.
+
+mod common;
+
+use common::DataDir;
+
+/// `EXPLAIN sql` after the settings `sets`, in one process.
+fn explained(data: &DataDir, sets: &str, sql: &str) -> String {
+    data.sql_ok(&format!("{sets}; EXPLAIN {sql}"))
+}
+
+/// The radix partition counts of the plan: `Hash([…], N)` with N above the
+/// two threads of the test.
+fn radix_partitions(plan: &str) -> Vec<usize> {
+    plan.match_indices("], ")
+        .filter_map(|(at, _)| {
+            plan[at + 3..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect::<String>()
+                .parse::<usize>()
+                .ok()
+        })
+        .filter(|n| *n > 2)
+        .collect()
+}
+
+const QUERIES: &[&str] = &[
+    "SELECT a, b, count(*), sum(v), avg(v), min(v), max(v) FROM r GROUP BY a, b",
+    "SELECT n, count(*), sum(v) FROM r GROUP BY n",
+    "SELECT a, count(*) FROM r GROUP BY a HAVING count(*) >= 40 ORDER BY count(*) DESC, a LIMIT 5",
+    "SELECT a, count(DISTINCT b), sum(v) FILTER (WHERE b = 1) FROM r GROUP BY a",
+    "SELECT a, b, count(*) FROM r GROUP BY ROLLUP (a, b)",
+    // both inputs of a partitioned join are aggregations on the join key
+    "SELECT count(*), sum(x.c * y.c) FROM (SELECT a, count(*) AS c FROM r GROUP BY a) x \
+     JOIN (SELECT a, sum(v) AS c FROM r WHERE b < 4 GROUP BY a) y ON x.a = y.a",
+    "SELECT k, count(*), sum(x) FROM c GROUP BY k",
+];
+
+/// `sql`'s CSV lines after the settings `sets`, in one process; sorted
+/// (after the header) unless the query orders them.
+fn answer(data: &DataDir, sets: &str, sql: &str) -> Vec<String> {
+    let text = data.query_csv(&format!("{sets}; {sql}"));
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    if !sql.contains("ORDER BY") && lines.len() > 1 {
+        lines[1..].sort();
+    }
+    lines
+}
+
+#[test]
+fn many_groups_take_radix_partitions_with_the_same_answers() {
+    let data = DataDir::new();
+    // a: 5,003 values in no order, b: 7, n: a with NULLs; about 35,000
+    // groups of (a, b) over 200,000 rows.
+    data.sql_ok(
+        "CREATE TABLE r AS SELECT CAST(value * 7919 % 5003 AS INT) AS a, \
+         CAST(value % 7 AS INT) AS b, \
+         CASE WHEN value % 11 = 0 THEN NULL ELSE CAST(value * 31 % 4001 AS INT) END AS n, \
+         value AS v FROM generate_series(1, 200000) AS g(value)",
+    );
+    // c: written in key order by two INSERTs (two files whose ranges meet
+    // at 100,000, a key in both, as when a sorted write is split by size).
+    data.sql_ok("CREATE TABLE c (k BIGINT, x BIGINT)");
+    data.sql_ok(
+        "INSERT INTO c SELECT value, value % 10 FROM generate_series(1, 100000) AS g(value)",
+    );
+    data.sql_ok(
+        "INSERT INTO c SELECT value, value % 10 FROM generate_series(100000, 200000) AS g(value)",
+    );
+    // The thresholds lowered so that these tables count as many groups,
+    // and joins of aggregations partitioned.
+    let sets = "SET cirro_aggregation.min_groups = 1000; \
+                SET cirro_aggregation.partition_groups = 1000; \
+                SET datafusion.optimizer.hash_join_single_partition_threshold = 0; \
+                SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0";
+    for query in QUERIES {
+        let reference = answer(
+            &data,
+            &format!("{sets}; SET adaptive_aggregation = off"),
+            query,
+        );
+        assert!(reference.len() > 1, "{query}: no rows");
+        for mode in ["on", "force"] {
+            let rows = answer(
+                &data,
+                &format!("{sets}; SET adaptive_aggregation = {mode}"),
+                query,
+            );
+            assert!(rows == reference, "{query}: {mode} ≠ off");
+        }
+    }
+
+    // (a, b): about 35,000 groups (5,003 × 7 from the min/max of the
+    // footers) → 64 partitions (a power of two) of at most 1,000 groups,
+    // no partial phase.
+    let q = "SELECT a, b, count(*) FROM r GROUP BY a, b";
+    let on = explained(&data, sets, q);
+    assert!(on.contains("mode=SinglePartitioned"), "{on}");
+    assert!(!on.contains("mode=Partial"), "{on}");
+    assert_eq!(radix_partitions(&on), vec![64], "{on}");
+    let off = explained(&data, &format!("{sets}; SET adaptive_aggregation = off"), q);
+    assert!(off.contains("mode=Partial"), "{off}");
+    assert!(radix_partitions(&off).is_empty(), "{off}");
+
+    // Few groups: DataFusion's two phases stay.
+    let few = explained(&data, sets, "SELECT b, count(*) FROM r GROUP BY b");
+    assert!(few.contains("mode=Partial"), "{few}");
+    assert!(radix_partitions(&few).is_empty(), "{few}");
+
+    // Under a partitioned join each aggregation (5,003 groups: 8 radix
+    // partitions) is hashed back to the join's two partitions.
+    let join = explained(&data, sets, QUERIES[5]);
+    assert!(join.contains("mode=Partitioned"), "{join}");
+    assert_eq!(join.matches("mode=SinglePartitioned").count(), 2, "{join}");
+    assert_eq!(join.matches("Hash([a@0], 2)").count(), 2, "{join}");
+    assert_eq!(radix_partitions(&join), vec![8, 8], "{join}");
+
+    // Data written in key order: the partial phase stays unless forced.
+    let q = "SELECT k, count(*), sum(x) FROM c GROUP BY k";
+    let clustered = explained(&data, sets, q);
+    assert!(clustered.contains("mode=Partial"), "{clustered}");
+    let forced = explained(
+        &data,
+        &format!("{sets}; SET adaptive_aggregation = force"),
+        q,
+    );
+    assert!(forced.contains("mode=SinglePartitioned"), "{forced}");
+
+    // The setting: its values, its default, a bad value.
+    let show = "SHOW adaptive_aggregation";
+    assert_eq!(
+        answer(&data, "SET adaptive_aggregation = FORCE", show)[1],
+        "force"
+    );
+    assert_eq!(
+        answer(
+            &data,
+            "SET adaptive_aggregation = off; RESET adaptive_aggregation",
+            show
+        )[1],
+        "on"
+    );
+    let err = data.sql_err("SET adaptive_aggregation = sometimes");
+    assert!(err.contains("22023"), "{err}");
+}
