@@ -260,7 +260,8 @@ impl SchemaProvider for CirroSchemaProvider {
                 .catalog
                 .open_table(&entry.location)
                 .await
-                .map_err(CirroError::into_datafusion)?;
+                .map_err(CirroError::into_datafusion)?
+                .with_analyzed(entry.statistics.clone().map(Arc::new));
             self.session.set(&entry.location, table.clone());
             return Ok(Some(Arc::new(table)));
         }

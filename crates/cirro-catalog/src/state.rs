@@ -50,6 +50,9 @@ pub struct TableEntry {
     /// Privileges granted to other users.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub grants: Grants,
+    /// What the last `ANALYZE` of the table found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statistics: Option<cirro_storage::stats::TableStatistics>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

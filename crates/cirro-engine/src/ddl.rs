@@ -182,6 +182,7 @@ where
                         created_ms: now_ms(),
                         owner: engine.user().map(str::to_string),
                         grants: Default::default(),
+                        statistics: None,
                     },
                 );
                 Ok(())

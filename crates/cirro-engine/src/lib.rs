@@ -10,7 +10,7 @@
 //!     Transaction  BEGIN/COMMIT/ROLLBACK/savepoints → txn.rs (state machine)
 //!     Setting      SET/SHOW/RESET                    → settings.rs
 //!     Access       users and grants                  → access.rs
-//!     Maintenance  DESCRIBE HISTORY/OPTIMIZE/VACUUM  → maintenance.rs, history.rs
+//!     Maintenance  DESCRIBE HISTORY/OPTIMIZE/VACUUM/ANALYZE  → maintenance.rs, history.rs, analyze.rs
 //!     Copy         COPY FROM file / TO STDOUT         → copy.rs
 //!     Sql          AS OF resolved on the AST (time_travel.rs), then planned once:
 //!         CREATE/DROP DATABASE, CREATE VIEW, CREATE TABLE … WITH → ddl.rs / views.rs
@@ -28,6 +28,7 @@
 mod access;
 pub mod activity;
 mod alter;
+mod analyze;
 mod constraints;
 mod copy;
 mod copy_text;

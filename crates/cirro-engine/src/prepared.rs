@@ -218,6 +218,7 @@ impl Engine {
             }
             let schema = match &statement {
                 CirroStatement::Setting(setting) => crate::settings::setting_schema(setting),
+                CirroStatement::Maintenance(cirro_sql::Maintenance::Analyze(_)) => None,
                 CirroStatement::Maintenance(m) => Some(crate::history::result_schema(m)),
                 // Cirro's own (see `ddl.rs`): run at each execution.
                 CirroStatement::Sql(_) => match statement.sql() {

@@ -5,6 +5,9 @@
 //! - `cirro.cache`: the hot-data tier of this node, one row per data file it
 //!   holds or was asked for: entries (column chunks), bytes, hits, misses,
 //!   the best priority among its entries.
+//! - `cirro.statistics`: what `ANALYZE` kept, one row per column of each
+//!   analyzed table: rows, NULLs, estimated distinct values, the Delta
+//!   version analyzed and when.
 
 use std::sync::Arc;
 
@@ -19,7 +22,7 @@ use crate::pg_compat::memory_table;
 /// The system schema's name (reserved: CREATE SCHEMA refuses it).
 pub const SYSTEM_SCHEMA: &str = "cirro";
 
-const TABLES: &[&str] = &["nodes", "cache"];
+const TABLES: &[&str] = &["nodes", "cache", "statistics"];
 
 /// The `cirro` schema of a session.
 #[derive(Debug)]
@@ -37,6 +40,7 @@ impl SchemaProvider for SystemSchema {
         match name {
             "nodes" => Ok(Some(nodes_table(&self.nodes())?)),
             "cache" => Ok(Some(cache_table()?)),
+            "statistics" => Ok(Some(statistics_table(&self.catalog)?)),
             _ => Ok(None),
         }
     }
@@ -108,6 +112,47 @@ fn nodes_table(nodes: &[NodeInfo]) -> DfResult<Arc<dyn TableProvider>> {
         (
             "started",
             Arc::new(TimestampMillisecondArray::from(started).with_timezone("UTC")),
+        ),
+    ])
+}
+
+fn statistics_table(catalog: &Catalog) -> DfResult<Arc<dyn TableProvider>> {
+    let snapshot = catalog.snapshot();
+    let (mut dbs, mut schemas, mut tables, mut columns) = (vec![], vec![], vec![], vec![]);
+    let (mut rows, mut nulls, mut distinct, mut versions, mut when) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for (db, database) in &snapshot.databases {
+        for (schema, entry) in &database.schemas {
+            for (table, entry) in &entry.tables {
+                let Some(stats) = &entry.statistics else {
+                    continue;
+                };
+                for (column, c) in &stats.columns {
+                    dbs.push(db.clone());
+                    schemas.push(schema.clone());
+                    tables.push(table.clone());
+                    columns.push(column.clone());
+                    rows.push(stats.rows as i64);
+                    nulls.push(c.nulls as i64);
+                    distinct.push(c.distinct.map(|d| d as i64));
+                    versions.push(stats.version);
+                    when.push(stats.analyzed_ms);
+                }
+            }
+        }
+    }
+    memory_table(vec![
+        ("database", Arc::new(StringArray::from(dbs)) as ArrayRef),
+        ("schema", Arc::new(StringArray::from(schemas))),
+        ("table", Arc::new(StringArray::from(tables))),
+        ("column", Arc::new(StringArray::from(columns))),
+        ("rows", Arc::new(Int64Array::from(rows))),
+        ("nulls", Arc::new(Int64Array::from(nulls))),
+        ("distinct", Arc::new(Int64Array::from(distinct))),
+        ("version", Arc::new(Int64Array::from(versions))),
+        (
+            "analyzed_at",
+            Arc::new(TimestampMillisecondArray::from(when).with_timezone("UTC")),
         ),
     ])
 }

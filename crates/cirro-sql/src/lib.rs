@@ -132,7 +132,7 @@ fn parse_statement(sql: &str) -> Result<Parsed> {
         "create" | "alter" | "drop" | "grant" | "revoke" => {
             parsers::access::parse(&solid)?.map(Statement::Access)
         }
-        "describe" | "desc" | "optimize" | "vacuum" => {
+        "describe" | "desc" | "optimize" | "vacuum" | "analyze" | "analyse" => {
             parsers::maintenance::parse(&solid)?.map(Statement::Maintenance)
         }
         "begin" | "start" | "commit" | "end" | "rollback" | "abort" | "savepoint" | "release" => {
@@ -247,6 +247,7 @@ pub(crate) mod tests {
             Statement::Maintenance(_)
         ));
         assert!(matches!(kind("describe t"), Statement::Sql(_)));
+        assert!(matches!(kind("ANALYZE t"), Statement::Maintenance(_)));
         assert!(matches!(kind("commit"), Statement::Transaction(_)));
         assert!(matches!(
             kind("copy t (a, b) from stdin with (format csv)"),

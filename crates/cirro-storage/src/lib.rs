@@ -17,6 +17,7 @@ pub mod mutate;
 pub mod options;
 pub mod root;
 pub mod schema;
+pub mod stats;
 mod stores;
 pub mod table;
 mod timeouts;

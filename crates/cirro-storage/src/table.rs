@@ -53,6 +53,7 @@ use url::Url;
 
 use crate::dv;
 use crate::schema::{scan_schema, storage_schema};
+use crate::stats::TableStatistics;
 use crate::write::TableSink;
 
 pub use crate::options::TableOptions;
@@ -127,6 +128,8 @@ pub struct CirroTable {
     /// Whether scans add the row-id columns ([`FILE_INDEX_COLUMN`],
     /// [`ROW_INDEX_COLUMN`]), for DELETE, UPDATE and MERGE.
     row_ids: bool,
+    /// What the last `ANALYZE` found (kept in the catalog).
+    analyzed: Option<Arc<TableStatistics>>,
 }
 
 /// One data file of a snapshot.
@@ -214,7 +217,15 @@ impl CirroTable {
             files: Arc::new(files),
             options,
             row_ids: false,
+            analyzed: None,
         })
+    }
+
+    /// The table with `ANALYZE`'s statistics, which scans report to the
+    /// planner as their columns' distinct counts.
+    pub fn with_analyzed(mut self, statistics: Option<Arc<TableStatistics>>) -> Self {
+        self.analyzed = statistics;
+        self
     }
 
     /// The table as `actions` (adds and removes, in order) would leave it:
@@ -471,10 +482,23 @@ impl CirroTable {
         }
         let table_schema = builder.build();
         let full_schema = Arc::clone(table_schema.table_schema());
-        let statistics = Statistics::try_merge_iter(
+        let mut statistics = Statistics::try_merge_iter(
             partitioned.iter().filter_map(|p| p.statistics.as_deref()),
             &full_schema,
         )?;
+        if let Some(analyzed) = &self.analyzed {
+            let rows = statistics.num_rows.get_value().copied();
+            for (field, column) in self
+                .schema
+                .fields()
+                .iter()
+                .zip(statistics.column_statistics.iter_mut())
+            {
+                if let Some(distinct) = analyzed.distinct(field.name(), rows) {
+                    column.distinct_count = Precision::Inexact(distinct);
+                }
+            }
+        }
         let target = state.config().target_partitions().max(1);
         let (groups, partitioning) = match self.bucketed_groups(&partitioned, &buckets, target)? {
             Some((groups, partitioning)) => (groups, Some(partitioning)),

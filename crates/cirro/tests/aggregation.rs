@@ -147,3 +147,77 @@ fn many_groups_take_radix_partitions_with_the_same_answers() {
     let err = data.sql_err("SET adaptive_aggregation = sometimes");
     assert!(err.contains("22023"), "{err}");
 }
+
+/// The value of `column` in the row of `cirro.statistics`' CSV whose first
+/// field is `name` (the header names the columns).
+fn stat(csv: &[String], name: &str, column: &str) -> String {
+    let header: Vec<&str> = csv[0].split('|').collect();
+    let at = header.iter().position(|h| *h == column).expect("column");
+    let row = csv
+        .iter()
+        .find(|l| l.split('|').next() == Some(name))
+        .unwrap_or_else(|| panic!("no statistics of {name}: {csv:?}"));
+    row.split('|').nth(at).unwrap_or_default().to_string()
+}
+
+#[test]
+fn analyze_keeps_distinct_counts_that_plans_use() {
+    let data = DataDir::new();
+    data.sql_ok(
+        "CREATE TABLE t AS SELECT 'k' || CAST(value % 5000 AS VARCHAR) AS s, \
+         CASE WHEN value % 4 = 0 THEN NULL ELSE value % 7 END AS b, value * 0.5 AS f \
+         FROM generate_series(1, 100000) AS g(value)",
+    );
+    let sets = "SET cirro_aggregation.min_groups = 1000; \
+                SET cirro_aggregation.partition_groups = 1000";
+    let q = "SELECT s, count(*), sum(f) FROM t GROUP BY s";
+    // A text key has no value range: without statistics the plan stays
+    // DataFusion's.
+    let before = explained(&data, sets, q);
+    assert!(before.contains("mode=Partial"), "{before}");
+    let reference = answer(&data, "SET adaptive_aggregation = off", q);
+
+    data.sql_ok("ANALYZE t");
+    let csv = answer(
+        &data,
+        "SET adaptive_aggregation = on",
+        "SELECT \"column\", \"rows\", \"nulls\", \"distinct\", \"version\" FROM cirro.statistics \
+         WHERE \"table\" = 't'",
+    );
+    assert_eq!(csv.len(), 4, "{csv:?}");
+    assert_eq!(stat(&csv, "b", "rows"), "100000");
+    assert_eq!(stat(&csv, "b", "nulls"), "25000");
+    let b: u64 = stat(&csv, "b", "distinct").parse().expect("a count");
+    assert!((6..=8).contains(&b), "estimate {b} of 7");
+    assert_eq!(stat(&csv, "f", "nulls"), "0");
+    assert_eq!(stat(&csv, "f", "distinct"), "", "floats are not estimated");
+    let distinct: f64 = stat(&csv, "s", "distinct").parse().expect("a count");
+    assert!(
+        (distinct - 5000.0).abs() < 250.0,
+        "estimate {distinct} of 5,000"
+    );
+
+    // The estimate reaches the plan: about 5,000 groups → 8 radix partitions.
+    let after = explained(&data, sets, q);
+    assert!(after.contains("mode=SinglePartitioned"), "{after}");
+    assert_eq!(radix_partitions(&after), vec![8], "{after}");
+    assert_eq!(answer(&data, sets, q), reference);
+
+    // Bad input.
+    let err = data.sql_err("ANALYZE missing");
+    assert!(err.contains("42P01"), "{err}");
+    let err = data.sql_err("ANALYZE t (s)");
+    assert!(err.contains("0A000"), "{err}");
+    let err = data.sql_err("BEGIN; ANALYZE t");
+    assert!(err.contains("0A000"), "{err}");
+
+    // ANALYZE alone: every table of the database.
+    data.sql_ok("CREATE TABLE u AS SELECT 1 AS x");
+    data.sql_ok("ANALYZE");
+    let csv = answer(
+        &data,
+        "SET adaptive_aggregation = on",
+        "SELECT \"table\", \"rows\" FROM cirro.statistics WHERE \"column\" = 'x'",
+    );
+    assert_eq!(csv[1..], ["u|1".to_string()], "{csv:?}");
+}

@@ -20,10 +20,10 @@
 //! threads work through the partitions. The same query: 3.2 s → 1.6 s.
 //!
 //! The number of groups is estimated from the input's statistics: the
-//! product, over the group keys, of each key's distinct count (where the
-//! statistics carry one; Cirro's scans do not yet, `ANALYZE` is to come) or,
-//! for integer and date keys, its value range (the min/max of the Parquet
-//! footers), plus one for NULL, capped by the row count.
+//! product, over the group keys, of each key's distinct count (what `ANALYZE`
+//! kept, reported by the scans) or, for integer and date keys, its value
+//! range (the min/max of the Parquet footers), plus one for NULL, capped by
+//! the row count.
 //! When a key has neither, the plan stays DataFusion's. It stays too when
 //! the data files hold disjoint ranges of a key (data written in key
 //! order): there the partial phase is cheap and worth it (see [`clustered`]).

@@ -1,5 +1,6 @@
 //! Table maintenance the SQL dialect does not know:
-//! `DESCRIBE|DESC HISTORY t`, `OPTIMIZE t`, `VACUUM t [RETAIN n HOURS]`.
+//! `DESCRIBE|DESC HISTORY t`, `OPTIMIZE t`, `VACUUM t [RETAIN n HOURS]`,
+//! `ANALYZE [VERBOSE] [t [, …]]`.
 
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::common::TableReference;
@@ -15,11 +16,31 @@ pub enum Maintenance {
     Optimize(TableReference),
     /// `VACUUM name [RETAIN n HOURS]`
     Vacuum(TableReference, Option<u64>),
+    /// `ANALYZE [VERBOSE] [name [, …]]` (no names: every table of the
+    /// database that the user owns).
+    Analyze(Vec<TableReference>),
 }
 
 /// Parse `tokens` if they are a maintenance statement (None otherwise).
 pub(crate) fn parse(tokens: &[Token]) -> Result<Option<Maintenance>> {
     let mut words = Words::new(tokens);
+    if words.keyword("analyze") || words.keyword("analyse") {
+        words.keyword("verbose");
+        words.keyword("table");
+        if words.is_end() {
+            return Ok(Some(Maintenance::Analyze(Vec::new())));
+        }
+        let tables = words
+            .list(|w| w.table())
+            .map_err(|_| syntax("syntax error: expected ANALYZE [VERBOSE] [table [, …]]"))?;
+        if !words.is_end() {
+            return Err(CirroError::new(
+                SqlState::FEATURE_NOT_SUPPORTED,
+                "ANALYZE takes table names only; it analyzes every column of each",
+            ));
+        }
+        return Ok(Some(Maintenance::Analyze(tables)));
+    }
     let kind = if (words.word_at(0, "describe") || words.word_at(0, "desc"))
         && words.word_at(1, "history")
     {
@@ -94,5 +115,17 @@ mod tests {
         assert!(parse_sql("VACUUM t RETAIN x HOURS").is_err());
         assert!(parse_sql("OPTIMIZE t now").is_err());
         assert!(parse_sql("OPTIMIZE").is_err());
+        assert_eq!(
+            parse_sql("ANALYZE").expect("parse"),
+            Some(Maintenance::Analyze(Vec::new()))
+        );
+        assert_eq!(
+            parse_sql("analyze verbose a, s.B").expect("parse"),
+            Some(Maintenance::Analyze(vec![
+                TableReference::bare("a"),
+                TableReference::partial("s", "b")
+            ]))
+        );
+        assert!(parse_sql("ANALYZE t (a)").is_err());
     }
 }
