@@ -31,7 +31,9 @@
 //! `SET adaptive_aggregation = off | on | force`: `off` leaves DataFusion's
 //! plan; `on` (the default) takes the high-cardinality path when the estimate
 //! reaches [`AggregationOptions::min_groups`]; `force` takes it for every
-//! grouped two-phase aggregation.
+//! grouped two-phase aggregation whose radix partitions would outnumber the
+//! threads (an estimate above `threads × partition_groups`, or none: 64
+//! partitions), whatever the threshold and the key order.
 //!
 //! Where the operator above needs the aggregation's output partitioned as
 //! DataFusion planned it (a partitioned join on the group keys, whose other
