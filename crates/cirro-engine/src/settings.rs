@@ -161,26 +161,20 @@ impl Engine {
     /// hot-data tier's switch in the session's DataFusion options,
     /// `adaptive_aggregation` the aggregation rule's.
     fn apply_setting(&self, name: &str, value: &str) -> Result<()> {
-        if name == "adaptive_aggregation" {
-            self.context()
-                .state_ref()
-                .write()
-                .config_mut()
-                .options_mut()
-                .set("cirro_aggregation.mode", value)?;
-        }
-        if name == "cache" {
-            let enabled = value == "on";
-            self.context()
-                .state_ref()
-                .write()
-                .config_mut()
-                .options_mut()
-                .set(
-                    "cirro_cache.enabled",
-                    if enabled { "true" } else { "false" },
-                )?;
-        }
+        let (key, value) = match name {
+            "adaptive_aggregation" => ("cirro_aggregation.mode", value),
+            "cache" => (
+                "cirro_cache.enabled",
+                if value == "on" { "true" } else { "false" },
+            ),
+            _ => return Ok(()),
+        };
+        self.context()
+            .state_ref()
+            .write()
+            .config_mut()
+            .options_mut()
+            .set(key, value)?;
         Ok(())
     }
 

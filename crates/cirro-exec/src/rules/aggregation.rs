@@ -81,6 +81,8 @@ impl datafusion::common::config::ConfigExtension for AggregationOptions {
 
 /// The most radix partitions one aggregation gets.
 const MAX_PARTITIONS: usize = 256;
+/// Radix partitions of a forced aggregation whose groups cannot be estimated.
+const UNESTIMATED_PARTITIONS: usize = 64;
 
 #[derive(Debug, Default)]
 pub struct AdaptiveAggregation;
@@ -196,7 +198,7 @@ impl Choice<'_> {
             {
                 self.partitions(groups)
             }
-            None if self.force => MAX_PARTITIONS.min(64),
+            None if self.force => UNESTIMATED_PARTITIONS,
             _ => return Ok(None),
         };
         if partitions <= shuffle.partitioning().partition_count() {
