@@ -162,6 +162,9 @@ fn physical_rules(
         rules.push(Arc::new(cirro_storage::cache::CacheScans::new(Arc::clone(
             cirro_storage::cache::global(),
         ))));
+        // Last: the compiled expressions keep their interpreted ones as
+        // children only, and DataFusion's codec cannot send them.
+        rules.push(Arc::new(cirro_exec::rules::CompileExpressions));
     }
     rules
 }
@@ -365,8 +368,9 @@ impl Engine {
         session_config =
             session_config.with_option_extension(cirro_storage::cache::CacheOptions::default());
         // Adaptive aggregation's switches (`SET adaptive_aggregation`).
-        session_config =
-            session_config.with_option_extension(cirro_exec::rules::AggregationOptions::default());
+        session_config = session_config
+            .with_option_extension(cirro_exec::rules::AggregationOptions::default())
+            .with_option_extension(cirro_exec::rules::JitOptions::default());
         if let Some(partitions) = config.target_partitions {
             session_config = session_config.with_target_partitions(partitions.max(1));
         }

@@ -34,6 +34,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("extra_float_digits", "1"),
     ("integer_datetimes", "on"),
     ("intervalstyle", "postgres"),
+    ("jit", "on"),
     ("lc_messages", "C"),
     ("lc_monetary", "C"),
     ("lc_numeric", "C"),
@@ -159,10 +160,12 @@ impl Engine {
 
     /// Hand a setting that steers planning to the engine: `cache` is the
     /// hot-data tier's switch in the session's DataFusion options,
-    /// `adaptive_aggregation` the aggregation rule's.
+    /// `adaptive_aggregation` the aggregation rule's, `jit` the compiling
+    /// rule's.
     fn apply_setting(&self, name: &str, value: &str) -> Result<()> {
         let (key, value) = match name {
             "adaptive_aggregation" => ("cirro_aggregation.mode", value),
+            "jit" => ("cirro_jit.mode", value),
             "cache" => (
                 "cirro_cache.enabled",
                 if value == "on" { "true" } else { "false" },
@@ -299,15 +302,13 @@ fn checked_value(name: &'static str, value: String) -> Result<String> {
                 format!("invalid value for parameter \"cache\": \"{value}\" (on or off)"),
             )),
         },
-        "adaptive_aggregation" => match value.to_ascii_lowercase().as_str() {
+        "adaptive_aggregation" | "jit" => match value.to_ascii_lowercase().as_str() {
             "on" | "true" | "1" | "yes" => Ok("on".to_string()),
             "off" | "false" | "0" | "no" => Ok("off".to_string()),
             "force" => Ok("force".to_string()),
             _ => Err(CirroError::new(
                 SqlState::INVALID_PARAMETER_VALUE,
-                format!(
-                    "invalid value for parameter \"adaptive_aggregation\": \"{value}\" (off, on or force)"
-                ),
+                format!("invalid value for parameter \"{name}\": \"{value}\" (off, on or force)"),
             )),
         },
         "client_encoding" => {

@@ -3,8 +3,10 @@
 //! - `rules/`: analyzer and optimizer rules ([`rules::analyzer_rules`] puts
 //!   them in their places around DataFusion's own);
 //! - `functions/`: the scalar functions those rules put into plans;
+//! - `jit/`: expressions compiled to machine code (Cranelift);
 //! - `distribution`: the seam to a cluster's distributed execution.
 
 pub mod distribution;
 pub mod functions;
+pub mod jit;
 pub mod rules;

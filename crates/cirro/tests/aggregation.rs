@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::DataDir;
+use common::{DataDir, answer_after as answer};
 
 /// `EXPLAIN sql` after the settings `sets`, in one process.
 fn explained(data: &DataDir, sets: &str, sql: &str) -> String {
@@ -39,17 +39,6 @@ const QUERIES: &[&str] = &[
      JOIN (SELECT a, sum(v) AS c FROM r WHERE b < 4 GROUP BY a) y ON x.a = y.a",
     "SELECT k, count(*), sum(x) FROM c GROUP BY k",
 ];
-
-/// `sql`'s CSV lines after the settings `sets`, in one process; sorted
-/// (after the header) unless the query orders them.
-fn answer(data: &DataDir, sets: &str, sql: &str) -> Vec<String> {
-    let text = data.query_csv(&format!("{sets}; {sql}"));
-    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
-    if !sql.contains("ORDER BY") && lines.len() > 1 {
-        lines[1..].sort();
-    }
-    lines
-}
 
 #[test]
 fn many_groups_take_radix_partitions_with_the_same_answers() {

@@ -55,7 +55,7 @@ use datafusion::physical_plan::joins::utils::JoinFilter;
 use datafusion::physical_plan::joins::{
     HashJoinExec, HashJoinExecBuilder, NestedLoopJoinExec, NestedLoopJoinExecBuilder,
 };
-use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
+use datafusion::physical_plan::projection::ProjectionExec;
 
 use crate::functions::guard::{GUARD_NAME, guard_udf};
 
@@ -257,21 +257,9 @@ impl PhysicalOptimizerRule for LazyGuards {
                 return Ok(Transformed::yes(Arc::new(rebuilt) as Arc<dyn ExecutionPlan>));
             }
             if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
-                let mut changed = false;
-                let mut exprs = Vec::with_capacity(projection.expr().len());
-                for item in projection.expr() {
-                    let lazy = lazy(Arc::clone(&item.expr))?;
-                    changed |= lazy.transformed;
-                    exprs.push(ProjectionExpr {
-                        expr: lazy.data,
-                        alias: item.alias.clone(),
-                    });
-                }
-                if !changed {
-                    return Ok(Transformed::no(node));
-                }
-                let rebuilt = ProjectionExec::try_new(exprs, Arc::clone(projection.input()))?;
-                return Ok(Transformed::yes(Arc::new(rebuilt) as Arc<dyn ExecutionPlan>));
+                return super::rewrite_projection(Arc::clone(&node), projection, |expr| {
+                    lazy(Arc::clone(expr))
+                });
             }
             if let Some(join) = node.downcast_ref::<HashJoinExec>()
                 && let Some(filter) = lazy_join_filter(join.filter())?

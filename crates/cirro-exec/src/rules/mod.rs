@@ -5,6 +5,7 @@ mod chains;
 mod checked;
 mod colocate;
 mod guards;
+mod jit;
 mod segment;
 mod yields;
 
@@ -17,12 +18,16 @@ use datafusion::logical_expr::utils::merge_schema;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::optimizer::analyzer::Analyzer;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
 pub use aggregation::{AdaptiveAggregation, AggregationOptions};
 pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
 pub use guards::{GuardFallibleConditions, LazyGuards};
+pub use jit::{CompileExpressions, JitOptions};
 pub use segment::segment_udf;
 pub use yields::YieldAfterJoins;
 
@@ -85,4 +90,28 @@ pub(crate) fn rewrite_expressions(
         let name = names.save(&expr);
         rewrite(expr, &schema).map(|t| t.update_data(|e| name.restore(e)))
     })
+}
+
+/// `projection` with each expression passed through `rewrite`, the names
+/// kept; the node unchanged where no expression changed.
+pub(crate) fn rewrite_projection(
+    node: Arc<dyn ExecutionPlan>,
+    projection: &ProjectionExec,
+    mut rewrite: impl FnMut(&Arc<dyn PhysicalExpr>) -> Result<Transformed<Arc<dyn PhysicalExpr>>>,
+) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    let mut changed = false;
+    let mut exprs = Vec::with_capacity(projection.expr().len());
+    for item in projection.expr() {
+        let rewritten = rewrite(&item.expr)?;
+        changed |= rewritten.transformed;
+        exprs.push(ProjectionExpr {
+            expr: rewritten.data,
+            alias: item.alias.clone(),
+        });
+    }
+    if !changed {
+        return Ok(Transformed::no(node));
+    }
+    let rebuilt = ProjectionExec::try_new(exprs, Arc::clone(projection.input()))?;
+    Ok(Transformed::yes(Arc::new(rebuilt) as Arc<dyn ExecutionPlan>))
 }

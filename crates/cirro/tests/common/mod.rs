@@ -132,6 +132,17 @@ impl DataDir {
     }
 }
 
+/// `sql`'s CSV lines after the settings `sets`, in one process; sorted
+/// (after the header) unless the query orders them.
+pub fn answer_after(data: &DataDir, sets: &str, sql: &str) -> Vec<String> {
+    let text = data.query_csv(&format!("{sets}; {sql}"));
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    if !sql.contains("ORDER BY") && lines.len() > 1 {
+        lines[1..].sort();
+    }
+    lines
+}
+
 /// A single-value query result as text.
 pub fn scalar(data: &DataDir, sql: &str) -> String {
     let csv = data.query_csv(sql);

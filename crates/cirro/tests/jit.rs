@@ -1,0 +1,195 @@
+//! Runtime code generation (`cirro_exec::jit`, `SET jit`): expressions in
+//! filters, projections and aggregate arguments run as compiled kernels with
+//! the answers of the interpreted path, errors included, and EXPLAIN ANALYZE
+//! counts the batches the kernels computed. The TPC-H and SSB reference
+//! answers with each speed switch forced on and off are checked here too.
+
+mod common;
+
+use common::compare::{compare, is_ordered};
+use common::{DataDir, answer_after as answer, shared_dir};
+
+/// The `batches=N` counts of the compiled expressions in an EXPLAIN ANALYZE.
+fn kernel_batches(plan: &str) -> Vec<u64> {
+    plan.match_indices(", batches=")
+        .filter_map(|(at, m)| {
+            plan[at + m.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit())
+                .collect::<String>()
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+const QUERIES: &[&str] = &[
+    // TPC-H Q1's arithmetic on decimals.
+    "SELECT flag, sum(price), sum(price * (1 - disc)), sum(price * (1 - disc) * (1 + tax)), \
+     avg(qty), count(*) FROM t WHERE day <= DATE '1998-09-02' GROUP BY flag ORDER BY flag",
+    // Q6's filter: five comparisons.
+    "SELECT sum(price * disc) FROM t WHERE day >= DATE '1994-01-01' \
+     AND day < DATE '1995-01-01' AND disc BETWEEN 0.05 AND 0.07 AND qty < 24",
+    // Integer arithmetic (PostgreSQL's checked operators), NULLs, OR.
+    "SELECT k, a * b + a - 3, a * 2 - b FROM t WHERE a + b > 10 OR b - a < -5 ORDER BY k",
+    "SELECT count(*), sum(big * 2 - big) FROM t WHERE (a > 3 AND b < 40) OR k % 97 = 0",
+    // Doubles, widening casts.
+    "SELECT sum(r * 2.5 - r), sum(CAST(a AS DOUBLE) * r) FROM t WHERE b IS NOT NULL",
+];
+
+fn create(data: &DataDir) {
+    // 120,000 rows: several batches; a and b NULL in a row of 13 and 17.
+    data.sql_ok(
+        "CREATE TABLE t AS SELECT value AS k, \
+         CASE WHEN value % 13 = 0 THEN NULL ELSE CAST(value % 50 AS INT) END AS a, \
+         CASE WHEN value % 17 = 0 THEN NULL ELSE CAST(value * 7 % 61 AS INT) END AS b, \
+         value * 1000003 AS big, \
+         CAST((value * 7919 % 1000000) / 100.0 + 900 AS DECIMAL(15,2)) AS price, \
+         CAST((value % 11) / 100.0 AS DECIMAL(15,2)) AS disc, \
+         CAST((value % 9) / 100.0 AS DECIMAL(15,2)) AS tax, \
+         CAST(value % 50 + 1 AS DECIMAL(15,2)) AS qty, \
+         CAST(DATE '1992-01-01' + CAST(value % 2500 AS INT) AS DATE) AS day, \
+         CHR(65 + CAST(value % 3 AS INT)) AS flag, \
+         value * 0.25 AS r \
+         FROM generate_series(1, 120000) AS g(value)",
+    );
+}
+
+#[test]
+fn compiled_expressions_give_the_interpreted_answers() {
+    let data = DataDir::new();
+    create(&data);
+    for query in QUERIES {
+        let reference = answer(&data, "SET jit = off", query);
+        assert!(reference.len() > 1, "{query}: no rows");
+        for mode in ["on", "force"] {
+            let rows = answer(&data, &format!("SET jit = {mode}"), query);
+            assert!(rows == reference, "{query}: jit {mode} ≠ off");
+        }
+    }
+
+    // Forced, every query runs kernels; their batches show in EXPLAIN ANALYZE.
+    for query in QUERIES {
+        let plan = data.sql_ok(&format!("SET jit = force; EXPLAIN ANALYZE {query}"));
+        assert!(plan.contains("jit("), "{query}: nothing compiled\n{plan}");
+        let batches = kernel_batches(&plan);
+        assert!(
+            batches.iter().any(|b| *b > 0),
+            "{query}: no kernel ran\n{plan}"
+        );
+    }
+    // Off: nothing compiled. On: arithmetic and Q6's five comparisons are
+    // (an aggregate's argument in a projection below it), a lone comparison
+    // is not.
+    let plan = data.sql_ok(&format!("SET jit = off; EXPLAIN {}", QUERIES[0]));
+    assert!(!plan.contains("jit("), "{plan}");
+    let plan = data.sql_ok(&format!("EXPLAIN {}", QUERIES[1]));
+    assert!(plan.contains("FilterExec: jit("), "{plan}");
+    assert!(
+        plan.contains("jit(price@") && plan.contains("as __jit_arg_0"),
+        "{plan}"
+    );
+    let plan = data.sql_ok("EXPLAIN SELECT k FROM t WHERE a < 3");
+    assert!(!plan.contains("jit("), "{plan}");
+
+    // An overflow fails as it does interpreted: 22003, not a wrapped value.
+    for mode in ["off", "on", "force"] {
+        let err = data.sql_err(&format!(
+            "SET jit = {mode}; SELECT sum(big * big * 1000 - big) FROM t"
+        ));
+        assert!(
+            err.contains("22003") && err.contains("bigint out of range"),
+            "{mode}: {err}"
+        );
+    }
+
+    // The setting: its values, its default, a bad value.
+    assert_eq!(answer(&data, "SET jit = FORCE", "SHOW jit")[1], "force");
+    assert_eq!(
+        answer(&data, "SET jit = off; RESET jit", "SHOW jit")[1],
+        "on"
+    );
+    let err = data.sql_err("SET jit = sometimes");
+    assert!(err.contains("22023"), "{err}");
+}
+
+/// The switches of the speed work, each forced on and off.
+const MATRIX: &[&str] = &[
+    "SET jit = force",
+    "SET jit = off",
+    "SET adaptive_aggregation = force",
+    "SET adaptive_aggregation = off",
+    "SET cache = off",
+];
+
+/// Each query `{suite}/queries/{name}.sql` against `{answers}/{name}.csv`
+/// with each switch of [`MATRIX`] set first; returns the failures.
+fn matrix(data: &DataDir, suite: &str, answers: &str, names: &[String]) -> Vec<String> {
+    let shared = shared_dir();
+    let dir = tempfile_dir();
+    let mut failures = Vec::new();
+    for sets in MATRIX {
+        for name in names {
+            let query = std::fs::read_to_string(shared.join(format!("{suite}/queries/{name}.sql")))
+                .expect("query file");
+            let expected = std::fs::read_to_string(shared.join(format!("{answers}/{name}.csv")))
+                .expect("answer file");
+            let file = dir.join(format!("{name}.sql"));
+            std::fs::write(&file, format!("{sets};\n{query}")).expect("write query");
+            match data.run_query_file(&file) {
+                Err(stderr) => failures.push(format!("{sets}: {name}: {stderr}")),
+                Ok(actual) => {
+                    if let Err(diff) = compare(&actual, &expected, is_ordered(&query)) {
+                        failures.push(format!("{sets}: {name}: {diff}"));
+                    }
+                }
+            }
+        }
+    }
+    failures
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("cirro-jit-matrix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+#[test]
+fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
+    let data = DataDir::new();
+    data.load(&["tpch", "--sf", "0.01"]);
+    let names: Vec<String> = (1..=22).map(|q| format!("q{q:02}")).collect();
+    let mut failures = matrix(&data, "tpch", "tpch/answers/sf0.01", &names);
+
+    let ssb = DataDir::new();
+    let tbl = shared_dir().join("ssb/data-sf0.01");
+    ssb.load(&["ssb", "--from-tbl", tbl.to_str().expect("utf8")]);
+    let names: Vec<String> = std::fs::read_dir(shared_dir().join("ssb/queries"))
+        .expect("ssb queries")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".sql").map(str::to_string)
+        })
+        .collect();
+    assert_eq!(names.len(), 13, "{names:?}");
+    failures.extend(matrix(&ssb, "ssb", "ssb/answers-sf0.01", &names));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Forced on, the switches act: TPC-H Q1 and Q6 run kernels, Q18's
+    // aggregation takes the radix path.
+    for q in ["q01", "q06"] {
+        let query = std::fs::read_to_string(shared_dir().join(format!("tpch/queries/{q}.sql")))
+            .expect("query");
+        let plan = data.sql_ok(&format!("SET jit = force; EXPLAIN ANALYZE {query}"));
+        assert!(
+            kernel_batches(&plan).iter().any(|b| *b > 0),
+            "{q}: no kernel ran\n{plan}"
+        );
+    }
+    let query = std::fs::read_to_string(shared_dir().join("tpch/queries/q18.sql")).expect("q18");
+    let plan = data.sql_ok(&format!(
+        "SET adaptive_aggregation = force; EXPLAIN {query}"
+    ));
+    assert!(plan.contains("mode=SinglePartitioned"), "{plan}");
+}
