@@ -215,6 +215,31 @@ impl Node {
         }
     }
 
+    /// AND/OR operations in the tree.
+    fn logic_operations(&self) -> usize {
+        match self {
+            Node::And(terms) | Node::Or(terms) => {
+                terms.len() - 1 + terms.iter().map(Node::logic_operations).sum::<usize>()
+            }
+            Node::Cmp { left, right, .. } | Node::Arith { left, right, .. } => {
+                left.logic_operations() + right.logic_operations()
+            }
+            Node::Widen { input, .. } | Node::Scale { input, .. } => input.logic_operations(),
+            Node::Column { .. } | Node::Const { .. } => 0,
+        }
+    }
+
+    /// Comparisons in the tree.
+    fn comparisons(&self) -> usize {
+        match self {
+            Node::Cmp { left, right, .. } => 1 + left.comparisons() + right.comparisons(),
+            Node::Arith { left, right, .. } => left.comparisons() + right.comparisons(),
+            Node::Widen { input, .. } | Node::Scale { input, .. } => input.comparisons(),
+            Node::And(terms) | Node::Or(terms) => terms.iter().map(Node::comparisons).sum(),
+            Node::Column { .. } | Node::Const { .. } => 0,
+        }
+    }
+
     fn has_logic(&self) -> bool {
         match self {
             Node::And(_) | Node::Or(_) => true,
@@ -530,9 +555,13 @@ impl JitExpr {
         self.node.operations()
     }
 
-    /// Whether the kernel computes a condition (a bitmap), not a value.
-    pub fn is_condition(&self) -> bool {
-        self.output == Output::Bits
+    /// Whether the kernel computes a condition (a bitmap) of comparisons
+    /// only, and how many: what the rule weighs such a kernel by (arithmetic
+    /// always pays).
+    pub fn comparisons_only(&self) -> Option<usize> {
+        let comparisons = self.node.comparisons();
+        let arithmetic = self.node.operations() > comparisons + self.node.logic_operations();
+        (self.output == Output::Bits && !arithmetic).then_some(comparisons)
     }
 
     /// The interpreted expression.

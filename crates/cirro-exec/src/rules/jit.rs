@@ -7,14 +7,16 @@
 //! DataFusion's codec does not know the node.
 //!
 //! `SET jit = off | on | force`: `on` (the default) compiles arithmetic,
-//! and conditions of at least [`JitOptions::min_operations`] operations,
-//! where one pass over the rows replaces several (Q6's and SSB Q1's five
-//! comparisons). A lone comparison is about even with Arrow's vectorized
-//! kernels and is left to them (over TPC-H SF1 lineitem, `l_quantity < 24`:
-//! 7.2–10.4 ms interpreted, 7.5–10.3 compiled; `l_shipdate >= DATE …`:
-//! 4.8–6.8 against 6.5–8.7); a lone product compiled beats Arrow's checked
-//! one (`sum(l_extendedprice * l_discount)`: 16.0 → 13.3 ms). `force`
-//! compiles every subtree with an operation.
+//! and conditions of at least [`JitOptions::min_comparisons`] comparisons
+//! (3), where one pass over the rows replaces several: TPC-H Q6's five,
+//! SSB Q1's three or four. Arrow's comparison kernels are vectorized, the
+//! kernel's loop is scalar: one or two comparisons are about even or slower
+//! compiled (over TPC-H SF1 lineitem, `l_quantity < 24`: 7.2–10.4 ms
+//! interpreted, 7.5–10.3 compiled; `l_shipdate >= DATE …`: 4.8–6.8 against
+//! 6.5–8.7; Q14's two date comparisons: 17.9 against 19.0–23.9 for the
+//! query). Arithmetic compiled beats Arrow's checked kernels even alone
+//! (`sum(l_extendedprice * l_discount)`: 16.0 → 13.3 ms). `force` compiles
+//! every subtree with an operation.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -39,9 +41,9 @@ datafusion::common::extensions_options! {
     pub struct JitOptions {
         /// `off`, `on` or `force` (`SET jit`).
         pub mode: String, default = "on".to_string()
-        /// Operations from which `on` compiles a condition (arithmetic
-        /// compiles from one).
-        pub min_operations: usize, default = 2
+        /// Comparisons from which `on` compiles a condition without
+        /// arithmetic (arithmetic always compiles).
+        pub min_comparisons: usize, default = 3
     }
 }
 
@@ -59,12 +61,12 @@ impl PhysicalOptimizerRule for CompileExpressions {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let options = config.extensions.get::<JitOptions>();
-        let min_operations = match options.map(|o| o.mode.as_str()) {
+        let min_comparisons = match options.map(|o| o.mode.as_str()) {
             Some("off") => return Ok(plan),
             Some("force") => 1,
-            _ => options.map_or(2, |o| o.min_operations.max(1)),
+            _ => options.map_or(3, |o| o.min_comparisons.max(1)),
         };
-        plan.transform_up(|node| compile_plan(node, min_operations))
+        plan.transform_up(|node| compile_plan(node, min_comparisons))
             .map(|t| t.data)
     }
 
@@ -79,11 +81,11 @@ impl PhysicalOptimizerRule for CompileExpressions {
 
 fn compile_plan(
     node: Arc<dyn ExecutionPlan>,
-    min_operations: usize,
+    min_comparisons: usize,
 ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
     if let Some(filter) = node.downcast_ref::<FilterExec>() {
         let schema = filter.input().schema();
-        let compiled = compile(filter.predicate(), &schema, true, min_operations)?;
+        let compiled = compile(filter.predicate(), &schema, true, min_comparisons)?;
         if !compiled.transformed {
             return Ok(Transformed::no(node));
         }
@@ -95,11 +97,11 @@ fn compile_plan(
     if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
         let schema = projection.input().schema();
         return super::rewrite_projection(Arc::clone(&node), projection, |expr| {
-            compile(expr, &schema, false, min_operations)
+            compile(expr, &schema, false, min_comparisons)
         });
     }
     if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
-        return compile_aggregate(aggregate, min_operations)
+        return compile_aggregate(aggregate, min_comparisons)
             .map(|rebuilt| rebuilt.map_or_else(|| Transformed::no(node), Transformed::yes));
     }
     Ok(Transformed::no(node))
@@ -112,7 +114,7 @@ fn compile_plan(
 /// the arguments as columns. None where nothing compiles.
 fn compile_aggregate(
     aggregate: &AggregateExec,
-    min_operations: usize,
+    min_comparisons: usize,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     // The final modes read partial states, not the arguments.
     if !matches!(
@@ -134,7 +136,7 @@ fn compile_aggregate(
         let mark = hoisted.len();
         let mut args = Vec::new();
         for arg in function.expressions() {
-            let compiled = compile(&arg, &schema, false, min_operations)?;
+            let compiled = compile(&arg, &schema, false, min_comparisons)?;
             if !compiled.transformed {
                 args.push(arg);
                 continue;
@@ -196,18 +198,13 @@ fn compile(
     expr: &Arc<dyn PhysicalExpr>,
     schema: &Schema,
     logic: bool,
-    min_operations: usize,
+    min_comparisons: usize,
 ) -> Result<Transformed<Arc<dyn PhysicalExpr>>> {
     if expr.downcast_ref::<JitExpr>().is_some() {
         return Ok(Transformed::no(Arc::clone(expr)));
     }
     if let Some(jit) = JitExpr::try_new(expr, schema, logic)
-        && jit.operations()
-            >= if jit.is_condition() {
-                min_operations
-            } else {
-                1
-            }
+        && jit.comparisons_only().is_none_or(|n| n >= min_comparisons)
     {
         return Ok(Transformed::yes(Arc::new(jit) as Arc<dyn PhysicalExpr>));
     }
@@ -218,7 +215,7 @@ fn compile(
     let mut changed = false;
     let mut children = Vec::new();
     for child in expr.children() {
-        let compiled = compile(child, schema, children_logic, min_operations)?;
+        let compiled = compile(child, schema, children_logic, min_comparisons)?;
         changed |= compiled.transformed;
         children.push(compiled.data);
     }
