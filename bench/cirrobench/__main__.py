@@ -43,9 +43,16 @@ def parse(argv):
     ap.add_argument("--passes", type=int, default=3, help="cache: passes of the query stream (default 3)")
     ap.add_argument("--cache-memory", type=int,
                     help="cache: the hot-data tier's bytes (default: the tables' Parquet size)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="settings",
+                    help="a session setting Cirro's connection sets first (e.g. jit=off, "
+                         "adaptive_aggregation=force, cache=off); may be repeated")
     ap.add_argument("--report-only", action="store_true", help="rewrite report and plots from results.json")
     ap.add_argument("--cirro", default=os.environ.get("CIRRO_BIN"), help="the cirro binary (set by cirro bench)")
     args = ap.parse_args(argv)
+    try:
+        args.settings = [engines.parse_setting(s) for s in args.settings]
+    except ValueError as e:
+        ap.error(str(e))
     args.argv = ["cirro", "bench"] + argv
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in args.peers:
@@ -100,6 +107,7 @@ def main(argv=None):
     root = args.data_dir / f"{args.suite}-sf{sf_label}"
     cirro_data, tables, facts = data.prepare(suite, make_tables, args.sf, root, args.cirro, args.threads)
     ctx = engines.Context(tables, args.threads, root, args.cirro, cirro_data, args.wire)
+    ctx.cirro_settings = args.settings
     state = runner.run_suite(args, suite, queries, ctx, facts, out)
     path = report.write(state, out)
     print(f"cirro bench: report {path}", file=sys.stderr)

@@ -64,6 +64,22 @@ class Context:
         self.cirro_data = str(cirro_data) if cirro_data else None
         # Extra environment of `cirro serve` (e.g. CIRRO_CACHE_MEMORY).
         self.cirro_env = {}
+        # Session settings Cirro's connection sets first: [(name, value)].
+        self.cirro_settings = []
+
+
+SETTING_NAME = re.compile(r"^[a-z_][a-z0-9_.]*$")
+SETTING_VALUE = re.compile(r"^[A-Za-z0-9_.%-]+$")
+
+
+def parse_setting(text):
+    """`name=value` of `--set` as (name, value); a name or value that is
+    not a plain word is refused (it goes into a SET statement)."""
+    name, sep, value = text.partition("=")
+    name, value = name.strip().lower(), value.strip()
+    if not sep or not SETTING_NAME.match(name) or not SETTING_VALUE.match(value):
+        raise ValueError(f"--set takes NAME=VALUE of plain words, not {text!r}")
+    return name, value
 
 
 def thread_env(threads):
@@ -112,6 +128,8 @@ class Cirro:
             self.conn = flightsql.connect(f"grpc://127.0.0.1:{ports['flight']}",
                                           db_kwargs={"username": "cirro", "password": self.PASSWORD},
                                           autocommit=True)
+        for name, value in ctx.cirro_settings:
+            self.run(f"SET {name} = {value}")
         self.pid = self.proc.pid
         out = subprocess.run([ctx.cirro_bin, "--version"], capture_output=True, text=True)
         self.version = out.stdout.strip().split()[-1] if out.returncode == 0 else "?"

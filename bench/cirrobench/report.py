@@ -189,6 +189,9 @@ def write(state, out):
         lines += [f"Data: {len(data.get('tables', []))} tables, {data.get('parquet_bytes', 0) / 1e6:,.0f} MB of "
                   f"Parquet, made by Cirro in {data.get('cirro_load_seconds')} s; every peer reads those files.",
                   ""]
+    if cfg.get("settings"):
+        lines += ["Cirro's session settings: " + ", ".join(f"`SET {s.replace('=', ' = ', 1)}`"
+                                                        for s in cfg["settings"]) + ".", ""]
     lines += [f"Reproduce: `{state.get('command')}`", ""]
     checked = [q for q in meds if (state["queries"][q].get("check") or "").startswith("equal")]
     if state.get("mismatches"):

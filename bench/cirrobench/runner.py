@@ -63,6 +63,8 @@ def _config(args, names):
     config = {"suite": args.suite, "sf": args.sf, "threads": args.threads, "runs": args.runs, "engines": names}
     if args.wire != "flight":
         config["wire"] = args.wire  # (absent for Flight: earlier results resume)
+    if getattr(args, "settings", None):
+        config["settings"] = [f"{n}={v}" for n, v in args.settings]
     return config
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from cirrobench import __main__ as cli
 from cirrobench import compare, engines, report, runner
 from cirrobench.worker import Worker
 
@@ -187,3 +188,16 @@ class CacheStreamReportTest(unittest.TestCase):
         self.assertIn("| lru | 3.60 | 1.80 | 1.80 | 1 | 3 | 25.0% |", text)
         self.assertIn("| plan | 2.00 | 1.00 | 1.00 | 3 | 1 | 75.0% |", text)
         self.assertIn("| q06 | 2.000 | 1.800 | 1.000 |", text)
+
+
+class SettingsTest(unittest.TestCase):
+    def test_set_takes_plain_words_only(self):
+        args = cli.parse(["tpch", "--set", "jit=off", "--set", "Adaptive_Aggregation = force"])
+        self.assertEqual(args.settings, [("jit", "off"), ("adaptive_aggregation", "force")])
+        self.assertEqual(runner._config(args, ["cirro"])["settings"],
+                         ["jit=off", "adaptive_aggregation=force"])
+        for bad in ["jit", "jit=off; DROP TABLE t", "=off", "jit='off'"]:
+            with self.assertRaises(SystemExit, msg=bad):
+                cli.parse(["tpch", "--set", bad])
+        self.assertNotIn("settings", runner._config(cli.parse(["tpch"]), ["cirro"]))
+
