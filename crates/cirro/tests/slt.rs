@@ -19,6 +19,9 @@
 //! and physical plans without the names of data files (`file_groups={2 groups}`).
 //! Errors read `message (SQLSTATE xxxxx)`.
 //!
+//! In process, the suite runs again under each speed switch (`SET jit =
+//! force`, …), physical plans aside.
+//!
 //! A record an engine cannot run is marked `skipif <engine>` with a comment
 //! saying why; at most 1 % of the records of each engine may be.
 
@@ -151,6 +154,8 @@ fn statements(sql: &str) -> Vec<String> {
 
 struct InProcess {
     catalog: Arc<Catalog>,
+    /// Statements each record's session runs first (`SET jit = force`).
+    settings: &'static str,
 }
 
 #[async_trait]
@@ -164,6 +169,9 @@ impl sqllogictest::AsyncDB for InProcess {
             ..EngineConfig::default()
         };
         let engine = Engine::with_catalog(Arc::clone(&self.catalog), config, None);
+        for setting in statements(self.settings) {
+            engine.execute(&setting).await.map_err(cirro_error)?;
+        }
         let mut last = DBOutput::StatementComplete(0);
         for statement in statements(sql) {
             let outcome = engine.execute(&statement).await.map_err(cirro_error)?;
@@ -519,13 +527,18 @@ where
     F: Fn(PathBuf) -> Fut,
     Fut: std::future::Future<Output = (Box<dyn FnOnce() + Send>, D)>,
 {
-    run_suite_labelled(engine, None, connect).await
+    run_suite_labelled(engine, None, sqllogictest::default_validator, connect).await
 }
 
 /// [`run_suite`] with one more label (`cluster`: records a cluster cannot
-/// run, physical plans of one node, say `skipif cluster`).
-async fn run_suite_labelled<D, F, Fut>(engine: &str, label: Option<&str>, connect: F)
-where
+/// run, physical plans of one node, say `skipif cluster`) and a validator
+/// of results.
+async fn run_suite_labelled<D, F, Fut>(
+    engine: &str,
+    label: Option<&str>,
+    validator: sqllogictest::Validator,
+    connect: F,
+) where
     D: sqllogictest::AsyncDB<Error = SqlError, ColumnType = DefaultColumnType> + 'static,
     F: Fn(PathBuf) -> Fut,
     Fut: std::future::Future<Output = (Box<dyn FnOnce() + Send>, D)>,
@@ -551,6 +564,7 @@ where
                     .ok_or_else(|| error("one connection per file"))
             }
         });
+        runner.with_validator(validator);
         runner.add_label(engine);
         if let Some(label) = label {
             runner.add_label(label);
@@ -568,18 +582,59 @@ where
     );
 }
 
+/// The engine in this process on `data`, each record's session running
+/// `settings` first.
+async fn in_process(
+    data: PathBuf,
+    settings: &'static str,
+) -> (Box<dyn FnOnce() + Send>, InProcess) {
+    let root =
+        cirro_storage::StorageRoot::open(data.to_str().expect("utf8 path")).expect("data location");
+    let catalog = Catalog::open(root).await.expect("catalog");
+    (
+        Box::new(|| {}) as Box<dyn FnOnce() + Send>,
+        InProcess { catalog, settings },
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_in_process() {
-    run_suite("in-process", |data| async move {
-        let root = cirro_storage::StorageRoot::open(data.to_str().expect("utf8 path"))
-            .expect("data location");
-        let catalog = Catalog::open(root).await.expect("catalog");
-        (
-            Box::new(|| {}) as Box<dyn FnOnce() + Send>,
-            InProcess { catalog },
-        )
-    })
-    .await;
+    run_suite("in-process", |data| in_process(data, "")).await;
+}
+
+/// Under a speed switch physical plans differ by design (`jit(…)`, radix
+/// partitions, `cache=…`): a plan is accepted as long as one came back;
+/// every other result must be the default's.
+fn plans_aside(
+    normalizer: sqllogictest::Normalizer,
+    actual: &[Vec<String>],
+    expected: &[String],
+) -> bool {
+    let plan = |line: &str| line.contains("Exec: ") || line.contains("Exec,");
+    if expected.iter().any(|l| plan(l)) && actual.iter().flatten().any(|l| plan(l)) {
+        return true;
+    }
+    sqllogictest::default_validator(normalizer, actual, expected)
+}
+
+/// The suite again with each of issue 18's speed switches forced on and off
+/// (compiled expressions, adaptive aggregation, the hot-data tier): five
+/// more in-process runs, about 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqllogictest_in_process_with_each_speed_switch() {
+    for settings in [
+        "SET jit = force",
+        "SET jit = off",
+        "SET adaptive_aggregation = force",
+        "SET adaptive_aggregation = off",
+        "SET cache = off",
+    ] {
+        eprintln!("sqllogictest in process with {settings}");
+        run_suite_labelled("in-process", None, plans_aside, move |data| {
+            in_process(data, settings)
+        })
+        .await;
+    }
 }
 
 /// A `cirro serve` on `data`, and what stops it.
@@ -667,25 +722,30 @@ async fn sqllogictest_over_postgres_wire_on_hdfs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_over_postgres_wire_on_a_hdfs_cluster() {
     let cluster = Arc::new(common::cluster::Cluster::up(3, "hdfs"));
-    run_suite_labelled("postgres", Some("cluster"), |_| {
-        let cluster = Arc::clone(&cluster);
-        async move {
-            cluster.script(&["reset"]);
-            let servers = cluster
-                .pg
-                .iter()
-                .map(|address| {
-                    let (host, port) = address.rsplit_once(':').expect("host:port");
-                    (host.to_string(), port.parse().expect("port"))
-                })
-                .collect();
-            let db = Postgres {
-                servers,
-                password: cluster.password.clone(),
-                next: 0,
-            };
-            (Box::new(|| {}) as Box<dyn FnOnce() + Send>, db)
-        }
-    })
+    run_suite_labelled(
+        "postgres",
+        Some("cluster"),
+        sqllogictest::default_validator,
+        |_| {
+            let cluster = Arc::clone(&cluster);
+            async move {
+                cluster.script(&["reset"]);
+                let servers = cluster
+                    .pg
+                    .iter()
+                    .map(|address| {
+                        let (host, port) = address.rsplit_once(':').expect("host:port");
+                        (host.to_string(), port.parse().expect("port"))
+                    })
+                    .collect();
+                let db = Postgres {
+                    servers,
+                    password: cluster.password.clone(),
+                    next: 0,
+                };
+                (Box::new(|| {}) as Box<dyn FnOnce() + Send>, db)
+            }
+        },
+    )
     .await;
 }
