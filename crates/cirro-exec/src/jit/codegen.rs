@@ -76,6 +76,9 @@ struct Jit {
     context: Context,
     builder_context: FunctionBuilderContext,
     kernels: HashMap<(Node, Output), Arc<Kernel>>,
+    /// The number of the next function: one per attempt, so a compilation
+    /// that failed half-way leaves no name behind for the next to clash with.
+    next_function: usize,
     stats: JitStats,
 }
 
@@ -94,6 +97,7 @@ static JIT: LazyLock<Option<Mutex<Jit>>> = LazyLock::new(|| {
         context,
         builder_context: FunctionBuilderContext::new(),
         kernels: HashMap::new(),
+        next_function: 0,
         stats: JitStats::default(),
     }))
 });
@@ -162,7 +166,8 @@ impl Jit {
         signature.params.push(AbiParam::new(pointer));
         signature.params.push(AbiParam::new(types::I64));
         signature.returns.push(AbiParam::new(types::I8));
-        let name = format!("cirro_kernel_{}", self.kernels.len());
+        let name = format!("cirro_kernel_{}", self.next_function);
+        self.next_function += 1;
         let id = self
             .module
             .declare_function(&name, Linkage::Local, &signature)
