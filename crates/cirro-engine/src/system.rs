@@ -158,16 +158,31 @@ fn statistics_table(catalog: &Catalog) -> DfResult<Arc<dyn TableProvider>> {
 }
 
 fn cache_table() -> DfResult<Arc<dyn TableProvider>> {
-    let rows = cirro_storage::cache::global().by_file();
+    // The memory tier's files, then the disk tier's (full URLs).
+    let mut rows: Vec<(String, cirro_storage::cache::FileCounts, &str)> =
+        cirro_storage::cache::global()
+            .by_file()
+            .into_iter()
+            .map(|(file, counts)| (file, counts, "memory"))
+            .collect();
+    if let Some(disk) = cirro_storage::cache::disk::global() {
+        rows.extend(
+            disk.by_file()
+                .into_iter()
+                .map(|(file, counts)| (file, counts, "disk")),
+        );
+    }
     let int64 = |f: &dyn Fn(&cirro_storage::cache::FileCounts) -> u64| {
         Arc::new(Int64Array::from_iter_values(
-            rows.iter().map(|(_, c)| f(c) as i64),
+            rows.iter().map(|(_, c, _)| f(c) as i64),
         )) as ArrayRef
     };
     memory_table(vec![
         (
             "file",
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|(f, _)| f))) as ArrayRef,
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|(f, _, _)| f),
+            )) as ArrayRef,
         ),
         ("entries", int64(&|c| c.entries)),
         ("bytes", int64(&|c| c.bytes)),
@@ -177,9 +192,16 @@ fn cache_table() -> DfResult<Arc<dyn TableProvider>> {
             "priority",
             Arc::new(StringArray::from(
                 rows.iter()
-                    .map(|(_, c)| c.priority.map(|p| p.name()))
+                    .map(|(_, c, _)| c.priority.map(|p| p.name()))
                     .collect::<Vec<_>>(),
             )),
         ),
+        (
+            "tier",
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|(_, _, tier)| *tier),
+            )),
+        ),
+        ("repairs", int64(&|c| c.repairs)),
     ])
 }

@@ -13,6 +13,9 @@
 //!   temporary file and a rename that refuses to overwrite, which HDFS does
 //!   atomically.
 //!
+//! Reads of table data files on `s3` and `hdfs` go through the local-disk
+//! tier when `--cache-dir` names one ([`crate::cache::disk`]).
+//!
 //! delta-rs finds stores through its own registry by scheme; `s3` is
 //! registered there once, with the same store, so tables and the catalog
 //! reach the bucket the same way.
@@ -60,12 +63,25 @@ pub(crate) fn open(url: Url) -> Result<(Url, Arc<dyn ObjectStore>)> {
     }
 }
 
-/// The store at the root of remote location `url` (its bucket or name node).
+/// The store at the root of remote location `url` (its bucket or name
+/// node), its data files read through the disk tier if `--cache-dir` set one.
 fn remote_store(url: &Url) -> Result<Arc<dyn ObjectStore>> {
-    match url.scheme() {
-        "hdfs" => hdfs_store(url),
-        _ => s3_store(url),
-    }
+    let store = match url.scheme() {
+        "hdfs" => hdfs_store(url)?,
+        _ => s3_store(url)?,
+    };
+    let Some(tier) = crate::cache::disk::global() else {
+        return Ok(store);
+    };
+    let root = match url.port() {
+        Some(port) => format!("{}://{}:{port}", url.scheme(), url.host_str().unwrap_or("")),
+        None => format!("{}://{}", url.scheme(), url.host_str().unwrap_or("")),
+    };
+    Ok(Arc::new(crate::cache::disk::DiskCached::new(
+        store,
+        Arc::clone(tier),
+        root,
+    )))
 }
 
 /// The store of the name node `url` names.

@@ -51,6 +51,19 @@ struct Cli {
         default_value = "plan"
     )]
     cache_policy: String,
+    /// The local-disk tier: a folder on a fast local disk where blocks of the
+    /// data files read from HDFS or S3 are kept (no effect on local data).
+    #[arg(long, global = true, env = "CIRRO_CACHE_DIR")]
+    cache_dir: Option<std::path::PathBuf>,
+    /// How much the disk tier may hold: bytes, with kB/MB/GB/TB, or a share
+    /// of its file system (`50%`, the default).
+    #[arg(
+        long,
+        global = true,
+        env = "CIRRO_CACHE_DIR_SIZE",
+        default_value = "50%"
+    )]
+    cache_dir_size: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -235,6 +248,28 @@ fn run_main(cli: Cli, stack: usize) -> ExitCode {
     }
 }
 
+/// Turn on the local-disk tier in `dir` (`--cache-dir`), sized by `size`
+/// (`--cache-dir-size`).
+fn configure_disk_tier(dir: &std::path::Path, size: &str, data: &str) -> Result<(), CirroError> {
+    use cirro_storage::cache::disk;
+    let bad = |e: String| CirroError::new(cirro_common::SqlState::INVALID_PARAMETER_VALUE, e);
+    std::fs::create_dir_all(dir)
+        .map_err(|e| bad(format!("--cache-dir: cannot create {}: {e}", dir.display())))?;
+    let disk_size = disk::file_system_size(dir).unwrap_or(0);
+    let budget = cirro_common::limits::parse_size(size, disk_size)
+        .map_err(|e| bad(format!("--cache-dir-size: {e}")))?;
+    disk::configure(dir, budget).map_err(|e| bad(format!("--cache-dir: {e}")))?;
+    let remote = ["s3://", "s3a://", "hdfs://"]
+        .iter()
+        .any(|scheme| data.starts_with(scheme));
+    if !remote {
+        log::warn!(
+            "--cache-dir keeps blocks of data read from HDFS or S3; the data location {data} is local, so it holds nothing"
+        );
+    }
+    Ok(())
+}
+
 /// The flags of this process, as read-only settings (`SHOW cirro.*`).
 fn flags(cli: &Cli) -> Vec<Flag> {
     let flag = |name, value: String, description| Flag {
@@ -257,6 +292,19 @@ fn flags(cli: &Cli) -> Vec<Flag> {
             "cirro.cache_policy",
             cli.cache_policy.clone(),
             "eviction policy of the hot-data tier: plan or lru (--cache-policy)",
+        ),
+        flag(
+            "cirro.cache_dir",
+            cli.cache_dir
+                .as_ref()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default(),
+            "folder of the local-disk tier for HDFS/S3 data (--cache-dir, CIRRO_CACHE_DIR); empty: none",
+        ),
+        flag(
+            "cirro.cache_dir_size",
+            cli.cache_dir_size.clone(),
+            "what the local-disk tier may hold (--cache-dir-size, CIRRO_CACHE_DIR_SIZE)",
         ),
         flag(
             "cirro.threads",
@@ -313,6 +361,9 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
         .parse()
         .map_err(|e: String| bad(format!("--cache-policy: {e}")))?;
     cirro_storage::cache::configure(cache_memory, cache_policy);
+    if let Some(dir) = &cli.cache_dir {
+        configure_disk_tier(dir, &cli.cache_dir_size, &cli.data)?;
+    }
     let config = EngineConfig {
         target_partitions: cli.threads,
         flags: std::sync::Arc::new(flags(&cli)),

@@ -11,37 +11,6 @@ use std::process::{Command, Output};
 
 const TMPFS_BYTES: u64 = 12 * 1024 * 1024;
 
-struct Mount(tempfile::TempDir);
-
-impl Mount {
-    fn tmpfs() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("cirro-tmpfs-")
-            .tempdir()
-            .expect("dir");
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={TMPFS_BYTES}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .expect("run mount");
-        assert!(
-            status.success(),
-            "cannot mount a tmpfs (the test needs root)"
-        );
-        Self(dir)
-    }
-
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
-}
-
 fn sql(data: &Path, statement: &str) -> Output {
     Command::new(common::cirro_bin())
         .arg("--data")
@@ -96,7 +65,7 @@ const CHECKSUM: &str = "SELECT count(*), sum(id), sum(length(v)) FROM t";
 
 #[test]
 fn full_disk_fails_statements_cleanly_and_loses_nothing() {
-    let mount = Mount::tmpfs();
+    let mount = common::Tmpfs::mount(TMPFS_BYTES);
     let data = mount.path().join("data");
     ok(
         &data,

@@ -31,6 +31,7 @@
 //! promoted from `Scan` to `Normal`. Under [`Policy::Lru`] every entry is
 //! alike and the least recently used goes first.
 
+pub mod disk;
 mod scan;
 
 use std::collections::{BTreeSet, HashMap};
@@ -60,6 +61,17 @@ impl Priority {
             Priority::Hot => "hot",
         }
     }
+}
+
+tokio::task_local! {
+    /// The priority of the scan whose reads run in this task, for the
+    /// disk tier below the object store (set by the cached scan).
+    pub static SCAN_PRIORITY: Priority;
+}
+
+/// The priority of the scan reading now, `Normal` outside one.
+pub fn current_priority() -> Priority {
+    SCAN_PRIORITY.try_with(|p| *p).unwrap_or(Priority::Normal)
 }
 
 /// Which entries leave first when the cache is full.
@@ -99,6 +111,24 @@ pub struct ChunkKey {
 /// accounting.
 pub type Chunk = Arc<Vec<ArrayRef>>;
 
+impl FileCounts {
+    fn add_entry(&mut self, bytes: u64, priority: Priority) {
+        self.entries += 1;
+        self.bytes += bytes;
+        self.priority = self.priority.max(Some(priority));
+    }
+
+    /// The counts by file as `cirro.cache`'s rows, by file name.
+    fn rows(files: HashMap<&Arc<str>, FileCounts>) -> Vec<(String, FileCounts)> {
+        let mut rows: Vec<(String, FileCounts)> = files
+            .into_iter()
+            .map(|(file, counts)| (file.to_string(), counts))
+            .collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows
+    }
+}
+
 /// Rows of a [`Chunk`]'s pieces.
 pub const PIECE_ROWS: usize = 8192;
 
@@ -116,6 +146,8 @@ pub struct FileCounts {
     pub bytes: u64,
     pub hits: u64,
     pub misses: u64,
+    /// Blocks of the disk tier found damaged and read again (0 in memory).
+    pub repairs: u64,
     pub priority: Option<Priority>,
 }
 
@@ -398,22 +430,17 @@ impl ColumnCache {
         let inner = self.lock();
         let mut files: HashMap<&Arc<str>, FileCounts> = HashMap::new();
         for (key, entry) in &inner.entries {
-            let counts = files.entry(&key.file).or_default();
-            counts.entries += 1;
-            counts.bytes += entry.bytes as u64;
-            counts.priority = counts.priority.max(Some(entry.priority));
+            files
+                .entry(&key.file)
+                .or_default()
+                .add_entry(entry.bytes as u64, entry.priority);
         }
         for (file, (hits, misses)) in &inner.counts {
             let counts = files.entry(file).or_default();
             counts.hits = *hits;
             counts.misses = *misses;
         }
-        let mut rows: Vec<(String, FileCounts)> = files
-            .into_iter()
-            .map(|(file, counts)| (file.to_string(), counts))
-            .collect();
-        rows.sort_by(|a, b| a.0.cmp(&b.0));
-        rows
+        FileCounts::rows(files)
     }
 }
 

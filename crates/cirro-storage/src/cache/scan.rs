@@ -380,11 +380,13 @@ impl MorselPlanner for CachedPlanner {
     fn plan(self: Box<Self>) -> Result<Option<MorselPlan>> {
         match *self {
             Self::Unopened(opener, file) => {
-                let opening = async move {
-                    let stream = opener.open_file(*file).await?;
-                    Ok(Box::new(Self::Ready(stream)) as Box<dyn MorselPlanner>)
-                }
-                .boxed();
+                let priority = opener.priority;
+                let opening = super::SCAN_PRIORITY
+                    .scope(priority, async move {
+                        let stream = opener.open_file(*file).await?;
+                        Ok(Box::new(Self::Ready(stream)) as Box<dyn MorselPlanner>)
+                    })
+                    .boxed();
                 Ok(Some(MorselPlan::new().with_pending_planner(opening)))
             }
             Self::Ready(stream) => Ok(Some(
@@ -580,19 +582,22 @@ impl CachedOpener {
             left: self.limit,
             dynamic: self.dynamic.clone(),
         };
-        let stream = futures::stream::try_unfold(state, |mut state| async move {
-            loop {
-                if state.next >= state.row_groups.len() || state.left == Some(0) {
-                    return Ok::<_, DataFusionError>(None);
+        let stream = futures::stream::try_unfold(state, |mut state| {
+            // The disk tier below the store reads with the scan's priority.
+            super::SCAN_PRIORITY.scope(state.opener.priority, async move {
+                loop {
+                    if state.next >= state.row_groups.len() || state.left == Some(0) {
+                        return Ok::<_, DataFusionError>(None);
+                    }
+                    let batches = state.next_row_group().await?;
+                    if !batches.is_empty() {
+                        return Ok(Some((
+                            futures::stream::iter(batches.into_iter().map(Ok)),
+                            state,
+                        )));
+                    }
                 }
-                let batches = state.next_row_group().await?;
-                if !batches.is_empty() {
-                    return Ok(Some((
-                        futures::stream::iter(batches.into_iter().map(Ok)),
-                        state,
-                    )));
-                }
-            }
+            })
         })
         .try_flatten();
         Ok(stream.boxed())

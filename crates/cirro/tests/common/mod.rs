@@ -18,6 +18,40 @@ pub fn cirro_bin() -> &'static str {
     env!("CARGO_BIN_EXE_cirro")
 }
 
+/// A tmpfs of a given size, mounted on a temporary folder for a test of a
+/// full disk (it needs root, as the project's machines and CI run), and
+/// unmounted on drop.
+pub struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn mount(bytes: u64) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("cirro-tmpfs-")
+            .tempdir()
+            .expect("dir");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "cannot mount a tmpfs (the test needs root)"
+        );
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
 /// `../shared` beside the repository. Tests that need it fail (not skip) when
 /// it is missing.
 pub fn shared_dir() -> PathBuf {
