@@ -180,6 +180,14 @@ fn scan_buckets(scan: &datafusion::logical_expr::TableScan) -> Option<(Vec<Strin
     Some((distribution.columns.clone(), distribution.buckets))
 }
 
+/// The rows of a scanned Cirro table (deleted rows left out), for join ordering.
+fn scan_rows(scan: &datafusion::logical_expr::TableScan) -> Option<u64> {
+    let provider = datafusion::datasource::source_as_provider(&scan.source).ok()?;
+    let table =
+        (provider.as_ref() as &dyn std::any::Any).downcast_ref::<cirro_storage::CirroTable>()?;
+    table.row_count()
+}
+
 fn no_parameter(n: usize) -> CirroError {
     CirroError::new(
         SqlState::UNDEFINED_PARAMETER,
@@ -370,14 +378,23 @@ impl Engine {
         // Adaptive aggregation's switches (`SET adaptive_aggregation`).
         session_config = session_config
             .with_option_extension(cirro_exec::rules::AggregationOptions::default())
-            .with_option_extension(cirro_exec::rules::JitOptions::default());
+            .with_option_extension(cirro_exec::rules::JitOptions::default())
+            .with_option_extension(cirro_exec::rules::JoinOrderOptions::default());
         if let Some(partitions) = config.target_partitions {
             session_config = session_config.with_target_partitions(partitions.max(1));
         }
         let mut builder = SessionStateBuilder::new()
             .with_config(session_config)
             .with_default_features()
-            .with_analyzer_rules(cirro_exec::rules::analyzer_rules())
+            .with_analyzer_rules(cirro_exec::rules::analyzer_rules());
+        if config.distribution.is_none() {
+            // On a cluster the co-located joins decide the order.
+            builder = builder.with_optimizer_rule(Arc::new(cirro_exec::rules::ReorderJoins::new(
+                scan_rows,
+                scan_buckets,
+            )));
+        }
+        let mut builder = builder
             .with_optimizer_rule(Arc::new(cirro_exec::rules::CoLocatedJoinsFirst::new(
                 scan_buckets,
             )))

@@ -35,6 +35,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("integer_datetimes", "on"),
     ("intervalstyle", "postgres"),
     ("jit", "on"),
+    ("join_order", "on"),
     ("lc_messages", "C"),
     ("lc_monetary", "C"),
     ("lc_numeric", "C"),
@@ -161,11 +162,12 @@ impl Engine {
     /// Hand a setting that steers planning to the engine: `cache` is the
     /// hot-data tier's switch in the session's DataFusion options,
     /// `adaptive_aggregation` the aggregation rule's, `jit` the compiling
-    /// rule's.
+    /// rule's, `join_order` the join ordering rule's.
     fn apply_setting(&self, name: &str, value: &str) -> Result<()> {
         let (key, value) = match name {
             "adaptive_aggregation" => ("cirro_aggregation.mode", value),
             "jit" => ("cirro_jit.mode", value),
+            "join_order" => ("cirro_join_order.mode", value),
             "cache" => (
                 "cirro_cache.enabled",
                 if value == "on" { "true" } else { "false" },
@@ -294,12 +296,12 @@ fn checked_value(name: &'static str, value: String) -> Result<String> {
             parse_timeout(&value)?;
             Ok(value)
         }
-        "cache" => match value.to_ascii_lowercase().as_str() {
+        "cache" | "join_order" => match value.to_ascii_lowercase().as_str() {
             "on" | "true" | "1" | "yes" => Ok("on".to_string()),
             "off" | "false" | "0" | "no" => Ok("off".to_string()),
             _ => Err(CirroError::new(
                 SqlState::INVALID_PARAMETER_VALUE,
-                format!("invalid value for parameter \"cache\": \"{value}\" (on or off)"),
+                format!("invalid value for parameter \"{name}\": \"{value}\" (on or off)"),
             )),
         },
         "adaptive_aggregation" | "jit" => match value.to_ascii_lowercase().as_str() {

@@ -146,12 +146,7 @@ pub struct DataFile {
 impl DataFile {
     /// The data file an `add` action names, in the table at `table_url`.
     pub fn from_add(table_url: &Url, add: Add) -> Result<Self> {
-        let num_records = add
-            .stats
-            .as_deref()
-            .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
-            .and_then(|v| v.get("numRecords").and_then(|n| n.as_u64()))
-            .map(|n| n as usize);
+        let num_records = records_of(&add);
         Ok(Self {
             url: table_url
                 .join(&add.path)
@@ -173,6 +168,15 @@ impl DataFile {
             .map(|dv| dv.cardinality.max(0) as u64)
             .unwrap_or(0)
     }
+}
+
+/// The row count an `add` action's statistics give.
+fn records_of(add: &Add) -> Option<usize> {
+    add.stats
+        .as_deref()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok())
+        .and_then(|v| v.get("numRecords").and_then(|n| n.as_u64()))
+        .map(|n| n as usize)
 }
 
 impl CirroTable {
@@ -203,7 +207,7 @@ impl CirroTable {
                         .map_err(|e| CirroError::internal(format!("bad data file path: {e}")))?
                         .to_string(),
                     size: file.size().max(0) as u64,
-                    num_records: file.num_records(),
+                    num_records: file.num_records().or_else(|| records_of(&add)),
                     add,
                 })
             })
@@ -218,6 +222,15 @@ impl CirroTable {
             options,
             row_ids: false,
             analyzed: None,
+        })
+    }
+
+    /// The rows of the snapshot (deleted rows left out), if every data
+    /// file's statistics give its row count.
+    pub fn row_count(&self) -> Option<u64> {
+        self.files.iter().try_fold(0u64, |sum, file| {
+            let rows = file.num_records? as u64;
+            Some(sum + rows.saturating_sub(file.deleted_rows()))
         })
     }
 

@@ -120,6 +120,7 @@ const MATRIX: &[&str] = &[
     "SET adaptive_aggregation = force",
     "SET adaptive_aggregation = off",
     "SET cache = off",
+    "SET join_order = off",
 ];
 
 /// Each query `{suite}/queries/{name}.sql` against `{answers}/{name}.csv`
@@ -187,6 +188,25 @@ fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
             "{q}: no kernel ran\n{plan}"
         );
     }
+    // Join order: in Q21 the filter on nation acts before lineitem meets
+    // orders (the join with orders on top); written order, the other way.
+    let query = std::fs::read_to_string(shared_dir().join("tpch/queries/q21.sql")).expect("q21");
+    let first_join = |plan: &str| -> &'static str {
+        for line in plan.lines().filter(|l| l.contains("HashJoinExec")) {
+            if line.contains("join_type=Inner") && line.contains("n_nationkey@") {
+                return "nation";
+            }
+            if line.contains("join_type=Inner") && line.contains("o_orderkey@") {
+                return "orders";
+            }
+        }
+        "none"
+    };
+    let on = data.sql_ok(&format!("EXPLAIN {query}"));
+    let off = data.sql_ok(&format!("SET join_order = off; EXPLAIN {query}"));
+    assert_eq!(first_join(&on), "orders", "{on}");
+    assert_eq!(first_join(&off), "nation", "{off}");
+
     let query = std::fs::read_to_string(shared_dir().join("tpch/queries/q18.sql")).expect("q18");
     let plan = data.sql_ok(&format!(
         "SET adaptive_aggregation = force; EXPLAIN {query}"

@@ -6,6 +6,7 @@ mod checked;
 mod colocate;
 mod guards;
 mod jit;
+mod join_order;
 mod segment;
 mod yields;
 
@@ -28,6 +29,7 @@ pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
 pub use guards::{GuardFallibleConditions, LazyGuards};
 pub use jit::{CompileExpressions, JitOptions};
+pub use join_order::{JoinOrderOptions, ReorderJoins, ScanRows};
 pub use segment::segment_udf;
 pub use yields::YieldAfterJoins;
 
