@@ -35,7 +35,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("integer_datetimes", "on"),
     ("intervalstyle", "postgres"),
     ("jit", "on"),
-    ("join_order", "on"),
+    ("join_order", "off"),
     ("lc_messages", "C"),
     ("lc_monetary", "C"),
     ("lc_numeric", "C"),

@@ -39,6 +39,14 @@
 //!   rows of its column's table before filters. That is exact for a join of
 //!   a foreign key with the key of a table (each row of A finds its one row
 //!   of B if B kept it), the common case in star and snowflake schemas.
+//!
+//! # Off by default
+//! A join on a column that is no key breaks the last estimate: TPC-H Q5
+//! joins customer and supplier on `nationkey` (25 values), estimated as
+//! 1.5 M rows at SF10 where it makes 6·10⁹, and the greedy order joined
+//! them early: 68 s instead of 1.1 s. Until key counts come from statistics
+//! (ANALYZE's distinct counts, min/max of the columns), the rule runs only
+//! under `SET join_order = on`.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -59,8 +67,9 @@ pub type ScanRows = fn(&TableScan) -> Option<u64>;
 datafusion::common::extensions_options! {
     /// The session's switch of join ordering (`SET join_order`).
     pub struct JoinOrderOptions {
-        /// `on` (order by estimated sizes) or `off` (the order written).
-        pub mode: String, default = "on".to_string()
+        /// `on` (order by estimated sizes) or `off` (the order written; the
+        /// default until key counts come from statistics: see the module docs).
+        pub mode: String, default = "off".to_string()
     }
 }
 
@@ -329,7 +338,7 @@ impl OptimizerRule for ReorderJoins {
             .options()
             .extensions
             .get::<JoinOrderOptions>()
-            .is_none_or(|o| !o.mode.eq_ignore_ascii_case("off"));
+            .is_some_and(|o| o.mode.eq_ignore_ascii_case("on"));
         if !on {
             return Ok(Transformed::no(plan));
         }
