@@ -64,7 +64,12 @@ fn estimable(data_type: &DataType) -> bool {
     ) && !data_type.is_nested()
 }
 
-async fn analyze_table(engine: &Engine, db: &str, schema: &str, name: &str) -> Result<()> {
+pub(crate) async fn analyze_table(
+    engine: &Engine,
+    db: &str,
+    schema: &str,
+    name: &str,
+) -> Result<()> {
     let location = location_of(engine, db, schema, name)?;
     let table = engine.catalog.open_table(&location).await?;
     let version = table.version();

@@ -173,19 +173,29 @@ fn physical_rules(
 /// The bucketing of a scan of a Cirro table, for the planning rule that
 /// joins co-located tables first ([`cirro_exec::rules::CoLocatedJoinsFirst`]).
 fn scan_buckets(scan: &datafusion::logical_expr::TableScan) -> Option<(Vec<String>, u32)> {
-    let provider = datafusion::datasource::source_as_provider(&scan.source).ok()?;
-    let table =
-        (provider.as_ref() as &dyn std::any::Any).downcast_ref::<cirro_storage::CirroTable>()?;
-    let distribution = table.scan_distribution()?;
-    Some((distribution.columns.clone(), distribution.buckets))
+    scanned_table(scan, |table| {
+        let distribution = table.scan_distribution()?;
+        Some((distribution.columns.clone(), distribution.buckets))
+    })
 }
 
 /// The rows of a scanned Cirro table (deleted rows left out), for join ordering.
 fn scan_rows(scan: &datafusion::logical_expr::TableScan) -> Option<u64> {
+    scanned_table(scan, |table| table.row_count())
+}
+
+/// The estimated distinct values of a column of a scanned Cirro table, for
+/// join ordering.
+fn scan_keys(scan: &datafusion::logical_expr::TableScan, column: &str) -> Option<u64> {
+    scanned_table(scan, |table| table.distinct_estimate(column))
+}
+
+fn scanned_table<T>(
+    scan: &datafusion::logical_expr::TableScan,
+    f: impl FnOnce(&cirro_storage::CirroTable) -> Option<T>,
+) -> Option<T> {
     let provider = datafusion::datasource::source_as_provider(&scan.source).ok()?;
-    let table =
-        (provider.as_ref() as &dyn std::any::Any).downcast_ref::<cirro_storage::CirroTable>()?;
-    table.row_count()
+    f((provider.as_ref() as &dyn std::any::Any).downcast_ref::<cirro_storage::CirroTable>()?)
 }
 
 fn no_parameter(n: usize) -> CirroError {
@@ -391,6 +401,7 @@ impl Engine {
             // On a cluster the co-located joins decide the order.
             builder = builder.with_optimizer_rule(Arc::new(cirro_exec::rules::ReorderJoins::new(
                 scan_rows,
+                scan_keys,
                 scan_buckets,
             )));
         }
@@ -1067,6 +1078,7 @@ impl Engine {
     /// Load `batches` into a new table `schema_name.name` of the current
     /// database: all rows or nothing. With `replace`, an existing table of that
     /// name is replaced atomically; without it, an existing table gives 42P07.
+    /// The loaded table is then analyzed (`ANALYZE`).
     pub async fn load_table<S>(
         &self,
         schema_name: &str,
@@ -1080,7 +1092,7 @@ impl Engine {
     {
         self.catalog.refresh().await?;
         let db = self.default_database();
-        ddl::create_with_data(
+        let rows = ddl::create_with_data(
             self,
             &db,
             schema_name,
@@ -1090,7 +1102,13 @@ impl Engine {
             Some(batches),
             replace,
         )
-        .await
+        .await?;
+        // The planner's estimates (join order) read the statistics; the
+        // table is loaded whether or not they could be taken.
+        if let Err(e) = analyze::analyze_table(self, &db, schema_name, name).await {
+            log::warn!("ANALYZE {schema_name}.{name} after loading it failed: {e}");
+        }
+        Ok(rows)
     }
 
     /// Fail with 42P07 if any of `names` exists in `schema_name` (and 3F000 if
