@@ -74,7 +74,16 @@ pub(crate) async fn analyze_table(
     let table = engine.catalog.open_table(&location).await?;
     let version = table.version();
     let fields = table.table_schema().fields().clone();
-    let frame = engine.context().read_table(Arc::new(table))?;
+    // ANALYZE reads every column once: through the hot-data tier it would
+    // fill the tier with columns no query asked for (and `cirro load`, which
+    // analyzes what it loads, would hold a table's decoded columns).
+    let mut state = engine.context().state();
+    state
+        .config_mut()
+        .options_mut()
+        .set("cirro_cache.enabled", "false")?;
+    let frame =
+        datafusion::prelude::SessionContext::new_with_state(state).read_table(Arc::new(table))?;
     let mut aggregates = vec![count(lit(1)).alias("rows")];
     for (i, field) in fields.iter().enumerate() {
         let column = Expr::Column(Column::from_name(field.name()));

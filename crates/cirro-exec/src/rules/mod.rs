@@ -8,6 +8,7 @@ mod guards;
 mod jit;
 mod join_order;
 mod segment;
+mod shared;
 mod yields;
 
 use std::sync::Arc;
@@ -31,6 +32,7 @@ pub use guards::{GuardFallibleConditions, LazyGuards};
 pub use jit::{CompileExpressions, JitOptions};
 pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRows};
 pub use segment::segment_udf;
+pub use shared::{SharedExec, SharedSubplans};
 pub use yields::YieldAfterJoins;
 
 /// DataFusion's analyzer rules with Cirro's in their places:

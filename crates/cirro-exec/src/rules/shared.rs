@@ -1,0 +1,322 @@
+//! Subplans that a query computes twice, computed once: TPC-H Q15 reads its
+//! `revenue` view (an aggregation of a quarter of lineitem) in the join and
+//! again in the subquery that finds its maximum. DataFusion inlines the view
+//! into both places and runs it twice; at SF10 that is half of the query's
+//! time.
+//!
+//! [`SharedSubplans`], a physical optimizer rule that runs last, finds the
+//! aggregations whose whole subtrees print the same (operators, expressions,
+//! files) and replaces each occurrence with a [`SharedExec`] over one copy.
+//! The first consumer of an output partition starts it on a task of its own
+//! and keeps its batches; every consumer, that one included, reads them
+//! from there. The task runs whoever polls first (no consumer waits on
+//! another that is not polled: a hash join that collects its build side
+//! before it reads the probe side cannot stall it), and stops when the
+//! query is dropped.
+//!
+//! The hot-data tier's priorities do not count (the build side's copy is
+//! `cache=hot`, the subquery's `normal`; the data is the same). A subtree
+//! is shared only when it is made of DataFusion's deterministic
+//! operators (scans, filters, projections, aggregations, hash joins,
+//! repartitions, sorts), calls no volatile function (`random()`), and no
+//! scan of it reads a join's dynamic filter: two copies that print the same
+//! may be filtered by different joins, and one's answer would not be the
+//! other's. Its output is kept in memory for the query's duration, outside
+//! the memory pool: aggregations only, whose results are small beside their
+//! inputs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::config::ConfigOptions;
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Volatility;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+    displayable,
+};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt, TryStreamExt};
+
+/// The operators a shared subtree may hold (DataFusion's names).
+const SHAREABLE: &[&str] = &[
+    "AggregateExec",
+    "CoalesceBatchesExec",
+    "CoalescePartitionsExec",
+    "CooperativeExec",
+    "DataSourceExec",
+    "FilterExec",
+    "HashJoinExec",
+    "ProjectionExec",
+    "RepartitionExec",
+    "SortExec",
+    "SortPreservingMergeExec",
+];
+
+/// The rule; see the module documentation.
+#[derive(Debug, Default)]
+pub struct SharedSubplans;
+
+impl PhysicalOptimizerRule for SharedSubplans {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        // Each candidate's text, and how often it occurs.
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        plan.apply(|node| {
+            if let Some(text) = candidate(node) {
+                *counts.entry(text).or_default() += 1;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        counts.retain(|_, n| *n >= 2);
+        log::debug!("shared subplans: {} repeated", counts.len());
+        if counts.is_empty() {
+            return Ok(plan);
+        }
+        // The outermost repeated subtrees, each replaced by a SharedExec over
+        // its first occurrence.
+        let mut shared: HashMap<String, Arc<SharedState>> = HashMap::new();
+        let rewritten = plan.transform_down(|node| {
+            let Some(text) = candidate(&node).filter(|t| counts.contains_key(t)) else {
+                return Ok(Transformed::no(node));
+            };
+            let state = shared.entry(text).or_insert_with(|| {
+                let partitions = node.properties().output_partitioning().partition_count();
+                Arc::new(SharedState {
+                    input: Arc::clone(&node),
+                    partitions: (0..partitions).map(|_| Mutex::new(None)).collect(),
+                })
+            });
+            let exec = SharedExec::new(Arc::clone(state));
+            Ok(Transformed::new(
+                Arc::new(exec) as Arc<dyn ExecutionPlan>,
+                true,
+                TreeNodeRecursion::Jump,
+            ))
+        })?;
+        Ok(rewritten.data)
+    }
+
+    fn name(&self) -> &str {
+        "cirro_shared_subplans"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// The text of `node`'s subtree, if it may be shared: an aggregation's
+/// final phase over shareable operators only.
+fn candidate(node: &Arc<dyn ExecutionPlan>) -> Option<String> {
+    let aggregate = node.downcast_ref::<AggregateExec>()?;
+    if matches!(
+        aggregate.mode(),
+        AggregateMode::Partial | AggregateMode::PartialReduce
+    ) {
+        return None;
+    }
+    let mut ok = true;
+    node.apply(|n| {
+        if !SHAREABLE.contains(&n.name()) || volatile(n.as_ref()) {
+            ok = false;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .ok()?;
+    if !ok {
+        return None;
+    }
+    let text = displayable(node.as_ref()).indent(true).to_string();
+    // Copies filtered by different joins print alike.
+    (!text.contains("DynamicFilter")).then(|| without_cache_priorities(&text))
+}
+
+/// `text` without the hot-data tier's priorities (`, cache=hot`): the
+/// copies read the same data whatever priority each would give it.
+fn without_cache_priorities(text: &str) -> String {
+    const MARK: &str = ", cache=";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(MARK) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + MARK.len()..];
+        let end = after
+            .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .unwrap_or(after.len());
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether an expression of `node` calls a volatile function.
+fn volatile(node: &dyn ExecutionPlan) -> bool {
+    let mut found = false;
+    let _ = node.apply_expressions(&mut |expr: &Arc<dyn PhysicalExpr>| {
+        expr.apply(|e| {
+            if let Some(f) = e.downcast_ref::<ScalarFunctionExpr>()
+                && f.fun().signature().volatility == Volatility::Volatile
+            {
+                found = true;
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+    });
+    found
+}
+
+type Output = std::result::Result<Arc<Vec<RecordBatch>>, Arc<DataFusionError>>;
+
+/// The one copy of a shared subtree and its output partitions, each
+/// started once.
+#[derive(Debug)]
+struct SharedState {
+    input: Arc<dyn ExecutionPlan>,
+    partitions: Vec<Mutex<Option<Shared<BoxFuture<'static, Output>>>>>,
+}
+
+impl SharedState {
+    /// Output partition `partition`, started on its own task by the first
+    /// caller.
+    fn output(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<Shared<BoxFuture<'static, Output>>> {
+        let slot = self.partitions.get(partition).ok_or_else(|| {
+            DataFusionError::Internal(format!("SharedExec has no partition {partition}"))
+        })?;
+        let mut slot = slot
+            .lock()
+            .map_err(|_| DataFusionError::Internal("SharedExec: a poisoned lock".into()))?;
+        if let Some(output) = slot.as_ref() {
+            return Ok(output.clone());
+        }
+        let stream = self.input.execute(partition, context)?;
+        let task = SpawnedTask::spawn(async move {
+            stream
+                .try_collect::<Vec<_>>()
+                .await
+                .map(Arc::new)
+                .map_err(Arc::new)
+        });
+        let output = async move {
+            match task.join().await {
+                Ok(output) => output,
+                Err(e) => Err(Arc::new(DataFusionError::ExecutionJoin(Box::new(e)))),
+            }
+        }
+        .boxed()
+        .shared();
+        *slot = Some(output.clone());
+        Ok(output)
+    }
+}
+
+/// One occurrence of a shared subtree; see the module documentation.
+#[derive(Debug)]
+pub struct SharedExec {
+    state: Arc<SharedState>,
+    /// The one copy, as this node's child (for EXPLAIN and the tree walks).
+    input: Arc<dyn ExecutionPlan>,
+}
+
+impl SharedExec {
+    fn new(state: Arc<SharedState>) -> Self {
+        Self {
+            input: Arc::clone(&state.input),
+            state,
+        }
+    }
+}
+
+impl DisplayAs for SharedExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "SharedExec: id={:p}", Arc::as_ptr(&self.state))
+    }
+}
+
+impl ExecutionPlan for SharedExec {
+    fn name(&self) -> &str {
+        "SharedExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.as_slice() {
+            [child] if Arc::ptr_eq(child, &self.input) => Ok(self),
+            // A new child is no longer the shared copy: run it on its own.
+            [child] => Ok(Arc::clone(child)),
+            _ => Err(DataFusionError::Internal("SharedExec has one child".into())),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let output = self.state.output(partition, context)?;
+        let batches = futures::stream::once(async move {
+            let batches = output.await.map_err(DataFusionError::Shared)?;
+            let replay: Vec<Result<RecordBatch>> = batches.iter().cloned().map(Ok).collect();
+            Ok::<_, DataFusionError>(futures::stream::iter(replay))
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.input.schema(),
+            batches.boxed(),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_priorities_do_not_count() {
+        let hot = "DataSourceExec: projection=[a], cache=hot\n  FilterExec: a > 1, cache=lookup_2";
+        let normal = "DataSourceExec: projection=[a], cache=normal\n  FilterExec: a > 1";
+        assert_eq!(
+            without_cache_priorities(hot),
+            "DataSourceExec: projection=[a]\n  FilterExec: a > 1"
+        );
+        assert_eq!(
+            without_cache_priorities(hot),
+            without_cache_priorities(normal)
+        );
+        assert_eq!(without_cache_priorities("no mark"), "no mark");
+    }
+}
