@@ -2,10 +2,12 @@
 //! the NULL count and an estimate of the distinct values (HyperLogLog,
 //! DataFusion's `approx_distinct`). They are kept with the table's catalog
 //! entry (not in the Delta log: a metadata commit would fail the writers
-//! committing beside it) and handed to DataFusion as the scans' column
-//! statistics (`distinct_count`), where the planner's choices read them:
-//! adaptive aggregation's group estimates, join cardinalities. Min/max are
-//! not kept: every data file's footer has them, exact for that file.
+//! committing beside it). Join order reads them from the table
+//! (`CirroTable::distinct_estimate`); the counts of columns without a value
+//! range (text) are handed to DataFusion as the scans' column statistics
+//! (`distinct_count`) for adaptive aggregation's group estimates (see
+//! `CirroTable::scan` for why not the others). Min/max are not kept: every
+//! data file's footer has them, exact for that file.
 
 use std::collections::BTreeMap;
 

@@ -49,9 +49,8 @@ fn an_aggregated_cte_joined_with_itself() {
         "CREATE TABLE t AS SELECT value % 97 AS k, value AS v FROM generate_series(1, 5000)",
     );
     // Both sides of a hash join (the build side is collected before the
-    // probe side is read). The join is on aggregated columns: a join on the
-    // group key would push its dynamic filter into one copy, which is then
-    // not shared. (The subquery reads fewer columns: another plan.)
+    // probe side is read), on aggregated columns. (The subquery reads fewer
+    // columns: another plan.)
     let query = "WITH r AS (SELECT k, count(*) AS c, sum(v) AS s FROM t GROUP BY k) \
                  SELECT count(*), sum(a.s) FROM r a JOIN r b ON a.s = b.s + 0 AND a.c = b.c \
                  WHERE a.s > (SELECT avg(s) FROM r)";
@@ -82,6 +81,22 @@ fn an_aggregated_cte_joined_with_itself() {
     assert_eq!(
         shared[1],
         format!("{}|{}", above.len(), above.iter().sum::<i64>())
+    );
+
+    // Joined on the group key: the build side's keys reach the probe side's
+    // copy as a dynamic filter; that copy reads the unfiltered one's answer.
+    let query = "WITH r AS (SELECT k, count(*) AS c, sum(v) AS s FROM t GROUP BY k) \
+                 SELECT count(*), sum(a.s + b.s) FROM r a JOIN r b ON a.k = b.k \
+                 WHERE a.c > 51 AND b.c > 0";
+    let plan = data.sql_ok(&format!("EXPLAIN {query}"));
+    let ids = shared_ids(&plan);
+    assert_eq!(ids.len(), 2, "{plan}");
+    assert_eq!(ids[0], ids[1], "{plan}");
+    // 5,000 = 97 · 51 + 53: keys 1 to 53 have 52 values.
+    let sums: i64 = (1..=5000i64).filter(|v| (1..=53).contains(&(v % 97))).sum();
+    assert_eq!(
+        answer(&data, "SET cache = on", query)[1],
+        format!("53|{}", 2 * sums)
     );
 }
 

@@ -16,14 +16,18 @@
 //!
 //! The hot-data tier's priorities do not count (the build side's copy is
 //! `cache=hot`, the subquery's `normal`; the data is the same). A subtree
-//! is shared only when it is made of DataFusion's deterministic
-//! operators (scans, filters, projections, aggregations, hash joins,
-//! repartitions, sorts), calls no volatile function (`random()`), and no
-//! scan of it reads a join's dynamic filter: two copies that print the same
-//! may be filtered by different joins, and one's answer would not be the
-//! other's. Its output is kept in memory for the query's duration, outside
-//! the memory pool: aggregations only, whose results are small beside their
-//! inputs.
+//! is shared only when it is made of DataFusion's deterministic operators
+//! (scans, filters, projections, aggregations, hash joins, repartitions,
+//! sorts) and calls no volatile function (`random()`). Dynamic filters (a
+//! hash join's build-side keys, a TopK's bound, pushed into the scans
+//! below) do not count either, but the copy that runs is one that none
+//! reaches: such a filter only drops rows its operator would drop anyway,
+//! so the unfiltered answer serves a filtered copy too, while a filtered
+//! answer would be wrong for the others (Q15's join pushes its supplier
+//! keys into its copy of the view; the subquery's copy must see every
+//! supplier). Without an unfiltered copy nothing is shared. The output is
+//! kept in memory for the query's duration, outside the memory pool:
+//! aggregations only, whose results are small beside their inputs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -71,30 +75,40 @@ impl PhysicalOptimizerRule for SharedSubplans {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        // Each candidate's text, and how often it occurs.
+        // Each candidate's text, how often it occurs, and its first copy
+        // that no dynamic filter reaches (the one that runs).
         let mut counts: HashMap<String, usize> = HashMap::new();
+        let mut unfiltered: HashMap<String, Arc<dyn ExecutionPlan>> = HashMap::new();
         plan.apply(|node| {
-            if let Some(text) = candidate(node) {
+            if let Some((text, filtered)) = candidate(node) {
+                if !filtered {
+                    unfiltered
+                        .entry(text.clone())
+                        .or_insert_with(|| Arc::clone(node));
+                }
                 *counts.entry(text).or_default() += 1;
             }
             Ok(TreeNodeRecursion::Continue)
         })?;
-        counts.retain(|_, n| *n >= 2);
+        counts.retain(|text, n| *n >= 2 && unfiltered.contains_key(text));
         log::debug!("shared subplans: {} repeated", counts.len());
         if counts.is_empty() {
             return Ok(plan);
         }
         // The outermost repeated subtrees, each replaced by a SharedExec over
-        // its first occurrence.
+        // the unfiltered copy.
         let mut shared: HashMap<String, Arc<SharedState>> = HashMap::new();
         let rewritten = plan.transform_down(|node| {
-            let Some(text) = candidate(&node).filter(|t| counts.contains_key(t)) else {
+            let Some((text, _)) = candidate(&node).filter(|(t, _)| counts.contains_key(t)) else {
+                return Ok(Transformed::no(node));
+            };
+            let Some(input) = unfiltered.get(&text) else {
                 return Ok(Transformed::no(node));
             };
             let state = shared.entry(text).or_insert_with(|| {
-                let partitions = node.properties().output_partitioning().partition_count();
+                let partitions = input.properties().output_partitioning().partition_count();
                 Arc::new(SharedState {
-                    input: Arc::clone(&node),
+                    input: Arc::clone(input),
                     partitions: (0..partitions).map(|_| Mutex::new(None)).collect(),
                 })
             });
@@ -117,9 +131,10 @@ impl PhysicalOptimizerRule for SharedSubplans {
     }
 }
 
-/// The text of `node`'s subtree, if it may be shared: an aggregation's
-/// final phase over shareable operators only.
-fn candidate(node: &Arc<dyn ExecutionPlan>) -> Option<String> {
+/// The text of `node`'s subtree without its dynamic filters, and whether
+/// it has any, if it may be shared: an aggregation's final phase over
+/// shareable operators only.
+fn candidate(node: &Arc<dyn ExecutionPlan>) -> Option<(String, bool)> {
     let aggregate = node.downcast_ref::<AggregateExec>()?;
     if matches!(
         aggregate.mode(),
@@ -140,8 +155,19 @@ fn candidate(node: &Arc<dyn ExecutionPlan>) -> Option<String> {
         return None;
     }
     let text = displayable(node.as_ref()).indent(true).to_string();
-    // Copies filtered by different joins print alike.
-    (!text.contains("DynamicFilter")).then(|| without_cache_priorities(&text))
+    let filtered = text.contains("DynamicFilter");
+    let text = without_dynamic_filters(&without_cache_priorities(&text));
+    // A dynamic filter that does not print as planned (`[ empty ]`) is
+    // not recognised: no sharing.
+    (!text.contains("DynamicFilter")).then_some((text, filtered))
+}
+
+/// `text` without the dynamic filters the planner put in scans' predicates
+/// (`… AND DynamicFilter [ empty ]`), as planned, before they are filled.
+fn without_dynamic_filters(text: &str) -> String {
+    text.replace(" AND DynamicFilter [ empty ]", "")
+        .replace("predicate=DynamicFilter [ empty ], ", "")
+        .replace(", dynamic_rg_pruning=eligible", "")
 }
 
 /// `text` without the hot-data tier's priorities (`, cache=hot`): the
@@ -318,5 +344,16 @@ mod tests {
             without_cache_priorities(normal)
         );
         assert_eq!(without_cache_priorities("no mark"), "no mark");
+    }
+
+    #[test]
+    fn dynamic_filters_do_not_count() {
+        let filtered = "DataSourceExec: projection=[a], predicate=a@0 > 1 AND DynamicFilter [ empty ], \
+                        dynamic_rg_pruning=eligible, pruning_predicate=a_max@0 > 1\n\
+                        DataSourceExec: projection=[b], predicate=DynamicFilter [ empty ], \
+                        dynamic_rg_pruning=eligible";
+        let plain = "DataSourceExec: projection=[a], predicate=a@0 > 1, pruning_predicate=a_max@0 > 1\n\
+                     DataSourceExec: projection=[b]";
+        assert_eq!(without_dynamic_filters(filtered), plain);
     }
 }
