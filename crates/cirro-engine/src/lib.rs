@@ -186,6 +186,12 @@ fn scan_rows(scan: &datafusion::logical_expr::TableScan) -> Option<u64> {
     scanned_table(scan, |table| table.row_count())
 }
 
+/// The value range of an integer column of a scanned Cirro table, for the
+/// selectivities of join ordering.
+fn scan_range(scan: &datafusion::logical_expr::TableScan, column: &str) -> Option<(i64, i64)> {
+    scanned_table(scan, |table| table.value_range(column))
+}
+
 /// The estimated distinct values of a column of a scanned Cirro table, for
 /// join ordering.
 fn scan_keys(scan: &datafusion::logical_expr::TableScan, column: &str) -> Option<u64> {
@@ -404,6 +410,7 @@ impl Engine {
             builder = builder.with_optimizer_rule(Arc::new(cirro_exec::rules::ReorderJoins::new(
                 scan_rows,
                 scan_keys,
+                scan_range,
                 scan_buckets,
             )));
         }

@@ -245,14 +245,23 @@ impl CirroTable {
         {
             return Some(distinct as u64);
         }
+        let (low, high) = self.value_range(column)?;
+        let width = (i128::from(high) - i128::from(low) + 1).clamp(0, u64::MAX as i128) as u64;
+        Some(rows.map_or(width, |r| width.min(r)))
+    }
+
+    /// The smallest and largest value of an integer column over the data
+    /// files' min/max statistics (files of NULLs only left out); None for
+    /// other types, or when a file's statistics lack the column.
+    pub fn value_range(&self, column: &str) -> Option<(i64, i64)> {
         let field = self.stored_schema.field_with_name(column).ok()?;
         if !field.data_type().is_integer() {
             return None;
         }
-        let (mut low, mut high) = (i128::MAX, i128::MIN);
+        let (mut low, mut high) = (i64::MAX, i64::MIN);
         for file in self.files.iter() {
             let stats: serde_json::Value = serde_json::from_str(file.add.stats.as_deref()?).ok()?;
-            let bound = |key: &str| stats.get(key)?.get(column)?.as_i64().map(i128::from);
+            let bound = |key: &str| stats.get(key)?.get(column)?.as_i64();
             match (bound("minValues"), bound("maxValues")) {
                 (Some(min), Some(max)) => {
                     low = low.min(min);
@@ -268,12 +277,7 @@ impl CirroTable {
                 _ => return None,
             }
         }
-        let width = if high < low {
-            0
-        } else {
-            (high - low + 1).min(u64::MAX as i128) as u64
-        };
-        Some(rows.map_or(width, |r| width.min(r)))
+        (low <= high).then_some((low, high))
     }
 
     /// The table with `ANALYZE`'s statistics, which scans report to the
@@ -811,6 +815,9 @@ mod tests {
         // Strings have no range; an unknown column nothing.
         assert_eq!(table.distinct_estimate("s"), None);
         assert_eq!(table.distinct_estimate("missing"), None);
+        assert_eq!(table.value_range("n"), Some((0, 24)));
+        assert_eq!(table.value_range("k"), Some((1, 2991)));
+        assert_eq!(table.value_range("s"), None);
         // ANALYZE's counts come first.
         let mut columns = BTreeMap::new();
         for (name, distinct) in [("s", 3), ("n", 20)] {

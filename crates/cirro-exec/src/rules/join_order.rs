@@ -32,7 +32,9 @@
 //! - a filter: the rows below it times its selectivity: a column compared
 //!   with a constant keeps 1/distinct of the rows (`<>` the rest, `IN` of n
 //!   constants n/distinct) where the column's distinct count is known (see
-//!   the key counts below); else `=` 0.1, `<>` 0.9,
+//!   the key counts below); a comparison of an integer column with a
+//!   constant keeps its share of the column's value range (the data files'
+//!   min/max), `BETWEEN` the overlap; else `=` 0.1, `<>` 0.9,
 //!   `<` `<=` `>` `>=` 1/3, `BETWEEN` 1/4, `LIKE` 0.1, `IN (n values)`
 //!   0.1·n (at most 1/2), `IS NULL` 0.1; `AND` multiplies, `OR` adds (less
 //!   the overlap), `NOT` complements;
@@ -72,6 +74,10 @@ pub type ScanRows = fn(&TableScan) -> Option<u64>;
 /// scan's filters), if known.
 pub type ScanKeys = fn(&TableScan, &str) -> Option<u64>;
 
+/// The smallest and largest value of an integer column of a scanned table,
+/// if known.
+pub type ScanRange = fn(&TableScan, &str) -> Option<(i64, i64)>;
+
 datafusion::common::extensions_options! {
     /// The session's switch of join ordering (`SET join_order`).
     pub struct JoinOrderOptions {
@@ -93,14 +99,21 @@ const UNKNOWN_ROWS: f64 = 1_000_000.0;
 pub struct ReorderJoins {
     rows: ScanRows,
     keys: ScanKeys,
+    range: ScanRange,
     buckets: super::ScanBuckets,
 }
 
 impl ReorderJoins {
-    pub fn new(rows: ScanRows, keys: ScanKeys, buckets: super::ScanBuckets) -> Self {
+    pub fn new(
+        rows: ScanRows,
+        keys: ScanKeys,
+        range: ScanRange,
+        buckets: super::ScanBuckets,
+    ) -> Self {
         Self {
             rows,
             keys,
+            range,
             buckets,
         }
     }
@@ -270,10 +283,11 @@ impl ReorderJoins {
             LogicalPlan::TableScan(scan) => {
                 let base = (self.rows)(scan).map_or(UNKNOWN_ROWS, |n| n as f64);
                 let distinct = self.distinct_of(Some(scan));
+                let range = self.range_of(Some(scan));
                 let selectivity: f64 = scan
                     .filters
                     .iter()
-                    .map(|f| selectivity_with(f, &distinct))
+                    .map(|f| selectivity_with(f, &distinct, &range))
                     .product();
                 let rows = base * selectivity;
                 scan.fetch.map_or(rows, |f| rows.min(f as f64))
@@ -286,10 +300,11 @@ impl ReorderJoins {
                 };
                 let pushed: &[Expr] = scan.map_or(&[], |s| &s.filters);
                 let distinct = self.distinct_of(scan);
+                let range = self.range_of(scan);
                 let selectivity: f64 = split_conjunction(&filter.predicate)
                     .into_iter()
                     .filter(|c| !pushed.contains(c))
-                    .map(|c| selectivity_with(c, &distinct))
+                    .map(|c| selectivity_with(c, &distinct, &range))
                     .product();
                 self.rows(&filter.input) * selectivity
             }
@@ -335,6 +350,17 @@ impl ReorderJoins {
         move |column: &Column| {
             let scan = scan?;
             (self.keys)(scan, &column.name).map(|d| d as f64)
+        }
+    }
+
+    /// The value range of an integer column of `scan`'s table, where known.
+    fn range_of<'a>(
+        &'a self,
+        scan: Option<&'a TableScan>,
+    ) -> impl Fn(&Column) -> Option<(f64, f64)> + 'a {
+        move |column: &Column| {
+            let scan = scan?;
+            (self.range)(scan, &column.name).map(|(lo, hi)| (lo as f64, hi as f64))
         }
     }
 
@@ -568,30 +594,81 @@ fn greedy(
     Some(order)
 }
 
+/// The column `e` reads, if it is one (or a cast of one).
+fn column_of(e: &Expr) -> Option<Column> {
+    match e {
+        Expr::Column(c) => Some(c.clone()),
+        Expr::Cast(cast) => match cast.expr.as_ref() {
+            Expr::Column(c) => Some(c.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The value of an integer constant.
+fn integer_of(e: &Expr) -> Option<f64> {
+    use datafusion::common::ScalarValue as V;
+    let v = match e {
+        Expr::Literal(value, _) => value,
+        Expr::Cast(cast) => return integer_of(&cast.expr),
+        _ => return None,
+    };
+    match v {
+        V::Int8(Some(x)) => Some(f64::from(*x)),
+        V::Int16(Some(x)) => Some(f64::from(*x)),
+        V::Int32(Some(x)) => Some(f64::from(*x)),
+        V::Int64(Some(x)) => Some(*x as f64),
+        V::UInt8(Some(x)) => Some(f64::from(*x)),
+        V::UInt16(Some(x)) => Some(f64::from(*x)),
+        V::UInt32(Some(x)) => Some(f64::from(*x)),
+        V::UInt64(Some(x)) => Some(*x as f64),
+        _ => None,
+    }
+}
+
 /// The fraction of rows `predicate` keeps (see the module docs), without
 /// distinct counts.
 #[cfg(test)]
 fn selectivity(predicate: &Expr) -> f64 {
-    selectivity_with(predicate, &|_| None)
+    selectivity_with(predicate, &|_| None, &|_| None)
 }
 
 /// The fraction of rows `predicate` keeps (see the module docs); `distinct`
 /// gives the distinct values of a column, where known: a comparison of it
 /// with a constant keeps 1/distinct of the rows (`IN` of n constants
 /// n/distinct), as if the values were equally frequent.
-fn selectivity_with(predicate: &Expr, distinct: &dyn Fn(&Column) -> Option<f64>) -> f64 {
-    let recurse = |e: &Expr| selectivity_with(e, distinct);
+fn selectivity_with(
+    predicate: &Expr,
+    distinct: &dyn Fn(&Column) -> Option<f64>,
+    range: &dyn Fn(&Column) -> Option<(f64, f64)>,
+) -> f64 {
+    let recurse = |e: &Expr| selectivity_with(e, distinct, range);
+    // The share of an integer column's range [lo, hi] that `column op v`
+    // keeps, with `v` an integer constant (`flipped`: `v op column`).
+    let ranged = |left: &Expr, op: &Operator, right: &Expr| -> Option<f64> {
+        let (c, v, op) = match (column_of(left), integer_of(right)) {
+            (Some(c), Some(v)) => (c, v, *op),
+            _ => (column_of(right)?, integer_of(left)?, op.swap()?),
+        };
+        let (lo, hi) = range(&c)?;
+        let width = hi - lo + 1.0;
+        let kept = match op {
+            Operator::Lt => v - lo,
+            Operator::LtEq => v - lo + 1.0,
+            Operator::Gt => hi - v,
+            Operator::GtEq => hi - v + 1.0,
+            _ => return None,
+        };
+        Some((kept / width).clamp(0.0, 1.0))
+    };
+    let ranged_of = |e: &Expr| match e {
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => ranged(left, op, right),
+        _ => None,
+    };
     // The distinct values of a column compared with a constant.
     let compared = |a: &Expr, b: &Expr| -> Option<f64> {
-        let column = |e: &Expr| match e {
-            Expr::Column(c) => Some(c.clone()),
-            Expr::Cast(cast) => match cast.expr.as_ref() {
-                Expr::Column(c) => Some(c.clone()),
-                _ => None,
-            },
-            _ => None,
-        };
-        let (c, other) = match (column(a), column(b)) {
+        let (c, other) = match (column_of(a), column_of(b)) {
             (Some(c), None) => (c, b),
             (None, Some(c)) => (c, a),
             _ => return None,
@@ -614,13 +691,30 @@ fn selectivity_with(predicate: &Expr, distinct: &dyn Fn(&Column) -> Option<f64>)
             Operator::NotEq | Operator::IsDistinctFrom => {
                 compared(left, right).map_or(0.9, |d| 1.0 - 1.0 / d)
             }
-            Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq => 1.0 / 3.0,
+            Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq => {
+                ranged(left, op, right).unwrap_or(1.0 / 3.0)
+            }
             Operator::LikeMatch | Operator::ILikeMatch => 0.1,
             Operator::NotLikeMatch | Operator::NotILikeMatch => 0.9,
             _ => 0.5,
         },
-        Expr::Between(between) if between.negated => 0.75,
-        Expr::Between(_) => 0.25,
+        Expr::Between(between) => {
+            let low = Expr::BinaryExpr(BinaryExpr::new(
+                between.expr.clone(),
+                Operator::GtEq,
+                between.low.clone(),
+            ));
+            let high = Expr::BinaryExpr(BinaryExpr::new(
+                between.expr.clone(),
+                Operator::LtEq,
+                between.high.clone(),
+            ));
+            let kept = match (ranged_of(&low), ranged_of(&high)) {
+                (Some(a), Some(b)) => (a + b - 1.0).max(0.0),
+                _ => 0.25,
+            };
+            if between.negated { 1.0 - kept } else { kept }
+        }
         Expr::Like(like) | Expr::SimilarTo(like) if like.negated => 0.9,
         Expr::Like(_) | Expr::SimilarTo(_) => 0.1,
         Expr::InList(list) => {
@@ -732,23 +826,47 @@ mod tests {
     }
 
     #[test]
+    fn selectivities_from_value_ranges() {
+        use datafusion::logical_expr::{col, lit};
+        // SSB's d_year: 1992 to 1998.
+        let range = |c: &Column| (c.name == "d_year").then_some((1992.0, 1998.0));
+        let none = |_: &Column| None;
+        let s = |e: &Expr| selectivity_with(e, &none, &range);
+        let years = col("d_year")
+            .gt_eq(lit(1992))
+            .and(col("d_year").lt_eq(lit(1997)));
+        assert!((s(&years) - 6.0 / 7.0).abs() < 1e-12);
+        assert!((s(&col("d_year").lt(lit(1994))) - 2.0 / 7.0).abs() < 1e-12);
+        assert!((s(&lit(1994).gt(col("d_year"))) - 2.0 / 7.0).abs() < 1e-12);
+        assert!((s(&col("d_year").gt(lit(2000)))).abs() < 1e-12);
+        let between = col("d_year").between(lit(1993), lit(1994));
+        assert!((s(&between) - 2.0 / 7.0).abs() < 1e-12);
+        let outside = col("d_year").not_between(lit(1993), lit(1994));
+        assert!((s(&outside) - 5.0 / 7.0).abs() < 1e-12);
+        // Without a range, the fixed guesses.
+        assert!((s(&col("x").lt(lit(3))) - 1.0 / 3.0).abs() < 1e-12);
+        assert!((s(&col("x").between(lit(1), lit(2))) - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
     fn selectivities_from_distinct_counts() {
         use datafusion::logical_expr::{col, lit};
         // p_type: 150 values.
         let distinct = |c: &Column| (c.name == "p_type").then_some(150.0);
+        let no_range = |_: &Column| None;
         let eq = col("p_type").eq(lit("ECONOMY ANODIZED STEEL"));
-        assert!((selectivity_with(&eq, &distinct) - 1.0 / 150.0).abs() < 1e-12);
+        assert!((selectivity_with(&eq, &distinct, &no_range) - 1.0 / 150.0).abs() < 1e-12);
         let flipped = lit("X").eq(col("p_type"));
-        assert!((selectivity_with(&flipped, &distinct) - 1.0 / 150.0).abs() < 1e-12);
+        assert!((selectivity_with(&flipped, &distinct, &no_range) - 1.0 / 150.0).abs() < 1e-12);
         let ne = col("p_type").not_eq(lit("X"));
-        assert!((selectivity_with(&ne, &distinct) - 149.0 / 150.0).abs() < 1e-12);
+        assert!((selectivity_with(&ne, &distinct, &no_range) - 149.0 / 150.0).abs() < 1e-12);
         let list = col("p_type").in_list(vec![lit("A"), lit("B"), lit("C")], false);
-        assert!((selectivity_with(&list, &distinct) - 3.0 / 150.0).abs() < 1e-12);
+        assert!((selectivity_with(&list, &distinct, &no_range) - 3.0 / 150.0).abs() < 1e-12);
         // Columns without a count, and comparisons of two columns, keep the
         // fixed guesses.
         let other = col("p_size").eq(lit(15));
-        assert!((selectivity_with(&other, &distinct) - 0.1).abs() < 1e-12);
+        assert!((selectivity_with(&other, &distinct, &no_range) - 0.1).abs() < 1e-12);
         let columns = col("p_type").eq(col("p_brand"));
-        assert!((selectivity_with(&columns, &distinct) - 0.1).abs() < 1e-12);
+        assert!((selectivity_with(&columns, &distinct, &no_range) - 0.1).abs() < 1e-12);
     }
 }

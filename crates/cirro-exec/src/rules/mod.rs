@@ -30,7 +30,7 @@ pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
 pub use guards::{GuardFallibleConditions, LazyGuards};
 pub use jit::{CompileExpressions, JitOptions};
-pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRows};
+pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRange, ScanRows};
 pub use segment::segment_udf;
 pub use shared::{SharedExec, SharedSubplans};
 pub use yields::YieldAfterJoins;
