@@ -148,6 +148,14 @@ fn the_plan_sets_priorities_and_a_large_scan_keeps_hot_data() {
         plan.contains("cache=scan"),
         "the large fact scan is a scan:\n{plan}"
     );
+    // A large scan stays a scan on a build side: hot data that large
+    // would freeze the cache (nothing else may evict it).
+    let self_join = "SELECT count(*) FROM fact a JOIN fact b ON a.id = b.id";
+    let plan = explained(&data, self_join, &["--cache-memory", "1MB"]);
+    assert!(
+        !plan.contains("cache=hot") && plan.matches("cache=scan").count() == 2,
+        "both sides of the self-join are scans:\n{plan}"
+    );
     let answer = s.rows(join);
     // The dimension table is cached (hot) by the join.
     let dim_entries = "SELECT coalesce(sum(entries), 0) FROM cirro.cache WHERE priority = 'hot'";

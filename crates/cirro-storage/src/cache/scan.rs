@@ -1023,9 +1023,12 @@ fn keep(batch: RecordBatch, filter: &Arc<dyn PhysicalExpr>) -> Result<RecordBatc
 }
 
 /// The physical optimizer rule that reads Parquet scans through the
-/// hot-data tier, with a priority from the plan: the build side of a join
-/// `Hot`, a scan whose decoded columns would fill a large part of the
-/// budget `Scan`, others `Normal`. Off with `SET cache = off`.
+/// hot-data tier, with a priority from the plan: a scan whose decoded
+/// columns would fill a large part of the budget `Scan`, wherever it is;
+/// the build side of a join otherwise `Hot`; others `Normal`. (A large
+/// build side, such as TPC-H Q18's aggregation of lineitem, made `Hot`
+/// froze the cache: nothing else may evict hot data.) Off with
+/// `SET cache = off`.
 #[derive(Debug)]
 pub struct CacheScans {
     cache: Arc<ColumnCache>,
@@ -1054,10 +1057,10 @@ impl CacheScans {
             && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
             && let Some(parquet) = config.file_source().downcast_ref::<ParquetSource>()
         {
-            let priority = if build_side {
-                Priority::Hot
-            } else if self.is_large(config) {
+            let priority = if self.is_large(config) {
                 Priority::Scan
+            } else if build_side {
+                Priority::Hot
             } else {
                 Priority::Normal
             };
