@@ -147,6 +147,14 @@ fn is_view(provider: &Arc<dyn TableProvider>) -> bool {
     provider.table_type() == TableType::View
 }
 
+/// Whether a provider holds rows taken when it was resolved: the system
+/// tables (`cirro.cache`, `pg_stat_activity`, `cirro.queries`, …) are
+/// memory tables filled at planning, so a kept plan would show them as
+/// they were when it was made.
+fn is_snapshot(provider: &Arc<dyn TableProvider>) -> bool {
+    (provider.as_ref() as &dyn std::any::Any).is::<datafusion::datasource::MemTable>()
+}
+
 /// `value` as a value of `to`, cast as PostgreSQL casts a parameter to the
 /// type of the place it stands in: text parses (22P02 when it cannot), a
 /// number widens or must fit (22003).
@@ -265,7 +273,8 @@ impl Engine {
         Arc::new(schema.as_arrow().clone())
     }
 
-    /// Plan a statement that keeps its plan; says whether it reads views.
+    /// Plan a statement that keeps its plan; says whether it must be
+    /// planned again for each execution (it reads views or system tables).
     async fn plan_prepared(&self, statement: &CirroStatement) -> Result<(LogicalPlan, bool)> {
         let CirroStatement::Sql(sql) = statement else {
             return Err(CirroError::internal("only SQL statements keep a plan"));
@@ -279,7 +288,7 @@ impl Engine {
         plan.apply_with_subqueries(|node| {
             if let LogicalPlan::TableScan(scan) = node
                 && let Ok(provider) = source_as_provider(&scan.source)
-                && is_view(&provider)
+                && (is_view(&provider) || is_snapshot(&provider))
             {
                 reads_views = true;
                 return Ok(TreeNodeRecursion::Stop);
@@ -660,6 +669,55 @@ mod tests {
             .execute_prepared(&prepared, vec![ScalarValue::Int64(Some(1))])
             .await;
         assert_eq!(rows(outcome.expect("execute")).await, vec!["recreated"]);
+    }
+
+    /// System tables are filled when planned: a prepared query over one
+    /// shows them as they are at each execution, not as they were at the
+    /// first (psycopg prepares a statement from its fifth execution on).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn prepared_queries_over_system_tables_show_the_present() {
+        let dir = tempfile::tempdir().expect("dir");
+        let engine = Engine::open(dir.path().to_str().expect("utf8"), EngineConfig::default())
+            .await
+            .expect("open");
+        run(&engine, "CREATE TABLE st (k BIGINT, v VARCHAR)").await;
+        run(&engine, "INSERT INTO st VALUES (1, 'a'), (2, 'b')").await;
+        // This test's files in the process's hot-data tier.
+        let tag = dir
+            .path()
+            .file_name()
+            .expect("name")
+            .to_str()
+            .expect("utf8");
+        let parsed = engine
+            .parse(&format!(
+                "SELECT coalesce(sum(hits), 0) FROM cirro.cache WHERE strpos(file, '{tag}') > 0"
+            ))
+            .expect("parse");
+        let prepared = engine.prepare(parsed).await.expect("prepare");
+        let first = rows(
+            engine
+                .execute_prepared(&prepared, vec![])
+                .await
+                .expect("execute"),
+        )
+        .await;
+        assert_eq!(first, vec!["0"]);
+        // Reads only: the catalog's version stays, the cache moves on.
+        for _ in 0..2 {
+            assert_eq!(
+                rows(run(&engine, "SELECT sum(k) FROM st").await).await,
+                vec!["3"]
+            );
+        }
+        let now = rows(
+            engine
+                .execute_prepared(&prepared, vec![])
+                .await
+                .expect("execute"),
+        )
+        .await;
+        assert_ne!(now, first, "the cache as it is now");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
