@@ -84,6 +84,10 @@ datafusion::common::extensions_options! {
         /// `on` (order by estimated sizes, the default) or `off` (the order
         /// written).
         pub mode: String, default = "on".to_string()
+        /// `on` (build sides and partition modes of hash joins from row
+        /// estimates, [`super::BuildSides`], the default) or `off`
+        /// (DataFusion's choice).
+        pub build_sides: String, default = "on".to_string()
     }
 }
 

@@ -1,6 +1,7 @@
 //! Cirro's planning rules and where they run among DataFusion's.
 
 mod aggregation;
+mod build_sides;
 mod chains;
 mod checked;
 mod colocate;
@@ -25,6 +26,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
 pub use aggregation::{AdaptiveAggregation, AggregationOptions};
+pub use build_sides::BuildSides;
 pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
@@ -56,13 +58,20 @@ pub fn analyzer_rules() -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
 }
 
 /// DataFusion's physical optimizer rules with Cirro's around them:
-/// [`LazyGuards`] first, [`YieldAfterJoins`] last.
+/// [`LazyGuards`] first, [`BuildSides`] right after DataFusion's join
+/// selection, [`YieldAfterJoins`] last.
 pub fn physical_optimizer_rules()
 -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
     let mut rules: Vec<
         Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>,
     > = vec![Arc::new(LazyGuards)];
-    rules.extend(datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules);
+    for rule in datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules {
+        let join_selection = rule.name() == "join_selection";
+        rules.push(rule);
+        if join_selection {
+            rules.push(Arc::new(BuildSides));
+        }
+    }
     rules.push(Arc::new(YieldAfterJoins));
     rules
 }
