@@ -21,7 +21,11 @@
 //!    collects its build side instead: one hash table, built once, probed
 //!    by every partition of the probe side as it comes, unrepartitioned.
 //!
-//! Null-aware anti joins (`NOT IN`) keep their sides and mode. Off with
+//! Null-aware anti joins (`NOT IN`) keep their sides and mode. A probe side
+//! already hash-partitioned (a bucketed table: the join is co-located, no
+//! repartition to save) is not collected against, and neither is anything
+//! where the session set DataFusion's `hash_join_single_partition_threshold`
+//! or `…_rows` to 0 (collect nothing). Off with
 //! `SET cirro_join_order.build_sides = off`.
 
 use std::sync::Arc;
@@ -31,9 +35,9 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
 use super::JoinOrderOptions;
 
@@ -42,7 +46,7 @@ use super::JoinOrderOptions;
 pub const SWAP_RATIO: f64 = 4.0;
 
 /// The most estimated rows of a build side that one task collects.
-pub const COLLECT_ROWS_MAX: f64 = 2_000_000.0;
+pub const COLLECT_ROWS_MAX: f64 = 4_000_000.0;
 
 /// A build side is collected only under a probe side this many times larger.
 pub const COLLECT_RATIO: f64 = 8.0;
@@ -60,8 +64,9 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
     statistics.num_rows.get_value().map(|n| *n as f64)
 }
 
-/// What the rule does to one join (see the module docs), if anything.
-fn rewrite(join: &HashJoinExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+/// What the rule does to one join (see the module docs), if anything;
+/// `collect`: whether the session lets joins collect their build sides.
+fn rewrite(join: &HashJoinExec, collect: bool) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     if join.null_aware {
         return Ok(None);
     }
@@ -73,15 +78,21 @@ fn rewrite(join: &HashJoinExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         JoinType::LeftSemi | JoinType::RightSemi | JoinType::LeftAnti | JoinType::RightAnti
     );
     let mode = *join.partition_mode();
+    let collects = |build: f64, probe: f64, probe_side: &Arc<dyn ExecutionPlan>| {
+        collect
+            && mode == PartitionMode::Partitioned
+            && !matches!(probe_side.output_partitioning(), Partitioning::Hash(..))
+            && sizes_collect(build, probe)
+    };
     if semi_or_anti && join.join_type().supports_swap() && build > SWAP_RATIO * probe {
-        let swapped_mode = if mode == PartitionMode::Partitioned && collects(probe, build) {
+        let swapped_mode = if collects(probe, build, join.left()) {
             PartitionMode::CollectLeft
         } else {
             mode
         };
         return join.swap_inputs(swapped_mode).map(Some);
     }
-    if mode == PartitionMode::Partitioned && collects(build, probe) {
+    if collects(build, probe, join.right()) {
         let collected = join
             .builder()
             .with_partition_mode(PartitionMode::CollectLeft)
@@ -92,7 +103,7 @@ fn rewrite(join: &HashJoinExec) -> Result<Option<Arc<dyn ExecutionPlan>>> {
 }
 
 /// Whether a build side of `build` rows against `probe` rows is collected.
-fn collects(build: f64, probe: f64) -> bool {
+fn sizes_collect(build: f64, probe: f64) -> bool {
     build <= COLLECT_ROWS_MAX && probe >= COLLECT_RATIO * build
 }
 
@@ -109,11 +120,13 @@ impl PhysicalOptimizerRule for BuildSides {
         if !on || !config.optimizer.join_reordering {
             return Ok(plan);
         }
+        let collect = config.optimizer.hash_join_single_partition_threshold > 0
+            && config.optimizer.hash_join_single_partition_threshold_rows > 0;
         plan.transform_up(|node| {
             let Some(join) = node.downcast_ref::<HashJoinExec>() else {
                 return Ok(Transformed::no(node));
             };
-            Ok(match rewrite(join)? {
+            Ok(match rewrite(join, collect)? {
                 Some(new) => Transformed::yes(new),
                 None => Transformed::no(node),
             })
