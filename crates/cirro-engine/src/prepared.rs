@@ -66,9 +66,10 @@ struct CachedPlan {
     plan: LogicalPlan,
     /// The catalog version it was planned against.
     catalog_version: u64,
-    /// Whether it reads a view or shows settings or the catalog (then it
-    /// is planned at every execution: such plans hold their data).
-    reads_views: bool,
+    /// Whether it reads a view or a system table, or shows settings or the
+    /// catalog (then it is planned at every execution: such plans hold
+    /// their data).
+    replans: bool,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -238,7 +239,7 @@ impl Engine {
             };
             return Ok(unplanned(schema));
         };
-        let (plan, reads_views) = self.plan_prepared(&statement).await?;
+        let (plan, replans) = self.plan_prepared(&statement).await?;
         let types = plan.get_parameter_types()?;
         let placeholder_types = (1..=placeholders)
             .map(|i| types.get(&format!("${i}")).cloned().flatten())
@@ -251,7 +252,7 @@ impl Engine {
             plan: Some(Mutex::new(CachedPlan {
                 plan,
                 catalog_version: snapshot.version,
-                reads_views,
+                replans,
             })),
         })
     }
@@ -284,18 +285,18 @@ impl Engine {
         let shows = shows_data(&sql);
         let plan = self.plan(sql).await?;
         self.check_plan(&plan)?;
-        let mut reads_views = shows;
+        let mut replans = shows;
         plan.apply_with_subqueries(|node| {
             if let LogicalPlan::TableScan(scan) = node
                 && let Ok(provider) = source_as_provider(&scan.source)
                 && (is_view(&provider) || is_snapshot(&provider))
             {
-                reads_views = true;
+                replans = true;
                 return Ok(TreeNodeRecursion::Stop);
             }
             Ok(TreeNodeRecursion::Continue)
         })?;
-        Ok((plan, reads_views))
+        Ok((plan, replans))
     }
 
     /// Execute a prepared statement with `values` for its placeholders.
@@ -348,17 +349,17 @@ impl Engine {
         let reuse = cached
             .lock()
             .ok()
-            .filter(|c| c.catalog_version == snapshot.version && !c.reads_views)
+            .filter(|c| c.catalog_version == snapshot.version && !c.replans)
             .map(|c| c.plan.clone());
         let plan = match reuse {
             Some(plan) => self.with_current_tables(plan).await?,
             None => {
-                let (plan, reads_views) = self.plan_prepared(&prepared.statement).await?;
+                let (plan, replans) = self.plan_prepared(&prepared.statement).await?;
                 if let Ok(mut c) = cached.lock() {
                     *c = CachedPlan {
                         plan: plan.clone(),
                         catalog_version: snapshot.version,
-                        reads_views,
+                        replans,
                     };
                 }
                 plan
