@@ -44,6 +44,9 @@ datafusion::common::extensions_options! {
         /// Comparisons from which `on` compiles a condition without
         /// arithmetic (arithmetic always compiles).
         pub min_comparisons: usize, default = 3
+        /// Whether filters evaluate their cheap conjuncts first
+        /// ([`super::conjuncts`]), where compiled filters find them together.
+        pub order_conjuncts: bool, default = true
     }
 }
 

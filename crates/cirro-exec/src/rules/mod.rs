@@ -5,6 +5,7 @@ mod build_sides;
 mod chains;
 mod checked;
 mod colocate;
+mod conjuncts;
 mod guards;
 mod jit;
 mod join_order;
@@ -30,6 +31,7 @@ pub use build_sides::BuildSides;
 pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
+pub use conjuncts::OrderConjuncts;
 pub use guards::{GuardFallibleConditions, LazyGuards};
 pub use jit::{CompileExpressions, JitOptions};
 pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRange, ScanRows};
@@ -59,7 +61,7 @@ pub fn analyzer_rules() -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
 
 /// DataFusion's physical optimizer rules with Cirro's around them:
 /// [`LazyGuards`] first, [`BuildSides`] right after DataFusion's join
-/// selection, [`YieldAfterJoins`] last.
+/// selection, [`OrderConjuncts`] and [`YieldAfterJoins`] last.
 pub fn physical_optimizer_rules()
 -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
     let mut rules: Vec<
@@ -72,6 +74,7 @@ pub fn physical_optimizer_rules()
             rules.push(Arc::new(BuildSides));
         }
     }
+    rules.push(Arc::new(OrderConjuncts));
     rules.push(Arc::new(YieldAfterJoins));
     rules
 }

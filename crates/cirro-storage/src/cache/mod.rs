@@ -38,6 +38,7 @@
 //! first.
 
 pub mod disk;
+mod routed;
 mod scan;
 
 use std::collections::{BTreeSet, HashMap};

@@ -77,6 +77,7 @@ use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuil
 use parquet::arrow::{ProjectionMask, parquet_column};
 use parquet::file::metadata::ParquetMetaData;
 
+use super::routed::Routed;
 use super::{Chunk, ChunkKey, ColumnCache, PIECE_ROWS, Priority};
 
 /// DataFusion's Parquet source, reading through the hot-data tier.
@@ -858,6 +859,9 @@ impl FileState {
 ///   first, static before dynamic; the static ones keep their written
 ///   order among themselves, so a guard (`x <> 0`) still runs before what
 ///   it guards (`10 / x > 1`) and each sees only the rows kept before it;
+/// - a partitioned join's filter (a `CASE` over the partitions' hash
+///   tables) is evaluated branch by branch ([`Routed`]), each expression
+///   prepared once per generation of its filter;
 /// - a filter that has kept over [`Self::KEEP_ALL`] of the
 ///   [`Self::SAMPLE_ROWS`] rows it saw is not evaluated in this file again
 ///   (a dynamic one until it changes: its generation; a static one with
@@ -876,6 +880,20 @@ struct FilterPart {
     seen: usize,
     kept: usize,
     nanos: u64,
+    /// A dynamic filter's expression as it stood at `generation`, as
+    /// evaluated ([`Routed`] where it is a partitioned join's).
+    prepared: Option<Evaluation>,
+}
+
+/// How a filter's current expression is evaluated.
+#[derive(Clone)]
+enum Evaluation {
+    /// By DataFusion.
+    Expr(Arc<dyn PhysicalExpr>),
+    /// A partitioned join's `CASE`, branch by branch.
+    Routed(Arc<Routed>),
+    /// Not at all: it keeps every row (`true`).
+    All,
 }
 
 impl FilterPart {
@@ -931,6 +949,7 @@ impl DynamicRowFilter {
                 seen: 0,
                 kept: 0,
                 nanos: 0,
+                prepared: None,
             });
         }
         if !filter.parts.iter().any(|p| p.dynamic) {
@@ -953,24 +972,39 @@ impl DynamicRowFilter {
                 let generation = snapshot_generation(&part.expr);
                 if generation != part.generation {
                     (part.generation, part.seen, part.kept, part.nanos) = (generation, 0, 0, 0);
+                    part.prepared = None;
                 }
                 if part.keeps_all() {
                     continue;
                 }
-                let current = snapshot_physical_expr(Arc::clone(&part.expr))?;
-                let always = current
-                    .downcast_ref::<Literal>()
-                    .is_some_and(|l| l.value() == &ScalarValue::Boolean(Some(true)));
-                if always {
+                let prepared = match &part.prepared {
+                    Some(prepared) => prepared.clone(),
+                    None => {
+                        let current = snapshot_physical_expr(Arc::clone(&part.expr))?;
+                        let always = current
+                            .downcast_ref::<Literal>()
+                            .is_some_and(|l| l.value() == &ScalarValue::Boolean(Some(true)));
+                        let prepared = if always {
+                            Evaluation::All
+                        } else if let Some(routed) = Routed::prepare(&current, &batch.schema()) {
+                            Evaluation::Routed(Arc::new(routed))
+                        } else {
+                            Evaluation::Expr(current)
+                        };
+                        part.prepared = Some(prepared.clone());
+                        prepared
+                    }
+                };
+                if matches!(prepared, Evaluation::All) {
                     continue;
                 }
-                current
+                prepared
             } else {
                 statics_stopped |= part.keeps_all();
                 if statics_stopped {
                     continue;
                 }
-                Arc::clone(&part.expr)
+                Evaluation::Expr(Arc::clone(&part.expr))
             };
             active.push((i, current));
         }
@@ -1007,12 +1041,16 @@ impl DynamicRowFilter {
 }
 
 /// The rows of `batch` for which `filter` is true.
-fn keep(batch: RecordBatch, filter: &Arc<dyn PhysicalExpr>) -> Result<RecordBatch> {
+fn keep(batch: RecordBatch, filter: &Evaluation) -> Result<RecordBatch> {
     let rows = batch.num_rows();
-    let mask = filter.evaluate(&batch)?.into_array(rows)?;
+    let mask = match filter {
+        Evaluation::All => return Ok(batch),
+        Evaluation::Routed(routed) => Arc::new(routed.evaluate(&batch)?) as ArrayRef,
+        Evaluation::Expr(filter) => filter.evaluate(&batch)?.into_array(rows)?,
+    };
     let Some(mask) = mask.as_any().downcast_ref::<BooleanArray>() else {
         return Err(DataFusionError::Internal(format!(
-            "filter {filter} gave {} rather than booleans",
+            "a scan's filter gave {} rather than booleans",
             mask.data_type()
         )));
     };
