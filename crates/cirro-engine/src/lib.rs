@@ -165,6 +165,8 @@ fn physical_rules(
         // Last: the compiled expressions keep their interpreted ones as
         // children only, and DataFusion's codec cannot send them.
         rules.push(Arc::new(cirro_exec::rules::CompileExpressions));
+        // Over the compiled conjuncts; not sent either.
+        rules.push(Arc::new(cirro_exec::rules::SelectiveConjuncts));
         // After every rewrite: it shares subtrees that print alike.
         rules.push(Arc::new(cirro_exec::rules::SharedSubplans));
     }

@@ -6,6 +6,7 @@
 //! - `jit/`: expressions compiled to machine code (Cranelift);
 //! - `distribution`: the seam to a cluster's distributed execution.
 
+pub mod conjunction;
 pub mod distribution;
 pub mod functions;
 pub mod jit;

@@ -122,6 +122,7 @@ const MATRIX: &[&str] = &[
     "SET cache = off",
     "SET join_order = off",
     "SET cirro_join_order.build_sides = off",
+    "SET cirro_jit.selective_conjuncts = false",
 ];
 
 /// Each query `{suite}/queries/{name}.sql` against `{answers}/{name}.csv`

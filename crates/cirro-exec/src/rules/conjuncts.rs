@@ -37,6 +37,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 
 use super::JitOptions;
+use crate::conjunction::Conjunction;
 
 /// What a comparison of strings costs, against one of numbers or dates.
 pub const STRING_COST: u32 = 8;
@@ -53,26 +54,12 @@ impl PhysicalOptimizerRule for OrderConjuncts {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if config
-            .extensions
-            .get::<JitOptions>()
-            .is_some_and(|o| !o.order_conjuncts)
-        {
-            return Ok(plan);
-        }
-        plan.transform_up(|node| {
-            let Some(filter) = node.downcast_ref::<FilterExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            let Some(predicate) = ordered(filter.predicate(), &filter.input().schema()) else {
-                return Ok(Transformed::no(node));
-            };
-            let rebuilt = FilterExecBuilder::from(filter)
-                .with_predicate(predicate)
-                .build()?;
-            Ok(Transformed::yes(Arc::new(rebuilt) as Arc<dyn ExecutionPlan>))
-        })
-        .map(|t| t.data)
+        rewrite_filters(
+            plan,
+            config,
+            |o| o.order_conjuncts,
+            |filter| ordered(filter.predicate(), &filter.input().schema()),
+        )
     }
 
     fn name(&self) -> &str {
@@ -82,6 +69,77 @@ impl PhysicalOptimizerRule for OrderConjuncts {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// Filters' predicates as [`Conjunction`]s: each conjunct evaluated on the
+/// rows the ones before it kept, reading only its own columns (see
+/// [`crate::conjunction`]). It runs after the expressions are compiled, in
+/// single-node plans (DataFusion's codec cannot send the node). Off with
+/// `SET cirro_jit.selective_conjuncts = false`.
+#[derive(Debug, Default)]
+pub struct SelectiveConjuncts;
+
+impl PhysicalOptimizerRule for SelectiveConjuncts {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        rewrite_filters(
+            plan,
+            config,
+            |o| o.selective_conjuncts,
+            |filter| {
+                if filter.predicate().downcast_ref::<Conjunction>().is_some() {
+                    return None;
+                }
+                let conjuncts = split_conjunction(filter.predicate())
+                    .into_iter()
+                    .cloned()
+                    .collect();
+                Conjunction::try_new(conjuncts, &filter.input().schema())
+                    .map(|c| Arc::new(c) as Arc<dyn PhysicalExpr>)
+            },
+        )
+    }
+
+    fn name(&self) -> &str {
+        "cirro_selective_conjuncts"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// `plan` with each filter's predicate replaced by what `rewrite` gives
+/// (None: kept), unless `enabled` says the session switched it off.
+fn rewrite_filters(
+    plan: Arc<dyn ExecutionPlan>,
+    config: &ConfigOptions,
+    enabled: impl Fn(&JitOptions) -> bool,
+    rewrite: impl Fn(&FilterExec) -> Option<Arc<dyn PhysicalExpr>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if config
+        .extensions
+        .get::<JitOptions>()
+        .is_some_and(|o| !enabled(o))
+    {
+        return Ok(plan);
+    }
+    plan.transform_up(|node| {
+        let Some(filter) = node.downcast_ref::<FilterExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        let Some(predicate) = rewrite(filter) else {
+            return Ok(Transformed::no(node));
+        };
+        let rebuilt = FilterExecBuilder::from(filter)
+            .with_predicate(predicate)
+            .build()?;
+        Ok(Transformed::yes(Arc::new(rebuilt) as Arc<dyn ExecutionPlan>))
+    })
+    .map(|t| t.data)
 }
 
 /// `predicate` with its conjuncts cheapest first; None where that is the
@@ -223,5 +281,46 @@ mod tests {
         );
         // Already cheapest first: left alone.
         assert!(super::ordered(&ordered, &s).is_none());
+    }
+
+    #[test]
+    fn filters_get_a_conjunction_unless_switched_off() {
+        use datafusion::physical_plan::empty::EmptyExec;
+        let s = Arc::new(schema());
+        let day = binary(col("day", &s).unwrap(), Operator::GtEq, lit(5i32));
+        let x = binary(col("x", &s).unwrap(), Operator::NotEq, lit(0i64));
+        let filter = |predicate| -> Arc<dyn ExecutionPlan> {
+            Arc::new(
+                FilterExec::try_new(predicate, Arc::new(EmptyExec::new(Arc::clone(&s)))).unwrap(),
+            )
+        };
+        let predicate_of = |plan: &Arc<dyn ExecutionPlan>| {
+            Arc::clone(plan.downcast_ref::<FilterExec>().unwrap().predicate())
+        };
+        let mut config = ConfigOptions::new();
+        config.extensions.insert(JitOptions::default());
+        let two = filter(conjunction([Arc::clone(&day), Arc::clone(&x)]));
+        let planned = SelectiveConjuncts
+            .optimize(Arc::clone(&two), &config)
+            .unwrap();
+        let predicate = predicate_of(&planned);
+        let conjunction = predicate
+            .downcast_ref::<Conjunction>()
+            .expect("a Conjunction");
+        assert_eq!(conjunction.conjuncts().len(), 2);
+        assert_eq!(predicate.to_string(), predicate_of(&two).to_string());
+        // One conjunct: nothing to select by.
+        let one = SelectiveConjuncts
+            .optimize(filter(Arc::clone(&day)), &config)
+            .unwrap();
+        assert!(predicate_of(&one).downcast_ref::<Conjunction>().is_none());
+        // Switched off.
+        config
+            .extensions
+            .get_mut::<JitOptions>()
+            .unwrap()
+            .selective_conjuncts = false;
+        let off = SelectiveConjuncts.optimize(two, &config).unwrap();
+        assert!(predicate_of(&off).downcast_ref::<Conjunction>().is_none());
     }
 }

@@ -47,6 +47,9 @@ datafusion::common::extensions_options! {
         /// Whether filters evaluate their cheap conjuncts first
         /// ([`super::conjuncts`]), where compiled filters find them together.
         pub order_conjuncts: bool, default = true
+        /// Whether filters evaluate each conjunct on the rows the ones
+        /// before it kept, reading only its columns ([`crate::conjunction`]).
+        pub selective_conjuncts: bool, default = true
     }
 }
 

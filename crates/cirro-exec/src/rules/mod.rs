@@ -31,7 +31,7 @@ pub use build_sides::BuildSides;
 pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
-pub use conjuncts::OrderConjuncts;
+pub use conjuncts::{OrderConjuncts, SelectiveConjuncts};
 pub use guards::{GuardFallibleConditions, LazyGuards};
 pub use jit::{CompileExpressions, JitOptions};
 pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRange, ScanRows};
