@@ -108,10 +108,19 @@ fn many_groups_take_radix_partitions_with_the_same_answers() {
     assert_eq!(join.matches("Hash([a@0], 2)").count(), 2, "{join}");
     assert_eq!(radix_partitions(&join), vec![8, 8], "{join}");
 
-    // Data written in key order: the partial phase stays unless forced.
+    // Data written in key order: the partial phase stays unless forced,
+    // or unless each thread's share of the groups (200,000 over the
+    // threads) outgrows `clustered_groups_max`.
     let q = "SELECT k, count(*), sum(x) FROM c GROUP BY k";
     let clustered = explained(&data, sets, q);
     assert!(clustered.contains("mode=Partial"), "{clustered}");
+    let large = explained(
+        &data,
+        &format!("{sets}; SET cirro_aggregation.clustered_groups_max = 1000"),
+        q,
+    );
+    assert!(large.contains("mode=SinglePartitioned"), "{large}");
+    assert!(!large.contains("mode=Partial"), "{large}");
     let forced = explained(
         &data,
         &format!("{sets}; SET adaptive_aggregation = force"),

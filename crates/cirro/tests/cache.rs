@@ -240,6 +240,21 @@ fn cached_scans_drop_rows_by_dynamic_filters() {
     let plan = analyzed_after_one_run(&data, join, &[]);
     assert!(plan.contains("DynamicFilter ["), "{plan}");
     assert_eq!(counter(&plan, "dynamic_filter_rows_dropped"), 0, "{plan}");
+    // The same join partitioned: a hash repartition of every scanned row
+    // lies between, which the scan saves by evaluating the join's filter
+    // (over at least the rows it measures the filter on).
+    let partitioned = format!(
+        "SET datafusion.optimizer.hash_join_single_partition_threshold = 0; \
+         SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0; \
+         {join}; EXPLAIN ANALYZE {join}"
+    );
+    let plan = output_ok(&data, &partitioned, &["--threads", "2"]);
+    assert!(plan.contains("mode=Partitioned"), "{plan}");
+    assert!(plan.contains("partitioning=Hash([k@"), "{plan}");
+    assert!(
+        counter(&plan, "dynamic_filter_rows_dropped") > 0,
+        "a partitioned join's filter across the repartition dropped nothing:\n{plan}"
+    );
     let plan = analyzed_after_one_run(&data, outer, &[]);
     assert_eq!(
         counter(&plan, "dynamic_filter_rows_dropped"),
