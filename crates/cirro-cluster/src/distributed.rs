@@ -673,6 +673,9 @@ impl WorkerSessionBuilder for WorkerSessions {
         if let Some(functions) = builder.scalar_functions() {
             functions.extend(cirro_exec::functions::portable_udfs());
         }
+        if let Some(functions) = builder.aggregate_functions() {
+            cirro_exec::functions::replace_udafs(functions);
+        }
         Ok(builder.build())
     }
 }

@@ -407,6 +407,9 @@ impl Engine {
             .with_config(session_config)
             .with_default_features()
             .with_analyzer_rules(cirro_exec::rules::analyzer_rules());
+        if let Some(functions) = builder.aggregate_functions() {
+            cirro_exec::functions::replace_udafs(functions);
+        }
         if config.distribution.is_none() {
             // On a cluster the co-located joins decide the order.
             builder = builder.with_optimizer_rule(Arc::new(cirro_exec::rules::ReorderJoins::new(

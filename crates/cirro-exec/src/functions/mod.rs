@@ -1,5 +1,6 @@
 //! Cirro's own scalar functions that planning rules put into plans.
 
+pub mod average;
 pub mod checked;
 pub mod guard;
 pub mod numeric;
@@ -19,4 +20,18 @@ pub fn portable_udfs() -> Vec<std::sync::Arc<datafusion::logical_expr::ScalarUDF
         crate::rules::segment_udf(),
         slot::hash_slot_udf(),
     ]
+}
+
+/// Cirro's aggregate functions, which replace DataFusion's of the same name
+/// in every session (and every node's).
+pub fn portable_udafs() -> Vec<std::sync::Arc<datafusion::logical_expr::AggregateUDF>> {
+    vec![average::avg_udaf()]
+}
+
+/// `functions` with Cirro's aggregate functions in place of DataFusion's of
+/// the same names.
+pub fn replace_udafs(functions: &mut Vec<std::sync::Arc<datafusion::logical_expr::AggregateUDF>>) {
+    let ours = portable_udafs();
+    functions.retain(|f| ours.iter().all(|o| o.name() != f.name()));
+    functions.extend(ours);
 }

@@ -18,21 +18,15 @@ use datafusion::logical_expr::expr::{Cast, ScalarFunction};
 use datafusion::logical_expr::{BinaryExpr, Expr, ExprSchemable, LogicalPlan, Operator};
 use datafusion::optimizer::AnalyzerRule;
 
+use crate::functions::average::summed_scale;
 use crate::functions::checked::{CheckedOp, checked_udf};
-use crate::functions::numeric::{WIRE_DIGITS_MAX, numeric_divide_udf, round_to_integer_udf};
+use crate::functions::numeric::{numeric_divide_udf, round_to_integer_udf};
 
 /// The NUMERIC an integer divided with a NUMERIC is read as.
 const INTEGER_AS_DECIMAL: DataType = DataType::Decimal128(20, 0);
 
 /// NUMERIC for sums of integers.
 const WIDE_DECIMAL: DataType = DataType::Decimal128(38, 0);
-
-/// The scale averages are summed at: DataFusion's `avg` of a DECIMAL(p, s)
-/// is a DECIMAL(p+4, s+4), truncated, so this gives PostgreSQL's 16 decimals
-/// (`avg` of 1, 2, 2 is 1.6666666666666667 there; it was 1.6666), fewer
-/// where the integer digits would not fit the wire's 28 (`avg` of a BIGINT:
-/// 4 decimals + 4).
-const AVG_SCALE: i8 = 12;
 
 #[derive(Debug, Default)]
 pub struct CheckedArithmetic;
@@ -165,23 +159,23 @@ fn as_numeric(operand: Expr, data_type: &DataType) -> Option<Expr> {
 }
 
 fn divide_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
-    // `avg` of an integer or a NUMERIC of few decimals sums at AVG_SCALE
-    // decimals; `sum` of a BIGINT is NUMERIC. Before type coercion, so that what compares with an average
-    // (TPC-H Q22's `c_acctbal > (SELECT avg(c_acctbal) …)`) is coerced to its
-    // real type.
+    // `avg` of an integer is a NUMERIC summed at PostgreSQL's decimals
+    // (`functions/average.rs`, whose `avg` gives a NUMERIC's average those
+    // decimals itself); `sum` of a BIGINT is NUMERIC. Before type coercion,
+    // so that what compares with an average (TPC-H Q22's `c_acctbal >
+    // (SELECT avg(c_acctbal) …)`) is coerced to its real type.
     if let Expr::AggregateFunction(mut aggregate) = node {
         let wide = match (aggregate.func.name(), aggregate.params.args.as_slice()) {
             ("avg", [arg]) => {
-                let (digits, scale) = match arg.get_type(schema) {
-                    Ok(DataType::Int8 | DataType::Int16 | DataType::UInt8) => (5, 0),
-                    Ok(DataType::Int32 | DataType::UInt16) => (10, 0),
-                    Ok(t) if is_integer(&t) => (20, 0),
-                    Ok(DataType::Decimal128(p, s)) => (p as i16 - s as i16, s as i16),
-                    _ => (0, AVG_SCALE as i16),
+                let digits = match arg.get_type(schema) {
+                    Ok(DataType::Int8 | DataType::Int16 | DataType::UInt8) => Some(5),
+                    Ok(DataType::Int32 | DataType::UInt16) => Some(10),
+                    Ok(t) if is_integer(&t) => Some(20),
+                    _ => None,
                 };
-                // DataFusion's average has 4 decimals more than its input.
-                let wanted = (AVG_SCALE as i16).min(WIRE_DIGITS_MAX - 4 - digits);
-                (scale < wanted).then(|| DataType::Decimal128(38, wanted as i8))
+                digits
+                    .and_then(|digits| summed_scale(digits, 0))
+                    .map(|scale| DataType::Decimal128(38, scale))
             }
             // `sum` of a BIGINT is NUMERIC. Before type coercion too, so
             // that what is built on the sum (`sum(b) > 0`, `coalesce(sum(b),
