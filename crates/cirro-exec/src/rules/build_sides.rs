@@ -31,7 +31,6 @@
 use std::sync::Arc;
 
 use datafusion::common::Result;
-use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::JoinType;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -122,16 +121,7 @@ impl PhysicalOptimizerRule for BuildSides {
         }
         let collect = config.optimizer.hash_join_single_partition_threshold > 0
             && config.optimizer.hash_join_single_partition_threshold_rows > 0;
-        plan.transform_up(|node| {
-            let Some(join) = node.downcast_ref::<HashJoinExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            Ok(match rewrite(join, collect)? {
-                Some(new) => Transformed::yes(new),
-                None => Transformed::no(node),
-            })
-        })
-        .map(|t| t.data)
+        super::rewrite_hash_joins(plan, |join| rewrite(join, collect))
     }
 
     fn name(&self) -> &str {

@@ -88,6 +88,9 @@ datafusion::common::extensions_options! {
         /// estimates, [`super::BuildSides`], the default) or `off`
         /// (DataFusion's choice).
         pub build_sides: String, default = "on".to_string()
+        /// `on` (a hash join with a grouped aggregation keys on its group
+        /// keys only, [`super::JoinOnGroupKeys`], the default) or `off`.
+        pub group_keys: String, default = "on".to_string()
     }
 }
 

@@ -6,6 +6,7 @@ mod chains;
 mod checked;
 mod colocate;
 mod conjuncts;
+mod group_keys;
 mod guards;
 mod jit;
 mod join_order;
@@ -24,6 +25,7 @@ use datafusion::optimizer::AnalyzerRule;
 use datafusion::optimizer::analyzer::Analyzer;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
 pub use aggregation::{AdaptiveAggregation, AggregationOptions};
@@ -32,6 +34,7 @@ pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
 pub use conjuncts::{OrderConjuncts, SelectiveConjuncts};
+pub use group_keys::JoinOnGroupKeys;
 pub use guards::{GuardFallibleConditions, LazyGuards};
 pub use jit::{CompileExpressions, JitOptions};
 pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRange, ScanRows};
@@ -69,6 +72,10 @@ pub fn physical_optimizer_rules()
     > = vec![Arc::new(LazyGuards)];
     for rule in datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules {
         let join_selection = rule.name() == "join_selection";
+        if join_selection {
+            // Before it: the join's keys decide partitioning and sides.
+            rules.push(Arc::new(JoinOnGroupKeys));
+        }
         rules.push(rule);
         if join_selection {
             rules.push(Arc::new(BuildSides));
@@ -77,6 +84,23 @@ pub fn physical_optimizer_rules()
     rules.push(Arc::new(OrderConjuncts));
     rules.push(Arc::new(YieldAfterJoins));
     rules
+}
+
+/// `plan` with each hash join that `rewrite` rewrites (bottom up) replaced.
+pub(crate) fn rewrite_hash_joins(
+    plan: Arc<dyn ExecutionPlan>,
+    rewrite: impl Fn(&HashJoinExec) -> Result<Option<Arc<dyn ExecutionPlan>>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        Ok(match rewrite(join)? {
+            Some(new) => Transformed::yes(new),
+            None => Transformed::no(node),
+        })
+    })
+    .map(|t| t.data)
 }
 
 /// Rewrite each expression of `plan` that has a node `wanted` picks with
