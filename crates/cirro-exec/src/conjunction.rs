@@ -46,7 +46,8 @@ pub const PRESELECT_SHARE: f64 = 0.2;
 pub struct Conjunction {
     conjuncts: Vec<Arc<dyn PhysicalExpr>>,
     /// For each conjunct, where it can be evaluated on some rows alone:
-    /// the input columns it reads and itself over those columns only.
+    /// the input columns it reads and itself over those columns only (never
+    /// the first: it sees every row).
     narrow: Vec<Option<Narrow>>,
     /// The conjuncts as DataFusion's AND (display, equality).
     whole: Arc<dyn PhysicalExpr>,
@@ -66,7 +67,10 @@ impl Conjunction {
         if conjuncts.len() < 2 {
             return None;
         }
-        let narrow = conjuncts.iter().map(|c| narrow(c, schema)).collect();
+        // The first conjunct always reads the whole batch.
+        let narrow = std::iter::once(None)
+            .chain(conjuncts[1..].iter().map(|c| narrow(c, schema)))
+            .collect();
         let whole = conjunction(conjuncts.iter().cloned());
         Some(Self {
             conjuncts,

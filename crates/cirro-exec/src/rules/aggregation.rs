@@ -201,9 +201,9 @@ impl Choice<'_> {
             Some(groups)
                 if self.force
                     || (groups >= self.options.min_groups as f64
-                        && !(clustered(partial)
-                            && groups / self.threads as f64
-                                <= self.options.clustered_groups_max as f64)) =>
+                        && !(groups / self.threads as f64
+                            <= self.options.clustered_groups_max as f64
+                            && clustered(partial))) =>
             {
                 self.partitions(groups)
             }
