@@ -243,6 +243,27 @@ fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
     };
     // Lower joins print later.
     assert!(line_of("p_partkey@") > line_of("o_orderkey@"), "{plan}");
+    // Subqueries are ordered too: in Q11's HAVING as in its body, the
+    // German suppliers (nation with supplier) meet partsupp, not all of
+    // partsupp meets supplier before the nation filter.
+    let query = std::fs::read_to_string(shared_dir().join("tpch/queries/q11.sql")).expect("q11");
+    let plan = data.sql_ok(&format!("EXPLAIN {query}"));
+    let joins: Vec<&str> = plan
+        .lines()
+        .filter(|l| l.contains("HashJoinExec"))
+        .map(|l| {
+            if join_keys(l).contains("nationkey@") {
+                "nation"
+            } else {
+                "partsupp"
+            }
+        })
+        .collect();
+    assert_eq!(
+        joins,
+        ["partsupp", "nation", "partsupp", "nation"],
+        "{plan}"
+    );
 
     let query = std::fs::read_to_string(shared_dir().join("tpch/queries/q18.sql")).expect("q18");
     // (`cirro load` analyzes: 15,000 orders at SF0.01 fill 2 partitions

@@ -20,7 +20,8 @@
 //! that reads everything they read. Greedily, the two connected parts whose
 //! join is estimated smallest are joined next, the smaller part on the left
 //! (DataFusion builds the hash table from the left), until one part is
-//! left; a projection restores the group's columns in their order. A group
+//! left; a projection restores the group's columns in their order.
+//! Subqueries in the plan's expressions are ordered too. A group
 //! whose parts are not all connected by edges (a cross join) is left as
 //! written, and so is one of fewer than three leaves, one that is already
 //! in the chosen order (a later optimizer pass: its pruned columns stay
@@ -142,7 +143,10 @@ impl ReorderJoins {
         {
             return self.reorder(plan);
         }
-        plan.map_children(|child| self.rewrite_plan(child))
+        // The rule walks the plan itself (no `apply_order`), so it walks
+        // the subqueries of its expressions too: TPC-H Q11's HAVING.
+        plan.map_subqueries(|subquery| self.rewrite_plan(subquery))?
+            .transform_sibling(|plan| plan.map_children(|child| self.rewrite_plan(child)))
     }
 
     /// Reorder the group whose root is `root` (an inner join).
