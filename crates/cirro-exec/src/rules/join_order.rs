@@ -92,6 +92,9 @@ datafusion::common::extensions_options! {
         /// `on` (a hash join with a grouped aggregation keys on its group
         /// keys only, [`super::JoinOnGroupKeys`], the default) or `off`.
         pub group_keys: String, default = "on".to_string()
+        /// `on` (filters' default selectivities from distinct counts,
+        /// [`super::FilterEstimates`], the default) or `off`.
+        pub filter_estimates: String, default = "on".to_string()
     }
 }
 

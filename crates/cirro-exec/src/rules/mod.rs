@@ -11,6 +11,7 @@ mod guards;
 mod jit;
 mod join_order;
 mod segment;
+mod selectivity;
 mod shared;
 mod yields;
 
@@ -39,6 +40,7 @@ pub use guards::{GuardFallibleConditions, LazyGuards};
 pub use jit::{CompileExpressions, JitOptions};
 pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRange, ScanRows};
 pub use segment::segment_udf;
+pub use selectivity::FilterEstimates;
 pub use shared::{SharedExec, SharedSubplans};
 pub use yields::YieldAfterJoins;
 
@@ -73,8 +75,10 @@ pub fn physical_optimizer_rules()
     for rule in datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules {
         let join_selection = rule.name() == "join_selection";
         if join_selection {
-            // Before it: the join's keys decide partitioning and sides.
+            // Before it: the join's keys decide partitioning and sides,
+            // the filters' estimates its sides.
             rules.push(Arc::new(JoinOnGroupKeys));
+            rules.push(Arc::new(FilterEstimates));
         }
         rules.push(rule);
         if join_selection {
