@@ -265,6 +265,26 @@ fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
         ["partsupp", "nation", "partsupp", "nation"],
         "{plan}"
     );
+    // Q5's joins on two keys (the supplier's with lineitem and customer,
+    // orders' with lineitem at this scale) key on the one that tells the
+    // smaller side's rows apart, the other equality in the join's filter,
+    // so that the dynamic filter reads one column; with the group-keys
+    // switch off, some join keys on both.
+    let two_keys = |sets: &str| -> (usize, String) {
+        let query =
+            std::fs::read_to_string(shared_dir().join("tpch/queries/q05.sql")).expect("q05");
+        let plan = data.sql_ok(&format!("{sets}EXPLAIN {query}"));
+        let count = plan
+            .lines()
+            .filter(|l| l.contains("HashJoinExec") && join_keys(l).contains("), ("))
+            .count();
+        (count, plan)
+    };
+    let (on, plan) = two_keys("");
+    assert_eq!(on, 0, "{plan}");
+    assert!(plan.contains("filter="), "{plan}");
+    let (off, plan) = two_keys("SET cirro_join_order.group_keys = off; ");
+    assert!(off > 0, "{plan}");
     // Filter estimates from distinct counts (`cirro load` analyzes): one
     // nation of 25, where DataFusion alone guesses 20 %.
     let filter_rows = |sets: &str| -> String {

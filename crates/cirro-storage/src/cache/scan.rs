@@ -92,6 +92,8 @@ pub struct CachedParquetSource {
     direct: Arc<[u64]>,
     /// Those of the joins above it across a hash repartition.
     shuffled: Arc<[u64]>,
+    /// Those of the joins above it across another join's probe.
+    stacked: Arc<[u64]>,
 }
 
 impl CachedParquetSource {
@@ -102,15 +104,16 @@ impl CachedParquetSource {
             priority,
             direct: Arc::from([]),
             shuffled: Arc::from([]),
+            stacked: Arc::from([]),
         }
     }
 
-    /// The source, knowing the dynamic filters `direct` (their expression
-    /// ids) to come from the join right above, and `shuffled` from joins
-    /// above across a hash repartition.
-    pub fn with_direct_filters(mut self, direct: &[u64], shuffled: &[u64]) -> Self {
-        self.direct = Arc::from(direct);
-        self.shuffled = Arc::from(shuffled);
+    /// The source, knowing the dynamic filters (their expression ids) to
+    /// come from the joins above (see [`Above`]).
+    fn with_filters_above(mut self, above: &Above) -> Self {
+        self.direct = Arc::from(above.direct.as_slice());
+        self.shuffled = Arc::from(above.shuffled.as_slice());
+        self.stacked = Arc::from(above.stacked.as_slice());
         self
     }
 
@@ -189,8 +192,13 @@ impl FileSource for CachedParquetSource {
                 .collect::<Vec<_>>(),
         ));
         let metrics = self.inner.metrics().clone();
-        let dynamic =
-            DynamicRowFilter::new(self.inner.filter(), &output, &self.direct, &self.shuffled);
+        let dynamic = DynamicRowFilter::new(
+            self.inner.filter(),
+            &output,
+            &self.direct,
+            &self.shuffled,
+            &self.stacked,
+        );
         let opener = CachedOpener {
             cache: Arc::clone(&self.cache),
             readers: self
@@ -857,6 +865,10 @@ impl FileState {
 /// [`CacheScans`]), but a hash table's build, an aggregation or a sort
 /// across one. So:
 /// - direct filters are left to their joins;
+/// - a join's filter across another join's probe (`stacked`) is evaluated
+///   while it pays: a dropped row saves that probe, about
+///   [`Self::STACKED_ROW_NANOS`] (TPC-H Q5: the 20 K Asian suppliers drop
+///   four fifths of lineitem before its probe of 2.3 M orders);
 /// - a join's filter across a hash repartition (`shuffled`) is evaluated
 ///   while it pays: a dropped row saves the repartition's hashing and
 ///   copying, about [`Self::SHUFFLED_ROW_NANOS`]; once the filter has
@@ -892,6 +904,8 @@ struct FilterPart {
     dynamic: bool,
     /// A join's across a hash repartition: evaluated while it pays.
     shuffled: bool,
+    /// A join's across another join's probe: evaluated while it pays.
+    stacked: bool,
     /// The generation the counts below are of (dynamic filters).
     generation: u64,
     seen: usize,
@@ -923,9 +937,17 @@ impl FilterPart {
     /// Whether it is a `shuffled` filter that costs more per dropped row
     /// than the repartition it saves, measured over enough rows.
     fn costs_more_than_it_saves(&self) -> bool {
-        self.shuffled
-            && self.seen >= DynamicRowFilter::SAMPLE_ROWS
-            && self.rank() > DynamicRowFilter::SHUFFLED_ROW_NANOS
+        if !(self.shuffled || self.stacked) || self.seen < DynamicRowFilter::SAMPLE_ROWS {
+            return false;
+        }
+        let mut saves = 0.0;
+        if self.shuffled {
+            saves += DynamicRowFilter::SHUFFLED_ROW_NANOS;
+        }
+        if self.stacked {
+            saves += DynamicRowFilter::STACKED_ROW_NANOS;
+        }
+        self.rank() > saves
     }
 
     /// Its cost per dropped row as measured (lower goes first).
@@ -949,6 +971,11 @@ impl DynamicRowFilter {
     /// partitions' batches, the channel): a `shuffled` filter's budget per
     /// dropped row. Q18 at SF10: 1.36 s for 60 M rows over two threads.
     const SHUFFLED_ROW_NANOS: f64 = 20.0;
+    /// What another join's probe costs per row, a `stacked` filter's
+    /// budget per dropped row: TPC-H Q5's 60 M lineitem rows probing 2.3 M
+    /// customers' orders, 30 ns a row; a probe into a table that the
+    /// caches hold, a third of that.
+    const STACKED_ROW_NANOS: f64 = 15.0;
 
     /// The conjuncts of `predicate` (over the table's columns) re-pointed
     /// at the columns of `output`; those that read a column the scan does
@@ -960,6 +987,7 @@ impl DynamicRowFilter {
         output: &SchemaRef,
         direct: &[u64],
         shuffled: &[u64],
+        stacked: &[u64],
     ) -> Self {
         let mut filter = Self::default();
         let Some(predicate) = predicate else {
@@ -973,17 +1001,16 @@ impl DynamicRowFilter {
                 continue;
             };
             let dynamic = part.downcast_ref::<DynamicFilterPhysicalExpr>().is_some();
-            if dynamic && part.expression_id().is_some_and(|id| direct.contains(&id)) {
+            let listed =
+                |ids: &[u64]| dynamic && part.expression_id().is_some_and(|id| ids.contains(&id));
+            if listed(direct) {
                 continue;
             }
-            let shuffled = dynamic
-                && part
-                    .expression_id()
-                    .is_some_and(|id| shuffled.contains(&id));
             filter.parts.push(FilterPart {
                 expr,
                 dynamic,
-                shuffled,
+                shuffled: listed(shuffled),
+                stacked: listed(stacked),
                 generation: 0,
                 seen: 0,
                 kept: 0,
@@ -1099,6 +1126,20 @@ fn keep(batch: RecordBatch, filter: &Evaluation) -> Result<RecordBatch> {
     Ok(filter_record_batch(&batch, mask)?)
 }
 
+/// The dynamic filters (expression ids) of the joins whose probe sides a
+/// plan feeds, by what lies between (see [`DynamicRowFilter`]).
+#[derive(Clone, Debug, Default)]
+struct Above {
+    /// The join right above (row-wise operators between: filters,
+    /// projections, round-robin repartitions): evaluating its filter in the
+    /// scan costs about what the probe it saves costs.
+    direct: Vec<u64>,
+    /// Those across a hash repartition, evaluated while they pay.
+    shuffled: Vec<u64>,
+    /// Those across another join's probe, evaluated while they pay.
+    stacked: Vec<u64>,
+}
+
 /// The physical optimizer rule that reads Parquet scans through the
 /// hot-data tier, with a priority from the plan: a scan whose decoded
 /// columns would fill a large part of the budget `Scan`, wherever it is;
@@ -1129,8 +1170,7 @@ impl CacheScans {
         &self,
         plan: Arc<dyn ExecutionPlan>,
         build_side: bool,
-        direct: &[u64],
-        shuffled: &[u64],
+        above: &Above,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if let Some(scan) = plan.downcast_ref::<DataSourceExec>()
             && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
@@ -1145,7 +1185,7 @@ impl CacheScans {
             };
             let source =
                 CachedParquetSource::new(parquet.clone(), Arc::clone(&self.cache), priority)
-                    .with_direct_filters(direct, shuffled);
+                    .with_filters_above(above);
             let config = FileScanConfigBuilder::from(config.clone())
                 .with_source(Arc::new(source))
                 .build();
@@ -1180,19 +1220,28 @@ impl CacheScans {
             .into_iter()
             .enumerate()
             .map(|(i, child)| {
-                let (direct, shuffled): (Vec<u64>, Vec<u64>) = match (joins, i) {
-                    (true, 1) if hash_join => (
-                        direct.iter().chain(&probe_filter).copied().collect(),
-                        shuffled.to_vec(),
-                    ),
-                    (false, _) if row_wise => (direct.to_vec(), shuffled.to_vec()),
-                    (false, _) if hash_shuffle => {
-                        (Vec::new(), direct.iter().chain(shuffled).copied().collect())
-                    }
-                    _ => (Vec::new(), Vec::new()),
+                let below = match (joins, i) {
+                    // This join's filter is direct below it; those of the
+                    // joins above are stacked on its probe.
+                    (true, 1) if hash_join => Above {
+                        direct: probe_filter.clone(),
+                        shuffled: above.shuffled.clone(),
+                        stacked: above.direct.iter().chain(&above.stacked).copied().collect(),
+                    },
+                    (false, _) if row_wise => above.clone(),
+                    (false, _) if hash_shuffle => Above {
+                        direct: Vec::new(),
+                        shuffled: [&above.direct, &above.shuffled, &above.stacked]
+                            .into_iter()
+                            .flatten()
+                            .copied()
+                            .collect(),
+                        stacked: above.stacked.clone(),
+                    },
+                    _ => Above::default(),
                 };
                 let build_side = build_side || (joins && i == 0);
-                self.rewrite(Arc::clone(child), build_side, &direct, &shuffled)
+                self.rewrite(Arc::clone(child), build_side, &below)
             })
             .collect::<Result<Vec<_>>>()?;
         datafusion::physical_plan::execution_plan::replace_children_if_necessary(plan, new_children)
@@ -1237,7 +1286,7 @@ impl PhysicalOptimizerRule for CacheScans {
         if !enabled || self.cache.budget() == 0 {
             return Ok(plan);
         }
-        self.rewrite(plan, false, &[], &[])
+        self.rewrite(plan, false, &Above::default())
     }
 
     fn name(&self) -> &str {
@@ -1271,6 +1320,7 @@ mod tests {
             expr: lit(true),
             dynamic: true,
             shuffled,
+            stacked: false,
             generation: 0,
             seen,
             kept,
@@ -1292,5 +1342,27 @@ mod tests {
         // Not measured enough yet, or not across a repartition: it runs.
         assert!(!part(true, rows - 1, 0, ns(1000.0)).costs_more_than_it_saves());
         assert!(!part(false, rows, rows * 2 / 3, ns(40.0)).costs_more_than_it_saves());
+    }
+
+    #[test]
+    fn a_stacked_filter_stops_once_it_costs_more_than_the_probe_below() {
+        let rows = DynamicRowFilter::SAMPLE_ROWS;
+        let ns = |per_row: f64| (per_row * rows as f64) as u64;
+        let stacked = |kept: usize, per_row: f64| FilterPart {
+            stacked: true,
+            ..part(false, rows, kept, ns(per_row))
+        };
+        // Q5's: 6 ns a row dropping four fifths: 7.5 ns a dropped row.
+        assert!(!stacked(rows / 5, 6.0).costs_more_than_it_saves());
+        // Q7's customers over orders: 20 ns a row dropping 2 %.
+        assert!(stacked(rows * 98 / 100, 20.0).costs_more_than_it_saves());
+        // Across a repartition too, both savings count: 30 ns dropping
+        // 90 % (33 ns a dropped row) pays for neither alone.
+        let both = FilterPart {
+            shuffled: true,
+            ..stacked(rows / 10, 30.0)
+        };
+        assert!(!both.costs_more_than_it_saves());
+        assert!(stacked(rows / 10, 30.0).costs_more_than_it_saves());
     }
 }
