@@ -32,7 +32,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{Field, Schema};
-use datafusion::common::{JoinSide, NullEquality, Result, ScalarValue, Statistics};
+use datafusion::common::{JoinSide, NullEquality, Result, Statistics};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::{JoinType, Operator};
 use datafusion::physical_expr::PhysicalExpr;
@@ -188,7 +188,9 @@ fn distinctive_key(join: &HashJoinExec, pairs: &[(Column, Column)]) -> Option<Ve
         let c = small.column_statistics.get(column.index())?;
         let counted = c.distinct_count.get_value().map(|d| *d as f64);
         let ranged = match (c.min_value.get_value(), c.max_value.get_value()) {
-            (Some(lo), Some(hi)) => integer(hi).zip(integer(lo)).map(|(hi, lo)| hi - lo + 1.0),
+            (Some(lo), Some(hi)) => super::integer_value(hi)
+                .zip(super::integer_value(lo))
+                .map(|(hi, lo)| hi - lo + 1.0),
             _ => None,
         };
         counted.or(ranged).map(|d| d.min(small_rows))
@@ -205,21 +207,6 @@ fn distinctive_key(join: &HashJoinExec, pairs: &[(Column, Column)]) -> Option<Ve
         return None;
     }
     Some((0..pairs.len()).map(|i| i == best).collect())
-}
-
-/// An integer statistic as a float.
-fn integer(value: &ScalarValue) -> Option<f64> {
-    match value {
-        ScalarValue::Int8(Some(v)) => Some(f64::from(*v)),
-        ScalarValue::Int16(Some(v)) => Some(f64::from(*v)),
-        ScalarValue::Int32(Some(v)) => Some(f64::from(*v)),
-        ScalarValue::Int64(Some(v)) => Some(*v as f64),
-        ScalarValue::UInt8(Some(v)) => Some(f64::from(*v)),
-        ScalarValue::UInt16(Some(v)) => Some(f64::from(*v)),
-        ScalarValue::UInt32(Some(v)) => Some(f64::from(*v)),
-        ScalarValue::UInt64(Some(v)) => Some(*v as f64),
-        _ => None,
-    }
 }
 
 impl PhysicalOptimizerRule for JoinOnGroupKeys {

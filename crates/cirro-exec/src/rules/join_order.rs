@@ -622,21 +622,9 @@ fn column_of(e: &Expr) -> Option<Column> {
 
 /// The value of an integer constant.
 fn integer_of(e: &Expr) -> Option<f64> {
-    use datafusion::common::ScalarValue as V;
-    let v = match e {
-        Expr::Literal(value, _) => value,
-        Expr::Cast(cast) => return integer_of(&cast.expr),
-        _ => return None,
-    };
-    match v {
-        V::Int8(Some(x)) => Some(f64::from(*x)),
-        V::Int16(Some(x)) => Some(f64::from(*x)),
-        V::Int32(Some(x)) => Some(f64::from(*x)),
-        V::Int64(Some(x)) => Some(*x as f64),
-        V::UInt8(Some(x)) => Some(f64::from(*x)),
-        V::UInt16(Some(x)) => Some(f64::from(*x)),
-        V::UInt32(Some(x)) => Some(f64::from(*x)),
-        V::UInt64(Some(x)) => Some(*x as f64),
+    match e {
+        Expr::Literal(value, _) => super::integer_value(value),
+        Expr::Cast(cast) => integer_of(&cast.expr),
         _ => None,
     }
 }

@@ -90,6 +90,22 @@ pub fn physical_optimizer_rules()
     rules
 }
 
+/// An integer constant or statistic as a float; None for other values.
+pub(crate) fn integer_value(value: &datafusion::common::ScalarValue) -> Option<f64> {
+    use datafusion::common::ScalarValue as V;
+    match value {
+        V::Int8(Some(x)) => Some(f64::from(*x)),
+        V::Int16(Some(x)) => Some(f64::from(*x)),
+        V::Int32(Some(x)) => Some(f64::from(*x)),
+        V::Int64(Some(x)) => Some(*x as f64),
+        V::UInt8(Some(x)) => Some(f64::from(*x)),
+        V::UInt16(Some(x)) => Some(f64::from(*x)),
+        V::UInt32(Some(x)) => Some(f64::from(*x)),
+        V::UInt64(Some(x)) => Some(*x as f64),
+        _ => None,
+    }
+}
+
 /// `plan` with each hash join that `rewrite` rewrites (bottom up) replaced.
 pub(crate) fn rewrite_hash_joins(
     plan: Arc<dyn ExecutionPlan>,
