@@ -4,6 +4,7 @@
 //!   them in their places around DataFusion's own);
 //! - `functions/`: the scalar functions those rules put into plans;
 //! - `jit/`: expressions compiled to machine code (Cranelift);
+//! - `run_aggregate`: the partial phase of an aggregation over clustered keys;
 //! - `distribution`: the seam to a cluster's distributed execution.
 
 pub mod conjunction;
@@ -11,3 +12,4 @@ pub mod distribution;
 pub mod functions;
 pub mod jit;
 pub mod rules;
+pub mod run_aggregate;

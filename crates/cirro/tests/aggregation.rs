@@ -38,6 +38,7 @@ const QUERIES: &[&str] = &[
     "SELECT count(*), sum(x.c * y.c) FROM (SELECT a, count(*) AS c FROM r GROUP BY a) x \
      JOIN (SELECT a, sum(v) AS c FROM r WHERE b < 4 GROUP BY a) y ON x.a = y.a",
     "SELECT k, count(*), sum(x) FROM c GROUP BY k",
+    "SELECT k, x, count(*), avg(x), min(x) FILTER (WHERE x > 3) FROM c WHERE k % 3 <> 0 GROUP BY k, x",
 ];
 
 #[test]
@@ -108,12 +109,30 @@ fn many_groups_take_radix_partitions_with_the_same_answers() {
     assert_eq!(join.matches("Hash([a@0], 2)").count(), 2, "{join}");
     assert_eq!(radix_partitions(&join), vec![8, 8], "{join}");
 
-    // Data written in key order: the partial phase stays unless forced,
-    // or unless each thread's share of the groups (200,000 over the
-    // threads) outgrows `clustered_groups_max`.
+    // Data written in key order: the partial phase aggregates runs of equal
+    // keys, its rows shuffled into radix partitions (200,000 groups of the
+    // footers' range: 256) for the final phase.
     let q = "SELECT k, count(*), sum(x) FROM c GROUP BY k";
+    let runs = explained(&data, sets, q);
+    assert!(runs.contains("RunAggregateExec: mode=Partial"), "{runs}");
+    assert!(runs.contains("mode=FinalPartitioned"), "{runs}");
+    // (the run aggregation's own line is the only partial one)
+    assert_eq!(
+        runs.matches("AggregateExec: mode=Partial").count(),
+        1,
+        "{runs}"
+    );
+    assert_eq!(radix_partitions(&runs), vec![256], "{runs}");
+    // Without runs: DataFusion's partial phase stays unless forced, or
+    // unless each thread's share of the groups (200,000 over the threads)
+    // outgrows `clustered_groups_max`.
+    let sets = &format!("{sets}; SET cirro_aggregation.runs = false");
     let clustered = explained(&data, sets, q);
-    assert!(clustered.contains("mode=Partial"), "{clustered}");
+    assert!(
+        clustered.contains("AggregateExec: mode=Partial"),
+        "{clustered}"
+    );
+    assert!(!clustered.contains("RunAggregateExec"), "{clustered}");
     let large = explained(
         &data,
         &format!("{sets}; SET cirro_aggregation.clustered_groups_max = 1000"),
