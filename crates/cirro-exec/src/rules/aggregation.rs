@@ -385,7 +385,7 @@ fn clustered(partial: &AggregateExec) -> bool {
 }
 
 /// Distinct values of a key (NULL counts as one).
-fn distinct_values(stats: &Statistics, expr: &Arc<dyn PhysicalExpr>) -> Option<f64> {
+pub(super) fn distinct_values(stats: &Statistics, expr: &Arc<dyn PhysicalExpr>) -> Option<f64> {
     let column = expr.downcast_ref::<Column>()?;
     let column = stats.column_statistics.get(column.index())?;
     let nulls = match column.null_count.get_value() {
