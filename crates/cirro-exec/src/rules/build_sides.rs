@@ -57,8 +57,9 @@ use super::JoinOrderOptions;
 /// at more than this many times the probe side's rows.
 pub const SWAP_RATIO: f64 = 4.0;
 
-/// The most estimated rows of a build side that one task collects.
-pub const COLLECT_ROWS_MAX: f64 = 4_000_000.0;
+/// The most estimated rows of a build side that one task collects, by
+/// default (`SET cirro_join_order.collect_rows_max`).
+pub const COLLECT_ROWS_MAX: usize = 4_000_000;
 
 /// A build side is collected only under a probe side this many times larger.
 pub const COLLECT_RATIO: f64 = 8.0;
@@ -183,8 +184,9 @@ fn key_distincts(join: &HashJoinExec) -> Option<Vec<(f64, f64)>> {
 }
 
 /// What the rule does to one join (see the module docs), if anything;
-/// `collect`: whether the session lets joins collect their build sides.
-fn rewrite(join: &HashJoinExec, collect: bool) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+/// `collect`: the most rows of a build side one task collects (0: the
+/// session lets no join collect its build side).
+fn rewrite(join: &HashJoinExec, collect: f64) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     if join.null_aware {
         return Ok(None);
     }
@@ -199,10 +201,10 @@ fn rewrite(join: &HashJoinExec, collect: bool) -> Result<Option<Arc<dyn Executio
     );
     let mode = *join.partition_mode();
     let collects = |build: f64, probe: f64, probe_side: &Arc<dyn ExecutionPlan>| {
-        collect
-            && mode == PartitionMode::Partitioned
+        mode == PartitionMode::Partitioned
             && !matches!(probe_side.output_partitioning(), Partitioning::Hash(..))
-            && sizes_collect(build, probe)
+            && build <= collect
+            && probe >= COLLECT_RATIO * build
     };
     // An inner join's sides are DataFusion's choice (by bytes) unless a
     // multi-key join below was misjudged (see [`rows`]).
@@ -226,26 +228,24 @@ fn rewrite(join: &HashJoinExec, collect: bool) -> Result<Option<Arc<dyn Executio
     Ok(None)
 }
 
-/// Whether a build side of `build` rows against `probe` rows is collected.
-fn sizes_collect(build: f64, probe: f64) -> bool {
-    build <= COLLECT_ROWS_MAX && probe >= COLLECT_RATIO * build
-}
-
 impl PhysicalOptimizerRule for BuildSides {
     fn optimize(
         &self,
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let on = config
-            .extensions
-            .get::<JoinOrderOptions>()
-            .is_none_or(|o| !o.build_sides.eq_ignore_ascii_case("off"));
+        let options = config.extensions.get::<JoinOrderOptions>();
+        let on = options.is_none_or(|o| !o.build_sides.eq_ignore_ascii_case("off"));
         if !on || !config.optimizer.join_reordering {
             return Ok(plan);
         }
-        let collect = config.optimizer.hash_join_single_partition_threshold > 0
-            && config.optimizer.hash_join_single_partition_threshold_rows > 0;
+        let collect = if config.optimizer.hash_join_single_partition_threshold > 0
+            && config.optimizer.hash_join_single_partition_threshold_rows > 0
+        {
+            options.map_or(COLLECT_ROWS_MAX, |o| o.collect_rows_max) as f64
+        } else {
+            0.0
+        };
         super::rewrite_hash_joins(plan, |join| rewrite(join, collect))
     }
 

@@ -89,6 +89,9 @@ datafusion::common::extensions_options! {
         /// estimates, [`super::BuildSides`], the default) or `off`
         /// (DataFusion's choice).
         pub build_sides: String, default = "on".to_string()
+        /// The most estimated rows of a build side that one task collects
+        /// into one hash table ([`super::BuildSides`]).
+        pub collect_rows_max: usize, default = super::build_sides::COLLECT_ROWS_MAX
         /// `on` (a hash join with a grouped aggregation keys on its group
         /// keys only, [`super::JoinOnGroupKeys`], the default) or `off`.
         pub group_keys: String, default = "on".to_string()
