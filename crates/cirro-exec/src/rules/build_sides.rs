@@ -69,16 +69,21 @@ pub struct BuildSides;
 
 /// DataFusion's statistics of `plan`'s output (computed from the leaves up,
 /// as its join selection does: an operator's own `partition_statistics` no
-/// longer derives them from its inputs).
-fn statistics(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<Statistics>> {
-    StatisticsContext::new()
-        .compute(plan.as_ref(), &StatisticsArgs::new())
-        .ok()
+/// longer derives them from its inputs). One `context` serves all the
+/// estimates of one join: it keeps each node's statistics once computed.
+fn statistics(
+    context: &StatisticsContext,
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Option<Arc<Statistics>> {
+    context.compute(plan.as_ref(), &StatisticsArgs::new()).ok()
 }
 
 /// DataFusion's estimated rows of `plan`'s output, where it has one.
-fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
-    statistics(plan)?.num_rows.get_value().map(|n| *n as f64)
+fn estimated_rows(context: &StatisticsContext, plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
+    statistics(context, plan)?
+        .num_rows
+        .get_value()
+        .map(|n| *n as f64)
 }
 
 /// The estimated rows of `plan`'s output, and whether they differ from
@@ -95,13 +100,14 @@ fn estimated_rows(plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
 /// corrected count carries up through the operators that keep their input's
 /// rows, filters (by DataFusion's selectivity) and inner joins (in
 /// proportion to their inputs); elsewhere DataFusion's estimate stands.
-fn rows(plan: &Arc<dyn ExecutionPlan>) -> Option<(f64, bool)> {
-    let estimate = estimated_rows(plan);
+fn rows(context: &StatisticsContext, plan: &Arc<dyn ExecutionPlan>) -> Option<(f64, bool)> {
+    let estimate = estimated_rows(context, plan);
     if let Some(join) = plan.downcast_ref::<HashJoinExec>()
         && *join.join_type() == JoinType::Inner
     {
-        let ((left, l_fixed), (right, r_fixed)) = (rows(join.left())?, rows(join.right())?);
-        if let Some(pairs) = key_distincts(join)
+        let ((left, l_fixed), (right, r_fixed)) =
+            (rows(context, join.left())?, rows(context, join.right())?);
+        if let Some(pairs) = key_distincts(context, join)
             && pairs.len() >= 2
         {
             // The distinct combinations of each side's keys.
@@ -121,7 +127,10 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> Option<(f64, bool)> {
             return Some((own, estimate.is_none_or(|e| (e - own).abs() > 0.5)));
         }
         if l_fixed || r_fixed {
-            let (dl, dr) = (estimated_rows(join.left())?, estimated_rows(join.right())?);
+            let (dl, dr) = (
+                estimated_rows(context, join.left())?,
+                estimated_rows(context, join.right())?,
+            );
             let scale = (left / dl.max(1.0)) * (right / dr.max(1.0));
             return Some((estimate? * scale, true));
         }
@@ -133,9 +142,9 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> Option<(f64, bool)> {
         || plan.is::<CooperativeExec>()
         || plan.is::<FilterExec>();
     if keeps_rows && let [child] = plan.children().as_slice() {
-        let (child_rows, fixed) = rows(child)?;
+        let (child_rows, fixed) = rows(context, child)?;
         if fixed {
-            let ratio = estimate? / estimated_rows(child)?.max(1.0);
+            let ratio = estimate? / estimated_rows(context, child)?.max(1.0);
             return Some((child_rows * ratio, true));
         }
     }
@@ -146,8 +155,11 @@ fn rows(plan: &Arc<dyn ExecutionPlan>) -> Option<(f64, bool)> {
 /// (left's, right's): its keys and the equalities of its filter (where
 /// [`super::JoinOnGroupKeys`] put all keys but one); None where a count is
 /// unknown.
-fn key_distincts(join: &HashJoinExec) -> Option<Vec<(f64, f64)>> {
-    let (left, right) = (statistics(join.left())?, statistics(join.right())?);
+fn key_distincts(context: &StatisticsContext, join: &HashJoinExec) -> Option<Vec<(f64, f64)>> {
+    let (left, right) = (
+        statistics(context, join.left())?,
+        statistics(context, join.right())?,
+    );
     let mut pairs = Vec::new();
     for (l, r) in join.on() {
         pairs.push((distinct_values(&left, l)?, distinct_values(&right, r)?));
@@ -190,8 +202,9 @@ fn rewrite(join: &HashJoinExec, collect: f64) -> Result<Option<Arc<dyn Execution
     if join.null_aware {
         return Ok(None);
     }
+    let context = StatisticsContext::new();
     let (Some((build, build_fixed)), Some((probe, probe_fixed))) =
-        (rows(join.left()), rows(join.right()))
+        (rows(&context, join.left()), rows(&context, join.right()))
     else {
         return Ok(None);
     };
@@ -235,7 +248,7 @@ impl PhysicalOptimizerRule for BuildSides {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let options = config.extensions.get::<JoinOrderOptions>();
-        let on = options.is_none_or(|o| !o.build_sides.eq_ignore_ascii_case("off"));
+        let on = JoinOrderOptions::switch_on(config, |o| &o.build_sides);
         if !on || !config.optimizer.join_reordering {
             return Ok(plan);
         }

@@ -215,10 +215,7 @@ impl PhysicalOptimizerRule for JoinOnGroupKeys {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let on = config
-            .extensions
-            .get::<super::JoinOrderOptions>()
-            .is_none_or(|o| !o.group_keys.eq_ignore_ascii_case("off"));
+        let on = super::JoinOrderOptions::switch_on(config, |o| &o.group_keys);
         if !on {
             return Ok(plan);
         }

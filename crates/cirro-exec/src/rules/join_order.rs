@@ -60,6 +60,7 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, NullEquality, Result};
+use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction, split_conjunction_owned};
 use datafusion::logical_expr::{
     BinaryExpr, Expr, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Operator,
@@ -102,6 +103,17 @@ datafusion::common::extensions_options! {
         /// belong to even where the query wrote no such equality, the
         /// default) or `off`.
         pub implied_edges: String, default = "on".to_string()
+    }
+}
+
+impl JoinOrderOptions {
+    /// Whether the switch `pick` chooses is on in `config` (anything but
+    /// `off`; on where the session has no such options).
+    pub(crate) fn switch_on(config: &ConfigOptions, pick: impl Fn(&Self) -> &String) -> bool {
+        config
+            .extensions
+            .get::<Self>()
+            .is_none_or(|o| !pick(o).eq_ignore_ascii_case("off"))
     }
 }
 
@@ -483,7 +495,7 @@ impl OptimizerRule for ReorderJoins {
         if !on {
             return Ok(Transformed::no(plan));
         }
-        let implied = options.is_some_and(|o| !o.implied_edges.eq_ignore_ascii_case("off"));
+        let implied = JoinOrderOptions::switch_on(&config, |o| &o.implied_edges);
         self.rewrite_plan(plan, implied)
     }
 }
@@ -1029,18 +1041,24 @@ mod tests {
         assert_eq!(classes, vec![None, None, None]);
     }
 
-    #[test]
-    fn the_filtered_dimension_joins_its_other_fact_first() {
-        // Q9 at SF10: nation 0, supplier 1, part ('%green%') 2, partsupp
-        // 3, lineitem 4, orders 5.
-        let parts = vec![
+    /// Q9 at SF10: nation 0, supplier 1, part ('%green%') 2, partsupp 3,
+    /// lineitem 4, orders 5.
+    fn q9_parts() -> Vec<Part> {
+        vec![
             part(0, 25.0),
             part(1, 100_000.0),
             part(2, 200_000.0),
             part(3, 8_000_000.0),
             part(4, 60_000_000.0),
             part(5, 15_000_000.0),
-        ];
+        ]
+    }
+
+    #[test]
+    fn the_filtered_dimension_joins_its_other_fact_first() {
+        // Q9 at SF10: nation 0, supplier 1, part ('%green%') 2, partsupp
+        // 3, lineitem 4, orders 5.
+        let parts = q9_parts();
         let caps = [
             25.0,
             100_000.0,
@@ -1079,14 +1097,7 @@ mod tests {
         let lineitem = order.iter().position(|&(l, r)| l == 4 || r == 4);
         assert!(lineitem >= Some(3), "{order:?}");
         // Without the implied edges partsupp joins after lineitem.
-        let parts = vec![
-            part(0, 25.0),
-            part(1, 100_000.0),
-            part(2, 200_000.0),
-            part(3, 8_000_000.0),
-            part(4, 60_000_000.0),
-            part(5, 15_000_000.0),
-        ];
+        let parts = q9_parts();
         let keys: Vec<f64> = written
             .iter()
             .map(|(_, l, _, r)| count(l).min(count(r)))

@@ -111,11 +111,20 @@ pub(crate) fn rewrite_hash_joins(
     plan: Arc<dyn ExecutionPlan>,
     rewrite: impl Fn(&HashJoinExec) -> Result<Option<Arc<dyn ExecutionPlan>>>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    rewrite_each(plan, rewrite)
+}
+
+/// Rewrite each node of type `T` in `plan`, bottom up, with `rewrite`
+/// (None: left as it is).
+pub(crate) fn rewrite_each<T: ExecutionPlan + 'static>(
+    plan: Arc<dyn ExecutionPlan>,
+    rewrite: impl Fn(&T) -> Result<Option<Arc<dyn ExecutionPlan>>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
-        let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+        let Some(found) = node.downcast_ref::<T>() else {
             return Ok(Transformed::no(node));
         };
-        Ok(match rewrite(join)? {
+        Ok(match rewrite(found)? {
             Some(new) => Transformed::yes(new),
             None => Transformed::no(node),
         })

@@ -23,7 +23,6 @@ use std::sync::Arc;
 
 use datafusion::common::Result;
 use datafusion::common::Statistics;
-use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
@@ -119,23 +118,11 @@ impl PhysicalOptimizerRule for FilterEstimates {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let on = config
-            .extensions
-            .get::<super::JoinOrderOptions>()
-            .is_none_or(|o| !o.filter_estimates.eq_ignore_ascii_case("off"));
+        let on = super::JoinOrderOptions::switch_on(config, |o| &o.filter_estimates);
         if !on {
             return Ok(plan);
         }
-        plan.transform_up(|node| {
-            let Some(filter) = node.downcast_ref::<FilterExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            Ok(match rewrite(filter)? {
-                Some(new) => Transformed::yes(new),
-                None => Transformed::no(node),
-            })
-        })
-        .map(|t| t.data)
+        super::rewrite_each::<FilterExec>(plan, rewrite)
     }
 
     fn name(&self) -> &str {
