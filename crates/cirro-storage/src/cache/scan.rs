@@ -67,6 +67,7 @@ use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricB
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sort_pushdown::SortOrderPushdownResult;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion_datasource::PartitionedFile;
 use datafusion_datasource::morsel::{Morsel, MorselPlan, MorselPlanner, Morselizer};
 use futures::FutureExt;
@@ -94,6 +95,8 @@ pub struct CachedParquetSource {
     shuffled: Arc<[u64]>,
     /// Those of the joins above it across another join's probe.
     stacked: Arc<[u64]>,
+    /// What that probe costs per row (see [`Above::probe_nanos`]).
+    probe_nanos: f64,
 }
 
 impl CachedParquetSource {
@@ -105,6 +108,7 @@ impl CachedParquetSource {
             direct: Arc::from([]),
             shuffled: Arc::from([]),
             stacked: Arc::from([]),
+            probe_nanos: DynamicRowFilter::STACKED_ROW_NANOS,
         }
     }
 
@@ -114,6 +118,7 @@ impl CachedParquetSource {
         self.direct = Arc::from(above.direct.as_slice());
         self.shuffled = Arc::from(above.shuffled.as_slice());
         self.stacked = Arc::from(above.stacked.as_slice());
+        self.probe_nanos = above.probe_nanos;
         self
     }
 
@@ -198,6 +203,7 @@ impl FileSource for CachedParquetSource {
             &self.direct,
             &self.shuffled,
             &self.stacked,
+            self.probe_nanos,
         );
         let opener = CachedOpener {
             cache: Arc::clone(&self.cache),
@@ -866,9 +872,12 @@ impl FileState {
 /// across one. So:
 /// - direct filters are left to their joins;
 /// - a join's filter across another join's probe (`stacked`) is evaluated
-///   while it pays: a dropped row saves that probe, about
-///   [`Self::STACKED_ROW_NANOS`] (TPC-H Q5: the 20 K Asian suppliers drop
-///   four fifths of lineitem before its probe of 2.3 M orders);
+///   while it pays: a dropped row saves that probe, whose cost grows with
+///   the size of the hash table it looks rows up in ([`Above::probe_nanos`]:
+///   TPC-H Q5: the 20 K Asian suppliers drop four fifths of lineitem before
+///   its probe of 2.3 M orders, 30 ns a row; Q7: the French and German
+///   customers drop 92 % of orders, at 17 ns a row, before their probe of
+///   1.5 M lines, 38 ns a row);
 /// - a join's filter across a hash repartition (`shuffled`) is evaluated
 ///   while it pays: a dropped row saves the repartition's hashing and
 ///   copying, about [`Self::SHUFFLED_ROW_NANOS`]; once the filter has
@@ -904,8 +913,10 @@ struct FilterPart {
     dynamic: bool,
     /// A join's across a hash repartition: evaluated while it pays.
     shuffled: bool,
-    /// A join's across another join's probe: evaluated while it pays.
-    stacked: bool,
+    /// A join's across another join's probe: evaluated while it pays, that
+    /// is while it costs less per dropped row than the probe (ns a row; 0:
+    /// not stacked).
+    stacked: f64,
     /// The generation the counts below are of (dynamic filters).
     generation: u64,
     seen: usize,
@@ -937,16 +948,14 @@ impl FilterPart {
     /// Whether it is a `shuffled` filter that costs more per dropped row
     /// than the repartition it saves, measured over enough rows.
     fn costs_more_than_it_saves(&self) -> bool {
-        if !(self.shuffled || self.stacked) || self.seen < DynamicRowFilter::SAMPLE_ROWS {
+        if !(self.shuffled || self.stacked > 0.0) || self.seen < DynamicRowFilter::SAMPLE_ROWS {
             return false;
         }
         let mut saves = 0.0;
         if self.shuffled {
             saves += DynamicRowFilter::SHUFFLED_ROW_NANOS;
         }
-        if self.stacked {
-            saves += DynamicRowFilter::STACKED_ROW_NANOS;
-        }
+        saves += self.stacked;
         self.rank() > saves
     }
 
@@ -971,10 +980,8 @@ impl DynamicRowFilter {
     /// partitions' batches, the channel): a `shuffled` filter's budget per
     /// dropped row. Q18 at SF10: 1.36 s for 60 M rows over two threads.
     const SHUFFLED_ROW_NANOS: f64 = 20.0;
-    /// What another join's probe costs per row, a `stacked` filter's
-    /// budget per dropped row: TPC-H Q5's 60 M lineitem rows probing 2.3 M
-    /// customers' orders, 30 ns a row; a probe into a table that the
-    /// caches hold, a third of that.
+    /// What another join's probe costs per row where the size of its hash
+    /// table is not known: a `stacked` filter's budget per dropped row.
     const STACKED_ROW_NANOS: f64 = 15.0;
 
     /// The conjuncts of `predicate` (over the table's columns) re-pointed
@@ -988,6 +995,7 @@ impl DynamicRowFilter {
         direct: &[u64],
         shuffled: &[u64],
         stacked: &[u64],
+        probe_nanos: f64,
     ) -> Self {
         let mut filter = Self::default();
         let Some(predicate) = predicate else {
@@ -1010,7 +1018,7 @@ impl DynamicRowFilter {
                 expr,
                 dynamic,
                 shuffled: listed(shuffled),
-                stacked: listed(stacked),
+                stacked: if listed(stacked) { probe_nanos } else { 0.0 },
                 generation: 0,
                 seen: 0,
                 kept: 0,
@@ -1128,7 +1136,7 @@ fn keep(batch: RecordBatch, filter: &Evaluation) -> Result<RecordBatch> {
 
 /// The dynamic filters (expression ids) of the joins whose probe sides a
 /// plan feeds, by what lies between (see [`DynamicRowFilter`]).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Above {
     /// The join right above (row-wise operators between: filters,
     /// projections, round-robin repartitions): evaluating its filter in the
@@ -1138,6 +1146,34 @@ struct Above {
     shuffled: Vec<u64>,
     /// Those across another join's probe, evaluated while they pay.
     stacked: Vec<u64>,
+    /// What the probe of the join right above costs per row, the budget of
+    /// a stacked filter per row it drops.
+    probe_nanos: f64,
+}
+
+impl Default for Above {
+    fn default() -> Self {
+        Self {
+            direct: Vec::new(),
+            shuffled: Vec::new(),
+            stacked: Vec::new(),
+            probe_nanos: DynamicRowFilter::STACKED_ROW_NANOS,
+        }
+    }
+}
+
+impl Above {
+    /// What a probe into a hash table of `rows` build rows costs per row:
+    /// about 10 ns while the table fits the CPU's caches (64 K rows), 8 ns
+    /// more each time it doubles beyond, at most 40 ns (measured at TPC-H
+    /// SF10: Q7's probe of 1.5 M lines 38 ns, Q5's of 2.3 M orders 30 ns,
+    /// Q7's of 120 K customers about 15 ns); unknown: 15 ns.
+    fn probe_nanos(rows: Option<usize>) -> f64 {
+        match rows {
+            Some(rows) => (10.0 + 8.0 * (rows.max(1) as f64 / 65_536.0).log2()).clamp(10.0, 40.0),
+            None => DynamicRowFilter::STACKED_ROW_NANOS,
+        }
+    }
 }
 
 /// The physical optimizer rule that reads Parquet scans through the
@@ -1171,6 +1207,7 @@ impl CacheScans {
         plan: Arc<dyn ExecutionPlan>,
         build_side: bool,
         above: &Above,
+        statistics: &StatisticsContext,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         if let Some(scan) = plan.downcast_ref::<DataSourceExec>()
             && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
@@ -1216,6 +1253,15 @@ impl CacheScans {
         } else {
             Vec::new()
         };
+        // The rows of the join's build side, as estimated.
+        let build_rows = if hash_join {
+            statistics
+                .compute(children[0].as_ref(), &StatisticsArgs::new())
+                .ok()
+                .and_then(|s| s.num_rows.get_value().copied())
+        } else {
+            None
+        };
         let new_children = children
             .into_iter()
             .enumerate()
@@ -1227,6 +1273,7 @@ impl CacheScans {
                         direct: probe_filter.clone(),
                         shuffled: above.shuffled.clone(),
                         stacked: above.direct.iter().chain(&above.stacked).copied().collect(),
+                        probe_nanos: Above::probe_nanos(build_rows),
                     },
                     (false, _) if row_wise => above.clone(),
                     (false, _) if hash_shuffle => Above {
@@ -1237,11 +1284,12 @@ impl CacheScans {
                             .copied()
                             .collect(),
                         stacked: above.stacked.clone(),
+                        probe_nanos: above.probe_nanos,
                     },
                     _ => Above::default(),
                 };
                 let build_side = build_side || (joins && i == 0);
-                self.rewrite(Arc::clone(child), build_side, &below)
+                self.rewrite(Arc::clone(child), build_side, &below, statistics)
             })
             .collect::<Result<Vec<_>>>()?;
         datafusion::physical_plan::execution_plan::replace_children_if_necessary(plan, new_children)
@@ -1286,7 +1334,7 @@ impl PhysicalOptimizerRule for CacheScans {
         if !enabled || self.cache.budget() == 0 {
             return Ok(plan);
         }
-        self.rewrite(plan, false, &Above::default())
+        self.rewrite(plan, false, &Above::default(), &StatisticsContext::new())
     }
 
     fn name(&self) -> &str {
@@ -1320,7 +1368,7 @@ mod tests {
             expr: lit(true),
             dynamic: true,
             shuffled,
-            stacked: false,
+            stacked: 0.0,
             generation: 0,
             seen,
             kept,
@@ -1349,7 +1397,7 @@ mod tests {
         let rows = DynamicRowFilter::SAMPLE_ROWS;
         let ns = |per_row: f64| (per_row * rows as f64) as u64;
         let stacked = |kept: usize, per_row: f64| FilterPart {
-            stacked: true,
+            stacked: 15.0,
             ..part(false, rows, kept, ns(per_row))
         };
         // Q5's: 6 ns a row dropping four fifths: 7.5 ns a dropped row.
@@ -1364,5 +1412,31 @@ mod tests {
         };
         assert!(!both.costs_more_than_it_saves());
         assert!(stacked(rows / 10, 30.0).costs_more_than_it_saves());
+        // Q7's customers over orders: 17 ns a row dropping 92 %: more than
+        // a probe into a table the caches hold, less than one into the
+        // 1.5 M lines' table below.
+        let q7 = |probe_rows: usize| FilterPart {
+            stacked: Above::probe_nanos(Some(probe_rows)),
+            ..stacked(rows * 8 / 100, 17.0)
+        };
+        assert!(q7(50_000).costs_more_than_it_saves());
+        assert!(!q7(1_500_000).costs_more_than_it_saves());
+    }
+
+    #[test]
+    fn a_probe_costs_more_the_larger_its_table() {
+        let costs: Vec<f64> = [1, 65_536, 262_144, 1_500_000, 100_000_000]
+            .into_iter()
+            .map(|rows| Above::probe_nanos(Some(rows)))
+            .collect();
+        assert_eq!(costs[0], 10.0);
+        assert_eq!(costs[1], 10.0);
+        assert_eq!(costs[2], 26.0);
+        assert!(costs[3] > 35.0 && costs[3] <= 40.0, "{costs:?}");
+        assert_eq!(costs[4], 40.0);
+        assert_eq!(
+            Above::probe_nanos(None),
+            DynamicRowFilter::STACKED_ROW_NANOS
+        );
     }
 }
