@@ -167,6 +167,8 @@ fn physical_rules(
         rules.push(Arc::new(cirro_exec::rules::CompileExpressions));
         // Over the compiled conjuncts; not sent either.
         rules.push(Arc::new(cirro_exec::rules::SelectiveConjuncts));
+        // Over the compiled expressions and the ordered conjuncts.
+        rules.push(Arc::new(cirro_exec::rules::FuseFilterAggregate));
         // After every rewrite: it shares subtrees that print alike.
         rules.push(Arc::new(cirro_exec::rules::SharedSubplans));
     }

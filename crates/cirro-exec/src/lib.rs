@@ -5,10 +5,12 @@
 //! - `functions/`: the scalar functions those rules put into plans;
 //! - `jit/`: expressions compiled to machine code (Cranelift);
 //! - `run_aggregate`: the partial phase of an aggregation over clustered keys;
+//! - `filtered_aggregate`: a partial phase fused with the filter below it;
 //! - `distribution`: the seam to a cluster's distributed execution.
 
 pub mod conjunction;
 pub mod distribution;
+pub mod filtered_aggregate;
 pub mod functions;
 pub mod jit;
 pub mod rules;

@@ -39,8 +39,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use arrow::array::make_comparator;
-use arrow::array::{Array, ArrayRef, AsArray, UInt32Array};
-use arrow::compute::{SortOptions, concat, partition, take};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, UInt32Array};
+use arrow::compute::{SortOptions, and, concat, partition, take};
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -61,9 +61,7 @@ use futures::{Stream, StreamExt};
 /// the module documentation.
 #[derive(Debug)]
 pub struct RunAggregateExec {
-    group_by: Arc<PhysicalGroupBy>,
-    aggr_expr: Vec<Arc<AggregateFunctionExpr>>,
-    filter_expr: Vec<Option<Arc<dyn PhysicalExpr>>>,
+    spec: PartialSpec,
     input: Arc<dyn ExecutionPlan>,
     /// The partial aggregation's output schema.
     schema: SchemaRef,
@@ -77,10 +75,7 @@ impl RunAggregateExec {
     /// whose equal neighbours arrow can find, aggregates with a
     /// `GroupsAccumulator` that are neither DISTINCT nor ordered.
     pub fn try_from_partial(partial: &AggregateExec) -> Option<Self> {
-        if *partial.mode() != AggregateMode::Partial
-            || !partial.group_expr().is_single()
-            || partial.group_expr().is_empty()
-        {
+        if !supported_partial(partial) {
             return None;
         }
         let input_schema = partial.input().schema();
@@ -89,31 +84,112 @@ impl RunAggregateExec {
                 return None;
             }
         }
-        if !partial.aggr_expr().iter().all(|a| {
-            a.groups_accumulator_supported() && !a.is_distinct() && a.order_bys().is_empty()
-        }) {
-            return None;
-        }
         let input = Arc::clone(partial.input());
         let schema = partial.schema();
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(
-                input.properties().output_partitioning().partition_count(),
-            ),
-            EmissionType::Incremental,
-            input.properties().boundedness,
-        );
+        let properties = partial_properties(&schema, &input, EmissionType::Incremental);
         Some(Self {
-            group_by: Arc::new(partial.group_expr().clone()),
-            aggr_expr: partial.aggr_expr().to_vec(),
-            filter_expr: partial.filter_expr().to_vec(),
+            spec: PartialSpec::of(partial),
             input,
             schema,
-            properties: Arc::new(properties),
+            properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
+}
+
+/// The grouping and the aggregates of a partial phase, as DataFusion's
+/// `AggregateExec` held them (shared by this crate's partial operators).
+#[derive(Debug, Clone)]
+pub(crate) struct PartialSpec {
+    pub(crate) group_by: Arc<PhysicalGroupBy>,
+    pub(crate) aggr_expr: Vec<Arc<AggregateFunctionExpr>>,
+    pub(crate) filter_expr: Vec<Option<Arc<dyn PhysicalExpr>>>,
+}
+
+impl PartialSpec {
+    pub(crate) fn of(partial: &AggregateExec) -> Self {
+        Self {
+            group_by: Arc::new(partial.group_expr().clone()),
+            aggr_expr: partial.aggr_expr().to_vec(),
+            filter_expr: partial.filter_expr().to_vec(),
+        }
+    }
+
+    /// The keys, the aggregates' arguments, their FILTER clauses.
+    pub(crate) fn expressions(&self) -> Vec<Arc<dyn PhysicalExpr>> {
+        let keys = self.group_by.expr().iter().map(|(e, _)| Arc::clone(e));
+        let arguments = self.aggr_expr.iter().flat_map(|a| a.expressions());
+        let filters = self.filter_expr.iter().flatten().cloned();
+        keys.chain(arguments).chain(filters).collect()
+    }
+
+    /// Fresh accumulators of the aggregates.
+    pub(crate) fn aggregates(&self) -> Result<PartialAggregates> {
+        PartialAggregates::new(&self.aggr_expr, &self.filter_expr)
+    }
+}
+
+impl std::fmt::Display for PartialSpec {
+    /// `gby=[…], aggr=[…]`, as DataFusion's `AggregateExec` prints them.
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let keys: Vec<String> = self
+            .group_by
+            .expr()
+            .iter()
+            .map(|(expr, alias)| format!("{expr} as {alias}"))
+            .collect();
+        let aggregates: Vec<&str> = self.aggr_expr.iter().map(|a| a.name()).collect();
+        write!(
+            f,
+            "gby=[{}], aggr=[{}]",
+            keys.join(", "),
+            aggregates.join(", ")
+        )
+    }
+}
+
+/// The plan properties of a partial phase with output `schema` over
+/// `input` (as many partitions, no order).
+pub(crate) fn partial_properties(
+    schema: &SchemaRef,
+    input: &Arc<dyn ExecutionPlan>,
+    emission: EmissionType,
+) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(Arc::clone(schema)),
+        Partitioning::UnknownPartitioning(
+            input.properties().output_partitioning().partition_count(),
+        ),
+        emission,
+        input.properties().boundedness,
+    ))
+}
+
+/// `f` over `expressions`, stopping where it says so (an operator's
+/// `apply_expressions`).
+pub(crate) fn visit(
+    expressions: Vec<Arc<dyn PhysicalExpr>>,
+    f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+) -> Result<TreeNodeRecursion> {
+    for expr in expressions {
+        if f(&expr)? == TreeNodeRecursion::Stop {
+            return Ok(TreeNodeRecursion::Stop);
+        }
+    }
+    Ok(TreeNodeRecursion::Continue)
+}
+
+/// Whether `partial` is a partial phase this crate's operators can take
+/// over: DataFusion's `mode=Partial` with one grouping set (no ROLLUP/CUBE)
+/// of at least one key, and aggregates with a `GroupsAccumulator` that are
+/// neither DISTINCT nor ordered.
+pub(crate) fn supported_partial(partial: &AggregateExec) -> bool {
+    *partial.mode() == AggregateMode::Partial
+        && partial.group_expr().is_single()
+        && !partial.group_expr().is_empty()
+        && partial.aggr_expr().iter().all(|a| {
+            a.groups_accumulator_supported() && !a.is_distinct() && a.order_bys().is_empty()
+        })
 }
 
 /// Key types whose runs arrow's `partition` finds (no dictionaries or
@@ -135,19 +211,7 @@ fn run_key_type(data_type: &DataType) -> bool {
 
 impl DisplayAs for RunAggregateExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        let keys: Vec<String> = self
-            .group_by
-            .expr()
-            .iter()
-            .map(|(expr, alias)| format!("{expr} as {alias}"))
-            .collect();
-        let aggregates: Vec<&str> = self.aggr_expr.iter().map(|a| a.name()).collect();
-        write!(
-            f,
-            "RunAggregateExec: mode=Partial, gby=[{}], aggr=[{}]",
-            keys.join(", "),
-            aggregates.join(", ")
-        )
+        write!(f, "RunAggregateExec: mode=Partial, {}", self.spec)
     }
 }
 
@@ -173,15 +237,7 @@ impl ExecutionPlan for RunAggregateExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        let arguments = self.aggr_expr.iter().flat_map(|a| a.expressions());
-        let filters = self.filter_expr.iter().flatten().cloned();
-        let keys = self.group_by.expr().iter().map(|(e, _)| Arc::clone(e));
-        for expr in keys.chain(arguments).chain(filters) {
-            if f(&expr)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        visit(self.spec.expressions(), f)
     }
 
     fn with_new_children(
@@ -194,9 +250,7 @@ impl ExecutionPlan for RunAggregateExec {
             ));
         };
         Ok(Arc::new(Self {
-            group_by: Arc::clone(&self.group_by),
-            aggr_expr: self.aggr_expr.clone(),
-            filter_expr: self.filter_expr.clone(),
+            spec: self.spec.clone(),
             input: Arc::clone(input),
             schema: Arc::clone(&self.schema),
             properties: Arc::clone(&self.properties),
@@ -210,26 +264,18 @@ impl ExecutionPlan for RunAggregateExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let input = self.input.execute(partition, Arc::clone(&context))?;
-        let accumulators = self
-            .aggr_expr
-            .iter()
-            .map(|a| a.create_groups_accumulator())
-            .collect::<Result<Vec<_>>>()?;
-        let arguments = self.aggr_expr.iter().map(|a| a.expressions()).collect();
         let runs = Runs {
-            group_by: Arc::clone(&self.group_by),
-            arguments,
-            filters: self.filter_expr.clone(),
-            accumulators,
+            group_by: Arc::clone(&self.spec.group_by),
+            aggregates: self.spec.aggregates()?,
             keys: Vec::new(),
             groups: 0,
             indices: Vec::new(),
             schema: Arc::clone(&self.schema),
             batch_size: context.session_config().batch_size().max(1),
         };
-        Ok(Box::pin(RunStream {
+        Ok(Box::pin(PartialStream {
             input,
-            runs,
+            phase: runs,
             baseline: BaselineMetrics::new(&self.metrics, partition),
             done: false,
         }))
@@ -243,10 +289,7 @@ impl ExecutionPlan for RunAggregateExec {
 /// One partition's aggregation state.
 struct Runs {
     group_by: Arc<PhysicalGroupBy>,
-    /// Each aggregate's argument expressions.
-    arguments: Vec<Vec<Arc<dyn PhysicalExpr>>>,
-    filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
-    accumulators: Vec<Box<dyn GroupsAccumulator>>,
+    aggregates: PartialAggregates,
     /// The keys of the groups held, in chunks (one array per key column);
     /// the last row of the last chunk is the open group's.
     keys: Vec<Vec<ArrayRef>>,
@@ -294,19 +337,9 @@ impl Runs {
             self.keys.push(chunk);
         }
         self.groups = base + ranges.len();
-        let values = evaluate_many(&self.arguments, batch)?;
-        for (i, (accumulator, values)) in self.accumulators.iter_mut().zip(&values).enumerate() {
-            let filter = match &self.filters[i] {
-                Some(expr) => Some(expr.evaluate(batch)?.into_array(batch.num_rows())?),
-                None => None,
-            };
-            accumulator.update_batch(
-                values,
-                &self.indices,
-                filter.as_ref().map(|f| f.as_boolean()),
-                self.groups,
-            )?;
-        }
+        let inputs = self.aggregates.evaluate(batch)?;
+        self.aggregates
+            .update(inputs, &self.indices, self.groups, None)?;
         if self.groups > self.batch_size {
             return self.emit(EmitTo::First(self.groups - 1)).map(Some);
         }
@@ -339,9 +372,7 @@ impl Runs {
         } else {
             vec![kept]
         };
-        for accumulator in &mut self.accumulators {
-            output.extend(accumulator.state(to)?);
-        }
+        output.extend(self.aggregates.state(to)?);
         self.groups -= count;
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), output)?)
     }
@@ -359,14 +390,125 @@ fn same_key(open: &[ArrayRef], keys: &[ArrayRef]) -> Result<bool> {
     Ok(true)
 }
 
-struct RunStream {
-    input: SendableRecordBatchStream,
-    runs: Runs,
-    baseline: BaselineMetrics,
-    done: bool,
+impl PartialPhase for Runs {
+    fn push(&mut self, batch: &RecordBatch) -> Result<Option<RecordBatch>> {
+        Runs::push(self, batch)
+    }
+
+    fn finish(&mut self) -> Result<Option<RecordBatch>> {
+        if self.groups == 0 {
+            return Ok(None);
+        }
+        self.emit(EmitTo::All).map(Some)
+    }
+
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
 }
 
-impl Stream for RunStream {
+/// The aggregates of a partial phase: their arguments, their FILTER
+/// clauses, their accumulators (shared by this crate's partial operators).
+pub(crate) struct PartialAggregates {
+    /// Each aggregate's argument expressions.
+    arguments: Vec<Vec<Arc<dyn PhysicalExpr>>>,
+    filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
+    accumulators: Vec<Box<dyn GroupsAccumulator>>,
+}
+
+/// The arguments and FILTER masks of each aggregate over one batch.
+pub(crate) struct AggregateInputs {
+    values: Vec<Vec<ArrayRef>>,
+    filters: Vec<Option<BooleanArray>>,
+}
+
+impl PartialAggregates {
+    pub(crate) fn new(
+        aggr_expr: &[Arc<AggregateFunctionExpr>],
+        filter_expr: &[Option<Arc<dyn PhysicalExpr>>],
+    ) -> Result<Self> {
+        Ok(Self {
+            arguments: aggr_expr.iter().map(|a| a.expressions()).collect(),
+            filters: filter_expr.to_vec(),
+            accumulators: aggr_expr
+                .iter()
+                .map(|a| a.create_groups_accumulator())
+                .collect::<Result<Vec<_>>>()?,
+        })
+    }
+
+    /// Every aggregate's arguments and FILTER over `batch` (no state changes:
+    /// an error here leaves the aggregation as it was).
+    pub(crate) fn evaluate(&self, batch: &RecordBatch) -> Result<AggregateInputs> {
+        let values = evaluate_many(&self.arguments, batch)?;
+        let filters = self
+            .filters
+            .iter()
+            .map(|filter| match filter {
+                Some(expr) => {
+                    let mask = expr.evaluate(batch)?.into_array(batch.num_rows())?;
+                    Ok(Some(mask.as_boolean().clone()))
+                }
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(AggregateInputs { values, filters })
+    }
+
+    /// Add `inputs`' rows to `groups` (each row's group), of `total` groups;
+    /// only the rows `keep` is true for, where given.
+    pub(crate) fn update(
+        &mut self,
+        inputs: AggregateInputs,
+        groups: &[usize],
+        total: usize,
+        keep: Option<&BooleanArray>,
+    ) -> Result<()> {
+        let filters = inputs.filters.into_iter();
+        for ((accumulator, values), filter) in self
+            .accumulators
+            .iter_mut()
+            .zip(&inputs.values)
+            .zip(filters)
+        {
+            let filter = match (filter, keep) {
+                (Some(filter), Some(keep)) => Some(and(&filter, keep)?),
+                (filter, None) => filter,
+                (None, Some(keep)) => Some(keep.clone()),
+            };
+            accumulator.update_batch(values, groups, filter.as_ref(), total)?;
+        }
+        Ok(())
+    }
+
+    /// The states of the groups `to` names (one array per state field).
+    pub(crate) fn state(&mut self, to: EmitTo) -> Result<Vec<ArrayRef>> {
+        let mut output = Vec::new();
+        for accumulator in &mut self.accumulators {
+            output.extend(accumulator.state(to)?);
+        }
+        Ok(output)
+    }
+}
+
+/// A partial phase fed batch by batch (see [`PartialStream`]).
+pub(crate) trait PartialPhase: Send + Unpin + 'static {
+    /// Aggregate `batch`; a batch of partial rows when some are ready.
+    fn push(&mut self, batch: &RecordBatch) -> Result<Option<RecordBatch>>;
+    /// The partial rows still held at the end of the input.
+    fn finish(&mut self) -> Result<Option<RecordBatch>>;
+    fn schema(&self) -> SchemaRef;
+}
+
+/// The stream of a partial phase over its input's stream.
+pub(crate) struct PartialStream<P> {
+    pub(crate) input: SendableRecordBatchStream,
+    pub(crate) phase: P,
+    pub(crate) baseline: BaselineMetrics,
+    pub(crate) done: bool,
+}
+
+impl<P: PartialPhase> Stream for PartialStream<P> {
     type Item = Result<RecordBatch>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
@@ -381,15 +523,11 @@ impl Stream for RunStream {
             let this = &mut *self;
             let timer = this.baseline.elapsed_compute().timer();
             let output = match polled {
-                Some(Ok(batch)) => this.runs.push(&batch),
+                Some(Ok(batch)) => this.phase.push(&batch),
                 Some(Err(e)) => Err(e),
                 None => {
                     this.done = true;
-                    if this.runs.groups == 0 {
-                        timer.done();
-                        return Poll::Ready(None);
-                    }
-                    this.runs.emit(EmitTo::All).map(Some)
+                    this.phase.finish()
                 }
             };
             timer.done();
@@ -398,6 +536,7 @@ impl Stream for RunStream {
                     this.baseline.record_output(batch.num_rows());
                     return Poll::Ready(Some(Ok(batch)));
                 }
+                Ok(None) if this.done => return Poll::Ready(None),
                 Ok(None) => continue,
                 Err(e) => {
                     this.done = true;
@@ -408,14 +547,14 @@ impl Stream for RunStream {
     }
 }
 
-impl RecordBatchStream for RunStream {
+impl<P: PartialPhase> RecordBatchStream for PartialStream<P> {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.runs.schema)
+        self.phase.schema()
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use arrow::array::{Float64Array, Int64Array, StringArray};
     use arrow::datatypes::{Field, Schema};
@@ -430,7 +569,7 @@ mod tests {
     /// rows, rising but now and then jumping back (a key met again later),
     /// NULL now and then; `s` one of three texts or NULL, mostly constant
     /// within a run of `k`; `v`, `f` values with NULLs.
-    fn partitions(seed: u64) -> (SchemaRef, Vec<Vec<RecordBatch>>) {
+    pub(crate) fn partitions(seed: u64) -> (SchemaRef, Vec<Vec<RecordBatch>>) {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, true),
             Field::new("s", DataType::Utf8, true),
@@ -476,7 +615,7 @@ mod tests {
         (schema, parts)
     }
 
-    async fn physical(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+    pub(crate) async fn physical(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
         let frame = ctx.sql(sql).await.unwrap();
         frame.create_physical_plan().await.unwrap()
     }
@@ -484,29 +623,45 @@ mod tests {
     /// The sorted rows of `sql`, with every partial aggregation replaced
     /// by a [`RunAggregateExec`] if `runs`; and how many were.
     async fn answer(ctx: &SessionContext, sql: &str, runs: bool) -> (Vec<String>, usize) {
+        answer_with(ctx, sql, |partial| {
+            runs.then(|| {
+                let exec = RunAggregateExec::try_from_partial(partial).expect(sql);
+                Arc::new(exec) as Arc<dyn ExecutionPlan>
+            })
+        })
+        .await
+        .unwrap()
+    }
+
+    /// The sorted rows of `sql` (or its error), with each partial
+    /// aggregation replaced by what `replace` gives; and how many were.
+    pub(crate) async fn answer_with(
+        ctx: &SessionContext,
+        sql: &str,
+        replace: impl Fn(&AggregateExec) -> Option<Arc<dyn ExecutionPlan>>,
+    ) -> Result<(Vec<String>, usize)> {
         let plan = physical(ctx, sql).await;
         let mut replaced = 0;
         let plan = plan
             .transform_up(|node| {
-                if runs
-                    && let Some(partial) = node.downcast_ref::<AggregateExec>()
+                if let Some(partial) = node.downcast_ref::<AggregateExec>()
                     && *partial.mode() == AggregateMode::Partial
+                    && let Some(exec) = replace(partial)
                 {
-                    let exec = RunAggregateExec::try_from_partial(partial).expect(sql);
                     replaced += 1;
-                    return Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>));
+                    return Ok(Transformed::yes(exec));
                 }
                 Ok(Transformed::no(node))
             })
             .unwrap()
             .data;
-        let batches = collect(plan, ctx.task_ctx()).await.unwrap();
+        let batches = collect(plan, ctx.task_ctx()).await?;
         let text = arrow::util::pretty::pretty_format_batches(&batches)
             .unwrap()
             .to_string();
         let mut rows: Vec<String> = text.lines().map(str::to_string).collect();
         rows.sort();
-        (rows, replaced)
+        Ok((rows, replaced))
     }
 
     #[tokio::test]

@@ -39,6 +39,10 @@ const QUERIES: &[&str] = &[
      JOIN (SELECT a, sum(v) AS c FROM r WHERE b < 4 GROUP BY a) y ON x.a = y.a",
     "SELECT k, count(*), sum(x) FROM c GROUP BY k",
     "SELECT k, x, count(*), avg(x), min(x) FILTER (WHERE x > 3) FROM c WHERE k % 3 <> 0 GROUP BY k, x",
+    // few groups over a filter that keeps most rows (fused with it), and
+    // one that keeps few
+    "SELECT b, count(*), sum(v), avg(v), max(a), min(n) FROM r WHERE n IS NULL OR n > 100 GROUP BY b",
+    "SELECT b, count(*), sum(v) FROM r WHERE a < 300 GROUP BY b",
 ];
 
 #[test]
@@ -146,6 +150,38 @@ fn many_groups_take_radix_partitions_with_the_same_answers() {
         q,
     );
     assert!(forced.contains("mode=SinglePartitioned"), "{forced}");
+
+    // Few groups over a filter: the partial phase fused with the filter
+    // (and the projection between), unless switched off.
+    let q = "SELECT b, count(*), sum(v * 2) FROM r WHERE n IS NULL OR n > 100 GROUP BY b";
+    let fused = explained(&data, sets, q);
+    assert!(
+        fused.contains("FilteredAggregateExec: mode=Partial"),
+        "{fused}"
+    );
+    assert!(!fused.contains("FilterExec"), "{fused}");
+    // (the fused operator's own line is the only partial one)
+    assert_eq!(
+        fused.matches("AggregateExec: mode=Partial").count(),
+        1,
+        "{fused}"
+    );
+    for off in [
+        "SET cirro_aggregation.fused_filter = false",
+        "SET adaptive_aggregation = off",
+    ] {
+        let plain = explained(&data, &format!("{sets}; {off}"), q);
+        assert!(plain.contains("FilterExec"), "{plain}");
+        assert!(!plain.contains("FilteredAggregateExec"), "{plain}");
+    }
+    let fused = answer(&data, sets, q);
+    let plain = answer(
+        &data,
+        &format!("{sets}; SET cirro_aggregation.fused_filter = false"),
+        q,
+    );
+    assert_eq!(fused.len(), 8, "{fused:?}");
+    assert_eq!(fused, plain);
 
     // The setting: its values, its default, a bad value.
     let show = "SHOW adaptive_aggregation";

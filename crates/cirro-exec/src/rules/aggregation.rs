@@ -68,6 +68,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::union::InterleaveExec;
 
+use crate::filtered_aggregate::{FilteredAggregateExec, GROUPS_HELD_MAX};
 use crate::run_aggregate::RunAggregateExec;
 
 datafusion::common::extensions_options! {
@@ -86,6 +87,9 @@ datafusion::common::extensions_options! {
         /// On data written in key order, aggregate runs of equal keys in
         /// the partial phase ([`RunAggregateExec`]) instead of hashing.
         pub runs: bool, default = true
+        /// Fuse a partial phase expected to hold few groups with the filter
+        /// below it ([`FilteredAggregateExec`]).
+        pub fused_filter: bool, default = true
         /// Keep the partial phase on the high-cardinality path (for
         /// measuring; the partial tables are the ones that outgrow the
         /// caches, so it is off).
@@ -93,8 +97,59 @@ datafusion::common::extensions_options! {
     }
 }
 
+impl AggregationOptions {
+    /// The session's settings (the defaults where it has none).
+    fn of(config: &ConfigOptions) -> Self {
+        config
+            .extensions
+            .get::<AggregationOptions>()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
 impl datafusion::common::config::ConfigExtension for AggregationOptions {
     const PREFIX: &'static str = "cirro_aggregation";
+}
+
+/// The partial phase of an aggregation expected to hold few groups (at
+/// most [`GROUPS_HELD_MAX`]) over a filter, fused with that filter and the
+/// projections between ([`FilteredAggregateExec`]): the aggregates skip the
+/// rows the filter drops instead of reading a copy of the rows it keeps.
+/// Placed after the expressions are compiled (the fused operator evaluates
+/// the compiled ones). Off with `SET cirro_aggregation.fused_filter =
+/// false` or `SET adaptive_aggregation = off`.
+#[derive(Debug, Default)]
+pub struct FuseFilterAggregate;
+
+impl PhysicalOptimizerRule for FuseFilterAggregate {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let options = AggregationOptions::of(config);
+        if options.mode == "off" || !options.fused_filter {
+            return Ok(plan);
+        }
+        super::rewrite_each(plan, |partial: &AggregateExec| {
+            if *partial.mode() != AggregateMode::Partial
+                || estimate_groups(partial).is_none_or(|groups| groups > GROUPS_HELD_MAX as f64)
+            {
+                return Ok(None);
+            }
+            Ok(FilteredAggregateExec::try_from_partial(partial)
+                .map(|fused| Arc::new(fused) as Arc<dyn ExecutionPlan>))
+        })
+    }
+
+    fn name(&self) -> &str {
+        "cirro_fuse_filter_aggregate"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
 }
 
 /// The most radix partitions one aggregation gets.
@@ -111,11 +166,7 @@ impl PhysicalOptimizerRule for AdaptiveAggregation {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let defaults = AggregationOptions::default();
-        let options = config
-            .extensions
-            .get::<AggregationOptions>()
-            .unwrap_or(&defaults);
+        let options = &AggregationOptions::of(config);
         let force = match options.mode.as_str() {
             "off" => return Ok(plan),
             "force" => true,

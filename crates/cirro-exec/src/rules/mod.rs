@@ -29,7 +29,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
-pub use aggregation::{AdaptiveAggregation, AggregationOptions};
+pub use aggregation::{AdaptiveAggregation, AggregationOptions, FuseFilterAggregate};
 pub use build_sides::BuildSides;
 pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
