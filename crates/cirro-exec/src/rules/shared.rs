@@ -50,7 +50,8 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
-/// The operators a shared subtree may hold (DataFusion's names).
+/// The operators a shared subtree may hold (DataFusion's names, and
+/// Cirro's partial aggregations).
 const SHAREABLE: &[&str] = &[
     "AggregateExec",
     "CoalesceBatchesExec",
@@ -58,9 +59,11 @@ const SHAREABLE: &[&str] = &[
     "CooperativeExec",
     "DataSourceExec",
     "FilterExec",
+    "FilteredAggregateExec",
     "HashJoinExec",
     "ProjectionExec",
     "RepartitionExec",
+    "RunAggregateExec",
     "SortExec",
     "SortPreservingMergeExec",
 ];
