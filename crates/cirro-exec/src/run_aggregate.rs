@@ -49,6 +49,7 @@ use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskCo
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::InputOrderMode;
 use datafusion::physical_plan::aggregates::{
     AggregateExec, AggregateMode, PhysicalGroupBy, evaluate_group_by, evaluate_many,
 };
@@ -182,9 +183,12 @@ pub(crate) fn visit(
 /// Whether `partial` is a partial phase this crate's operators can take
 /// over: DataFusion's `mode=Partial` with one grouping set (no ROLLUP/CUBE)
 /// of at least one key, and aggregates with a `GroupsAccumulator` that are
-/// neither DISTINCT nor ordered.
+/// neither DISTINCT nor ordered; over input in no order (a partial phase
+/// over sorted input hands on its groups in order, and the final phase
+/// above may count on it, emitting each group as the next begins).
 pub(crate) fn supported_partial(partial: &AggregateExec) -> bool {
     *partial.mode() == AggregateMode::Partial
+        && *partial.input_order_mode() == InputOrderMode::Linear
         && partial.group_expr().is_single()
         && !partial.group_expr().is_empty()
         && partial.aggr_expr().iter().all(|a| {
@@ -698,10 +702,19 @@ pub(crate) mod tests {
         runtime.block_on(async {
             let ctx = SessionContext::new();
             let (schema, parts) = partitions(9);
-            ctx.register_table("t", Arc::new(MemTable::try_new(schema, parts).unwrap()))
-                .unwrap();
+            ctx.register_table(
+                "t",
+                Arc::new(MemTable::try_new(Arc::clone(&schema), parts.clone()).unwrap()),
+            )
+            .unwrap();
+            // Declared sorted by k: DataFusion's phases count on the order.
+            let sorted = MemTable::try_new(schema, parts)
+                .unwrap()
+                .with_sort_order(vec![vec![datafusion::prelude::col("k").sort(true, false)]]);
+            ctx.register_table("sorted", Arc::new(sorted)).unwrap();
             for (sql, supported) in [
                 ("SELECT k, sum(v) FROM t GROUP BY k", true),
+                ("SELECT k, sum(v) FROM sorted GROUP BY k", false),
                 ("SELECT k, array_agg(v ORDER BY f) FROM t GROUP BY k", false),
                 ("SELECT k, s, sum(v) FROM t GROUP BY ROLLUP (k, s)", false),
             ] {
