@@ -258,7 +258,6 @@ impl ExecutionPlan for FilteredAggregateExec {
             groups: new_group_values(group_schema, &GroupOrdering::None)?,
             aggregates: self.spec.aggregates()?,
             live: Vec::new(),
-            any_dead: false,
             indices: Vec::new(),
             routed: Vec::new(),
             schema: Arc::clone(&self.schema),
@@ -288,8 +287,6 @@ struct Fused {
     aggregates: PartialAggregates,
     /// Whether each group has had a kept row.
     live: Vec<bool>,
-    /// Whether some group has had only dropped rows so far.
-    any_dead: bool,
     /// Each row's group (reused between batches).
     indices: Vec<usize>,
     /// Each row's group in the aggregates: 0 the trash, g + 1 group g.
@@ -330,8 +327,7 @@ impl Fused {
         columns.extend(states.iter().map(|state| state.slice(1, state.len() - 1)));
         let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
         let live = BooleanArray::from(std::mem::take(&mut self.live));
-        let dead = std::mem::take(&mut self.any_dead);
-        if dead && live.true_count() < batch.num_rows() {
+        if live.true_count() < batch.num_rows() {
             return Ok(filter_record_batch(&batch, &live)?);
         }
         Ok(batch)
@@ -389,7 +385,6 @@ impl PartialPhase for Fused {
         };
         self.groups.intern(&keys, &mut self.indices)?;
         let total = self.groups.len();
-        let before = self.live.len();
         self.live.resize(total, false);
         self.routed.clear();
         match &keep {
@@ -398,7 +393,6 @@ impl PartialPhase for Fused {
                     self.live[group] |= kept;
                     self.routed.push(if kept { group + 1 } else { 0 });
                 }
-                self.any_dead |= self.live[before..].iter().any(|live| !live);
             }
             None => {
                 for &group in &self.indices {
