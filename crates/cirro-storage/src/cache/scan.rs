@@ -26,7 +26,10 @@ use std::collections::HashMap;
 use std::fmt::Formatter;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, new_null_array};
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, new_null_array,
+};
+use arrow::buffer::{BooleanBuffer, Buffer};
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
@@ -46,7 +49,7 @@ use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr, Literal};
 use datafusion::physical_expr::projection::ProjectionExprs;
-use datafusion::physical_expr::utils::{reassign_expr_columns, split_conjunction};
+use datafusion::physical_expr::utils::{collect_columns, reassign_expr_columns, split_conjunction};
 use datafusion::physical_expr_common::physical_expr::{
     is_volatile, snapshot_generation, snapshot_physical_expr,
 };
@@ -88,15 +91,9 @@ pub struct CachedParquetSource {
     inner: ParquetSource,
     cache: Arc<ColumnCache>,
     priority: Priority,
-    /// The dynamic filters (by expression id) of the join right above the
-    /// scan (see [`CacheScans`] and [`DynamicRowFilter`]).
-    direct: Arc<[u64]>,
-    /// Those of the joins above it across a hash repartition.
-    shuffled: Arc<[u64]>,
-    /// Those of the joins above it across another join's probe.
-    stacked: Arc<[u64]>,
-    /// What that probe costs per row (see [`Above::probe_nanos`]).
-    probe_nanos: f64,
+    /// The dynamic filters (by expression id) of the joins above the scan,
+    /// by what lies between (see [`CacheScans`] and [`DynamicRowFilter`]).
+    above: Arc<Above>,
 }
 
 impl CachedParquetSource {
@@ -105,20 +102,14 @@ impl CachedParquetSource {
             inner,
             cache,
             priority,
-            direct: Arc::from([]),
-            shuffled: Arc::from([]),
-            stacked: Arc::from([]),
-            probe_nanos: DynamicRowFilter::STACKED_ROW_NANOS,
+            above: Arc::new(Above::default()),
         }
     }
 
     /// The source, knowing the dynamic filters (their expression ids) to
     /// come from the joins above (see [`Above`]).
     fn with_filters_above(mut self, above: &Above) -> Self {
-        self.direct = Arc::from(above.direct.as_slice());
-        self.shuffled = Arc::from(above.shuffled.as_slice());
-        self.stacked = Arc::from(above.stacked.as_slice());
-        self.probe_nanos = above.probe_nanos;
+        self.above = Arc::new(above.clone());
         self
     }
 
@@ -197,14 +188,7 @@ impl FileSource for CachedParquetSource {
                 .collect::<Vec<_>>(),
         ));
         let metrics = self.inner.metrics().clone();
-        let dynamic = DynamicRowFilter::new(
-            self.inner.filter(),
-            &output,
-            &self.direct,
-            &self.shuffled,
-            &self.stacked,
-            self.probe_nanos,
-        );
+        let dynamic = DynamicRowFilter::new(self.inner.filter(), &output, &self.above);
         let opener = CachedOpener {
             cache: Arc::clone(&self.cache),
             readers: self
@@ -871,6 +855,15 @@ impl FileState {
 /// [`CacheScans`]), but a hash table's build, an aggregation or a sort
 /// across one. So:
 /// - direct filters are left to their joins;
+/// - a join's filter with a `FilterExec` between (`screened`) is evaluated
+///   while it pays: a dropped row saves the filter's copy of the row (by
+///   the width of its columns, [`Above::copy_nanos`]) and the join's probe
+///   that would miss ([`Self::PROBE_MISS_NANOS`]), where that copy is
+///   worth it ([`Self::SCREENED_COPY_NANOS`]; otherwise it is `direct`).
+///   TPC-H Q7's 8 K French and German suppliers drop 92 % of the lines
+///   shipped in 1995-96 before the filter copies their five columns;
+///   Q21's Saudi suppliers, behind a filter that copies two keys, are left
+///   to their join;
 /// - a join's filter across another join's probe (`stacked`) is evaluated
 ///   while it pays: a dropped row saves that probe, whose cost grows with
 ///   the size of the hash table it looks rows up in ([`Above::probe_nanos`]:
@@ -922,9 +915,9 @@ struct FilterPart {
     seen: usize,
     kept: usize,
     nanos: u64,
-    /// A dynamic filter's expression as it stood at `generation`, as
+    /// Its expression (a dynamic filter's as it stood at `generation`) as
     /// evaluated ([`Routed`] where it is a partitioned join's).
-    prepared: Option<Evaluation>,
+    prepared: Option<Prepared>,
 }
 
 /// How a filter's current expression is evaluated.
@@ -983,20 +976,28 @@ impl DynamicRowFilter {
     /// What another join's probe costs per row where the size of its hash
     /// table is not known: a `stacked` filter's budget per dropped row.
     const STACKED_ROW_NANOS: f64 = 15.0;
+    /// What copying the columns a filter reads costs per selected row
+    /// (and setting its bit back): a filter behind others that dropped
+    /// rows is evaluated over every row while that costs less.
+    const NARROW_ROW_NANOS: f64 = 2.0;
+    /// What a join's probe of a row that finds nothing costs (hashing the
+    /// key, one look into the table): TPC-H SF10 Q4's semi join of 574 K
+    /// orders, 6.4 ns.
+    const PROBE_MISS_NANOS: f64 = 6.0;
+    /// The least a `FilterExec`'s copy of a row must cost for a join's
+    /// filter below it to be `screened`: evaluating a join's filter in the
+    /// scan costs more than its join's probe (copying the selected keys,
+    /// setting their bits back), which a narrow row's copy does not repay
+    /// (TPC-H SF10 Q21: 80 ms lost where the filter copies two keys, 16
+    /// bytes a row; Q4 likewise with one).
+    const SCREENED_COPY_NANOS: f64 = 10.0;
 
     /// The conjuncts of `predicate` (over the table's columns) re-pointed
     /// at the columns of `output`; those that read a column the scan does
     /// not produce are left out (the filter is only a shortcut: the
     /// operators above drop the rows anyway), and so are the `direct`
     /// filters (their expression ids); the `shuffled` ones are marked.
-    fn new(
-        predicate: Option<Arc<dyn PhysicalExpr>>,
-        output: &SchemaRef,
-        direct: &[u64],
-        shuffled: &[u64],
-        stacked: &[u64],
-        probe_nanos: f64,
-    ) -> Self {
+    fn new(predicate: Option<Arc<dyn PhysicalExpr>>, output: &SchemaRef, above: &Above) -> Self {
         let mut filter = Self::default();
         let Some(predicate) = predicate else {
             return filter;
@@ -1011,14 +1012,21 @@ impl DynamicRowFilter {
             let dynamic = part.downcast_ref::<DynamicFilterPhysicalExpr>().is_some();
             let listed =
                 |ids: &[u64]| dynamic && part.expression_id().is_some_and(|id| ids.contains(&id));
-            if listed(direct) {
+            if listed(&above.direct) {
                 continue;
             }
+            let stacked = if listed(&above.stacked) {
+                above.probe_nanos
+            } else if listed(&above.screened) {
+                above.screened_nanos
+            } else {
+                0.0
+            };
             filter.parts.push(FilterPart {
                 expr,
                 dynamic,
-                shuffled: listed(shuffled),
-                stacked: if listed(stacked) { probe_nanos } else { 0.0 },
+                shuffled: listed(&above.shuffled),
+                stacked,
                 generation: 0,
                 seen: 0,
                 kept: 0,
@@ -1033,16 +1041,22 @@ impl DynamicRowFilter {
     }
 
     /// `batch` without the rows the filters, as they stand now, rule out.
+    /// The filters narrow a selection of the rows: each is evaluated over
+    /// the columns it reads, of the rows still selected where evaluating
+    /// the rest would cost more than copying those (a hash lookup behind a
+    /// date comparison that dropped most), and the batch is copied once,
+    /// at the end.
     fn apply(&mut self, batch: RecordBatch) -> Result<RecordBatch> {
         if self.parts.is_empty() || batch.num_rows() == 0 {
             return Ok(batch);
         }
+        let schema = batch.schema();
         let mut active = Vec::with_capacity(self.parts.len());
         // Once a static conjunct is skipped, so are the static ones after
         // it (it may guard them); the `FilterExec` above evaluates them all.
         let mut statics_stopped = false;
         for (i, part) in self.parts.iter_mut().enumerate() {
-            let current = if part.dynamic {
+            if part.dynamic {
                 let generation = snapshot_generation(&part.expr);
                 if generation != part.generation {
                     (part.generation, part.seen, part.kept, part.nanos) = (generation, 0, 0, 0);
@@ -1051,36 +1065,29 @@ impl DynamicRowFilter {
                 if part.keeps_all() || part.costs_more_than_it_saves() {
                     continue;
                 }
-                let prepared = match &part.prepared {
-                    Some(prepared) => prepared.clone(),
-                    None => {
-                        let current = snapshot_physical_expr(Arc::clone(&part.expr))?;
-                        let always = current
-                            .downcast_ref::<Literal>()
-                            .is_some_and(|l| l.value() == &ScalarValue::Boolean(Some(true)));
-                        let prepared = if always {
-                            Evaluation::All
-                        } else if let Some(routed) = Routed::prepare(&current, &batch.schema()) {
-                            Evaluation::Routed(Arc::new(routed))
-                        } else {
-                            Evaluation::Expr(current)
-                        };
-                        part.prepared = Some(prepared.clone());
-                        prepared
-                    }
-                };
-                if matches!(prepared, Evaluation::All) {
-                    continue;
-                }
-                prepared
             } else {
                 statics_stopped |= part.keeps_all();
                 if statics_stopped {
                     continue;
                 }
-                Evaluation::Expr(Arc::clone(&part.expr))
+            }
+            let prepared = match &part.prepared {
+                Some(prepared) => prepared.clone(),
+                None => {
+                    let current = if part.dynamic {
+                        snapshot_physical_expr(Arc::clone(&part.expr))?
+                    } else {
+                        Arc::clone(&part.expr)
+                    };
+                    let prepared = Prepared::new(current, &schema)?;
+                    part.prepared = Some(prepared.clone());
+                    prepared
+                }
             };
-            active.push((i, current));
+            if matches!(prepared.evaluation, Evaluation::All) {
+                continue;
+            }
+            active.push((i, prepared));
         }
         if !active.iter().any(|(i, _)| self.parts[*i].dynamic) {
             return Ok(batch);
@@ -1097,41 +1104,148 @@ impl DynamicRowFilter {
         for (slot, entry) in slots.into_iter().zip(statics) {
             active[slot] = entry;
         }
-        let mut batch = batch;
-        for (i, filter) in &active {
-            let rows = batch.num_rows();
-            if rows == 0 {
+        let rows = batch.num_rows();
+        let mut selection: Option<BooleanBuffer> = None;
+        let mut selected = rows;
+        for (i, prepared) in &active {
+            if selected == 0 {
                 break;
             }
-            let started = std::time::Instant::now();
-            batch = keep(batch, filter)?;
             let part = &mut self.parts[*i];
+            let started = std::time::Instant::now();
+            // Over every row while the rows dropped already cost less to
+            // evaluate than copying the selected ones would.
+            let whole = selected == rows
+                || (part.seen > 0
+                    && part.nanos as f64 / part.seen as f64 * ((rows - selected) as f64)
+                        <= Self::NARROW_ROW_NANOS * selected as f64);
+            let (seen, kept, next) = if whole {
+                let mask = prepared.evaluate(&batch, None)?;
+                let kept = mask.count_set_bits();
+                let next = match &selection {
+                    Some(selection) => selection & &mask,
+                    None => mask,
+                };
+                (rows, kept, next)
+            } else {
+                let current = selection.as_ref().unwrap_or_else(|| unreachable!());
+                let mask = prepared.evaluate(&batch, Some(current))?;
+                (selected, mask.count_set_bits(), scatter(current, &mask))
+            };
             part.nanos += started.elapsed().as_nanos() as u64;
-            part.seen += rows;
-            part.kept += batch.num_rows();
+            part.seen += seen;
+            part.kept += kept;
+            selected = next.count_set_bits();
+            selection = Some(next);
         }
-        Ok(batch)
+        match selection {
+            Some(selection) if selected < rows => Ok(filter_record_batch(
+                &batch,
+                &BooleanArray::new(selection, None),
+            )?),
+            _ => Ok(batch),
+        }
     }
 }
 
-/// The rows of `batch` for which `filter` is true.
-fn keep(batch: RecordBatch, filter: &Evaluation) -> Result<RecordBatch> {
-    let rows = batch.num_rows();
-    let mask = match filter {
-        Evaluation::All => return Ok(batch),
-        Evaluation::Routed(routed) => Arc::new(routed.evaluate(&batch)?) as ArrayRef,
-        Evaluation::Expr(filter) => filter.evaluate(&batch)?.into_array(rows)?,
-    };
-    let Some(mask) = mask.as_any().downcast_ref::<BooleanArray>() else {
-        return Err(DataFusionError::Internal(format!(
-            "a scan's filter gave {} rather than booleans",
-            mask.data_type()
-        )));
-    };
-    if mask.true_count() == rows {
-        return Ok(batch);
+/// A filter's expression as evaluated, over the columns it reads.
+#[derive(Clone)]
+struct Prepared {
+    /// The batch's columns the expression reads, and their schema.
+    columns: Arc<[usize]>,
+    schema: SchemaRef,
+    evaluation: Evaluation,
+}
+
+impl Prepared {
+    fn new(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Self> {
+        let always = expr
+            .downcast_ref::<Literal>()
+            .is_some_and(|l| l.value() == &ScalarValue::Boolean(Some(true)));
+        let mut columns: Vec<usize> = collect_columns(&expr).iter().map(Column::index).collect();
+        columns.sort_unstable();
+        columns.dedup();
+        let narrow = Arc::new(schema.project(&columns)?);
+        let evaluation = if always {
+            Evaluation::All
+        } else {
+            let expr = reassign_expr_columns(expr, &narrow)?;
+            match Routed::prepare(&expr, &narrow) {
+                Some(routed) => Evaluation::Routed(Arc::new(routed)),
+                None => Evaluation::Expr(expr),
+            }
+        };
+        Ok(Self {
+            columns: columns.into(),
+            schema: narrow,
+            evaluation,
+        })
     }
-    Ok(filter_record_batch(&batch, mask)?)
+
+    /// Which of `batch`'s rows the filter keeps (NULL: not kept): of all of
+    /// them, or of those `selection` holds (one bit per selected row).
+    fn evaluate(
+        &self,
+        batch: &RecordBatch,
+        selection: Option<&BooleanBuffer>,
+    ) -> Result<BooleanBuffer> {
+        let columns = self
+            .columns
+            .iter()
+            .map(|&c| Arc::clone(batch.column(c)))
+            .collect();
+        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        let mut narrow =
+            RecordBatch::try_new_with_options(Arc::clone(&self.schema), columns, &options)?;
+        if let Some(selection) = selection {
+            narrow = filter_record_batch(&narrow, &BooleanArray::new(selection.clone(), None))?;
+        }
+        let rows = narrow.num_rows();
+        let mask = match &self.evaluation {
+            Evaluation::All => return Ok(BooleanBuffer::new_set(rows)),
+            Evaluation::Routed(routed) => routed.evaluate(&narrow)?,
+            Evaluation::Expr(filter) => {
+                let mask = filter.evaluate(&narrow)?.into_array(rows)?;
+                match mask.as_any().downcast_ref::<BooleanArray>() {
+                    Some(mask) => mask.clone(),
+                    None => {
+                        return Err(DataFusionError::Internal(format!(
+                            "a scan's filter gave {} rather than booleans",
+                            mask.data_type()
+                        )));
+                    }
+                }
+            }
+        };
+        Ok(match mask.nulls() {
+            Some(nulls) => mask.values() & nulls.inner(),
+            None => mask.values().clone(),
+        })
+    }
+}
+
+/// `selection` with the selected rows that `mask` (one bit per selected
+/// row) drops unselected: word by word, each selected row's bit taken in
+/// turn from `mask`.
+fn scatter(selection: &BooleanBuffer, mask: &BooleanBuffer) -> BooleanBuffer {
+    let mut source = mask.bit_chunks().iter_padded();
+    let (mut bits, mut left) = (0u64, 0u32);
+    let mut words = Vec::with_capacity(selection.len().div_ceil(64));
+    for mut word in selection.bit_chunks().iter_padded() {
+        let mut out = 0u64;
+        while word != 0 {
+            if left == 0 {
+                bits = source.next().unwrap_or(0);
+                left = 64;
+            }
+            out |= (bits & 1) << word.trailing_zeros();
+            bits >>= 1;
+            left -= 1;
+            word &= word - 1;
+        }
+        words.push(out);
+    }
+    BooleanBuffer::new(Buffer::from_vec(words), 0, selection.len())
 }
 
 /// The dynamic filters (expression ids) of the joins whose probe sides a
@@ -1149,6 +1263,12 @@ struct Above {
     /// What the probe of the join right above costs per row, the budget of
     /// a stacked filter per row it drops.
     probe_nanos: f64,
+    /// Those of the joins right above with a `FilterExec` between,
+    /// evaluated while they pay.
+    screened: Vec<u64>,
+    /// What a screened filter saves per row it drops: the filter's copy of
+    /// the row and the join's probe that misses.
+    screened_nanos: f64,
 }
 
 impl Default for Above {
@@ -1158,11 +1278,25 @@ impl Default for Above {
             shuffled: Vec::new(),
             stacked: Vec::new(),
             probe_nanos: DynamicRowFilter::STACKED_ROW_NANOS,
+            screened: Vec::new(),
+            screened_nanos: 0.0,
         }
     }
 }
 
 impl Above {
+    /// What a `FilterExec` with output `schema` spends copying a row it
+    /// keeps: 0.3 ns a byte (16 a variable-width value's view), as
+    /// measured at TPC-H SF10 (Q7's five columns, 52 bytes, about 15 ns).
+    fn copy_nanos(schema: &SchemaRef) -> f64 {
+        let bytes: usize = schema
+            .fields()
+            .iter()
+            .map(|f| f.data_type().primitive_width().unwrap_or(16))
+            .sum();
+        0.3 * bytes as f64
+    }
+
     /// What a probe into a hash table of `rows` build rows costs per row:
     /// about 10 ns while the table fits the CPU's caches (64 K rows), 8 ns
     /// more each time it doubles beyond, at most 40 ns (measured at TPC-H
@@ -1240,7 +1374,13 @@ impl CacheScans {
         let hash_shuffle = plan
             .downcast_ref::<RepartitionExec>()
             .is_some_and(|r| matches!(r.partitioning(), Partitioning::Hash(..)));
-        let row_wise = plan.downcast_ref::<FilterExec>().is_some()
+        let filters = plan.downcast_ref::<FilterExec>().is_some();
+        let copy = if filters {
+            Above::copy_nanos(&plan.schema())
+        } else {
+            0.0
+        };
+        let row_wise = filters
             || plan.downcast_ref::<ProjectionExec>().is_some()
             || (plan.downcast_ref::<RepartitionExec>().is_some() && !hash_shuffle)
             || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
@@ -1272,19 +1412,46 @@ impl CacheScans {
                     (true, 1) if hash_join => Above {
                         direct: probe_filter.clone(),
                         shuffled: above.shuffled.clone(),
-                        stacked: above.direct.iter().chain(&above.stacked).copied().collect(),
-                        probe_nanos: Above::probe_nanos(build_rows),
-                    },
-                    (false, _) if row_wise => above.clone(),
-                    (false, _) if hash_shuffle => Above {
-                        direct: Vec::new(),
-                        shuffled: [&above.direct, &above.shuffled, &above.stacked]
+                        stacked: [&above.direct, &above.stacked, &above.screened]
                             .into_iter()
                             .flatten()
                             .copied()
                             .collect(),
+                        probe_nanos: Above::probe_nanos(build_rows),
+                        ..Above::default()
+                    },
+                    // A filter between that copies wide rows: a join's
+                    // filter that drops a row in the scan saves that copy.
+                    (false, _) if filters && copy >= DynamicRowFilter::SCREENED_COPY_NANOS => {
+                        Above {
+                            direct: Vec::new(),
+                            shuffled: above.shuffled.clone(),
+                            stacked: above.stacked.clone(),
+                            probe_nanos: above.probe_nanos + copy,
+                            screened: above
+                                .direct
+                                .iter()
+                                .chain(&above.screened)
+                                .copied()
+                                .collect(),
+                            screened_nanos: DynamicRowFilter::PROBE_MISS_NANOS + copy,
+                        }
+                    }
+                    (false, _) if row_wise => above.clone(),
+                    (false, _) if hash_shuffle => Above {
+                        shuffled: [
+                            &above.direct,
+                            &above.shuffled,
+                            &above.stacked,
+                            &above.screened,
+                        ]
+                        .into_iter()
+                        .flatten()
+                        .copied()
+                        .collect(),
                         stacked: above.stacked.clone(),
                         probe_nanos: above.probe_nanos,
+                        ..Above::default()
                     },
                     _ => Above::default(),
                 };
@@ -1421,6 +1588,95 @@ mod tests {
         };
         assert!(q7(50_000).costs_more_than_it_saves());
         assert!(!q7(1_500_000).costs_more_than_it_saves());
+    }
+
+    #[test]
+    fn scatter_keeps_the_selected_rows_the_mask_keeps() {
+        // Lengths around word edges, selections dense and sparse.
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            seed >> 33
+        };
+        for len in [0, 1, 63, 64, 65, 130, 1_000] {
+            for density in [0, 1, 50, 99, 100] {
+                let selection = BooleanBuffer::from_iter((0..len).map(|_| next() % 100 < density));
+                let selected = selection.count_set_bits();
+                let mask = BooleanBuffer::from_iter((0..selected).map(|_| next() % 2 == 0));
+                // A selection that starts inside a byte.
+                let shifted =
+                    BooleanBuffer::from_iter(std::iter::once(true).chain(selection.iter()))
+                        .slice(1, len);
+                let mut taken = mask.iter();
+                let expected: Vec<bool> = selection
+                    .iter()
+                    .map(|s| s && taken.next().unwrap_or(false))
+                    .collect();
+                for selection in [&selection, &shifted] {
+                    let got: Vec<bool> = scatter(selection, &mask).iter().collect();
+                    assert_eq!(got, expected, "len {len}, density {density}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_filters_keep_the_rows_their_conjunction_keeps() {
+        use arrow::array::Int64Array;
+        use arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{binary, col};
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Int64, false),
+        ]));
+        let rows = 10_000i64;
+        let a = Int64Array::from_iter((0..rows).map(|i| (i % 7 != 3).then_some(i % 100)));
+        let b = Int64Array::from_iter_values((0..rows).map(|i| (i * 37) % 1_000));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(a) as ArrayRef, Arc::new(b)],
+        )
+        .unwrap();
+        let cmp = |column: &str, op, value: i64| {
+            binary(col(column, &schema).unwrap(), op, lit(value), &schema).unwrap()
+        };
+        // A static conjunct that keeps half, one that keeps most, and a
+        // join's filter (b < 100, over the columns it reads only).
+        let statics = binary(
+            cmp("a", Operator::Lt, 50),
+            Operator::And,
+            cmp("b", Operator::Gt, 5),
+            &schema,
+        )
+        .unwrap();
+        let join = Arc::new(DynamicFilterPhysicalExpr::new(
+            vec![col("b", &schema).unwrap()],
+            cmp("b", Operator::Lt, 100),
+        )) as Arc<dyn PhysicalExpr>;
+        let predicate = binary(statics, Operator::And, Arc::clone(&join), &schema).unwrap();
+        let expected = {
+            let mask = predicate
+                .evaluate(&batch)
+                .unwrap()
+                .into_array(batch.num_rows())
+                .unwrap();
+            filter_record_batch(
+                &batch,
+                mask.as_any().downcast_ref::<BooleanArray>().unwrap(),
+            )
+            .unwrap()
+        };
+        let mut filter = DynamicRowFilter::new(Some(predicate), &schema, &Above::default());
+        assert_eq!(filter.parts.len(), 3);
+        // Batch after batch: the costs measured change the order and
+        // whether a filter reads every row or only the selected ones.
+        for _ in 0..20 {
+            let kept = filter.apply(batch.clone()).unwrap();
+            assert_eq!(kept, expected);
+        }
+        assert!(filter.parts.iter().all(|p| p.seen > 0), "every filter ran");
     }
 
     #[test]
