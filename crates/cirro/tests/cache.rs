@@ -216,10 +216,14 @@ fn cached_scans_drop_rows_by_dynamic_filters() {
     let bottom = "SELECT id, price FROM sale ORDER BY price, id LIMIT 5";
     let semi = "SELECT count(*) FROM sale WHERE k IN (SELECT k FROM item WHERE kind = 'rare')";
     // Q7's shape: wide rows (two decimals) through a filter, then a join.
-    s.ok("CREATE TABLE line (k INT, qty INT, price DECIMAL(15, 2), discount DECIMAL(15, 2)) \
-          WITH (row_group_rows = 10000)");
-    s.ok("INSERT INTO line SELECT k, qty, CAST(price AS DECIMAL(15, 2)), \
-          CAST(qty / 100.0 AS DECIMAL(15, 2)) FROM sale");
+    s.ok(
+        "CREATE TABLE line (k INT, qty INT, price DECIMAL(15, 2), discount DECIMAL(15, 2)) \
+          WITH (row_group_rows = 10000)",
+    );
+    s.ok(
+        "INSERT INTO line SELECT k, qty, CAST(price AS DECIMAL(15, 2)), \
+          CAST(qty / 100.0 AS DECIMAL(15, 2)) FROM sale",
+    );
     let screened = "SELECT i.k, count(*), sum(l.price * (1 - l.discount)) FROM line l JOIN item i \
         ON l.k = i.k WHERE i.kind = 'rare' AND l.qty < 40 GROUP BY i.k ORDER BY i.k";
     let check = |s: &mut Session, step: &str| {

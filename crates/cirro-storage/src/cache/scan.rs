@@ -1107,6 +1107,10 @@ impl DynamicRowFilter {
         let rows = batch.num_rows();
         let mut selection: Option<BooleanBuffer> = None;
         let mut selected = rows;
+        // The filters that dropped rows of this batch: the copy at the end
+        // is theirs (what one costs is its evaluation and that copy, as
+        // when each filter copied what it kept).
+        let mut dropping = Vec::with_capacity(active.len());
         for (i, prepared) in &active {
             if selected == 0 {
                 break;
@@ -1135,16 +1139,23 @@ impl DynamicRowFilter {
             part.nanos += started.elapsed().as_nanos() as u64;
             part.seen += seen;
             part.kept += kept;
-            selected = next.count_set_bits();
+            let now = next.count_set_bits();
+            if now < selected {
+                dropping.push(*i);
+            }
+            selected = now;
             selection = Some(next);
         }
-        match selection {
-            Some(selection) if selected < rows => Ok(filter_record_batch(
-                &batch,
-                &BooleanArray::new(selection, None),
-            )?),
-            _ => Ok(batch),
+        let Some(selection) = selection.filter(|_| selected < rows) else {
+            return Ok(batch);
+        };
+        let started = std::time::Instant::now();
+        let batch = filter_record_batch(&batch, &BooleanArray::new(selection, None))?;
+        let share = started.elapsed().as_nanos() as u64 / dropping.len().max(1) as u64;
+        for i in dropping {
+            self.parts[i].nanos += share;
         }
+        Ok(batch)
     }
 }
 
@@ -1298,14 +1309,23 @@ impl Above {
     }
 
     /// What a probe into a hash table of `rows` build rows costs per row:
-    /// about 10 ns while the table fits the CPU's caches (64 K rows), 8 ns
-    /// more each time it doubles beyond, at most 40 ns (measured at TPC-H
-    /// SF10: Q7's probe of 1.5 M lines 38 ns, Q5's of 2.3 M orders 30 ns,
-    /// Q7's of 120 K customers about 15 ns); unknown: 15 ns.
+    /// about 10 ns at 64 K rows, 8 ns more each time the table doubles
+    /// beyond, at most 40 ns; 2.5 ns less each time it halves below, at
+    /// least 5 ns (16 K rows and fewer: a probe that misses a table in the
+    /// first-level caches costs its hash and one look). Measured at SF10:
+    /// TPC-H Q7's probe of 1.5 M lines 38 ns, Q5's of 2.3 M orders 30 ns,
+    /// Q7's of 120 K customers about 15 ns; SSB Q3.2's of 12 K customers
+    /// costs less than evaluating the suppliers' filter in the scan (about
+    /// 10 ns a row). Unknown: 15 ns.
     fn probe_nanos(rows: Option<usize>) -> f64 {
-        match rows {
-            Some(rows) => (10.0 + 8.0 * (rows.max(1) as f64 / 65_536.0).log2()).clamp(10.0, 40.0),
-            None => DynamicRowFilter::STACKED_ROW_NANOS,
+        let Some(rows) = rows else {
+            return DynamicRowFilter::STACKED_ROW_NANOS;
+        };
+        let doublings = (rows.max(1) as f64 / 65_536.0).log2();
+        if doublings >= 0.0 {
+            (10.0 + 8.0 * doublings).min(40.0)
+        } else {
+            (10.0 + 2.5 * doublings).max(5.0)
         }
     }
 }
@@ -1685,8 +1705,10 @@ mod tests {
             .into_iter()
             .map(|rows| Above::probe_nanos(Some(rows)))
             .collect();
-        assert_eq!(costs[0], 10.0);
+        assert_eq!(costs[0], 5.0);
         assert_eq!(costs[1], 10.0);
+        assert_eq!(Above::probe_nanos(Some(16_384)), 5.0);
+        assert_eq!(Above::probe_nanos(Some(32_768)), 7.5);
         assert_eq!(costs[2], 26.0);
         assert!(costs[3] > 35.0 && costs[3] <= 40.0, "{costs:?}");
         assert_eq!(costs[4], 40.0);
