@@ -127,6 +127,7 @@ const MATRIX: &[&str] = &[
     "SET cirro_join_order.filter_estimates = off",
     "SET cirro_join_order.implied_edges = off",
     "SET cirro_aggregation.runs = false",
+    "SET cirro_aggregation.fused_filter = false",
 ];
 
 /// Each query `{suite}/queries/{name}.sql` against `{answers}/{name}.csv`
