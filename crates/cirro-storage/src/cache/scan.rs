@@ -1123,18 +1123,20 @@ impl DynamicRowFilter {
                 || (part.seen > 0
                     && part.nanos as f64 / part.seen as f64 * ((rows - selected) as f64)
                         <= Self::NARROW_ROW_NANOS * selected as f64);
-            let (seen, kept, next) = if whole {
-                let mask = prepared.evaluate(&batch, None)?;
-                let kept = mask.count_set_bits();
-                let next = match &selection {
-                    Some(selection) => selection & &mask,
-                    None => mask,
-                };
-                (rows, kept, next)
-            } else {
-                let current = selection.as_ref().unwrap_or_else(|| unreachable!());
-                let mask = prepared.evaluate(&batch, Some(current))?;
-                (selected, mask.count_set_bits(), scatter(current, &mask))
+            let (seen, kept, next) = match selection.as_ref().filter(|_| !whole) {
+                Some(current) => {
+                    let mask = prepared.evaluate(&batch, Some(current))?;
+                    (selected, mask.count_set_bits(), scatter(current, &mask))
+                }
+                None => {
+                    let mask = prepared.evaluate(&batch, None)?;
+                    let kept = mask.count_set_bits();
+                    let next = match &selection {
+                        Some(selection) => selection & &mask,
+                        None => mask,
+                    };
+                    (rows, kept, next)
+                }
             };
             part.nanos += started.elapsed().as_nanos() as u64;
             part.seen += seen;
