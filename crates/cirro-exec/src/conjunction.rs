@@ -24,10 +24,9 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions};
-use arrow::buffer::{BooleanBuffer, MutableBuffer};
+use arrow::buffer::{BooleanBuffer, Buffer};
 use arrow::compute::FilterBuilder;
 use arrow::datatypes::{DataType, Schema, SchemaRef};
-use arrow::util::bit_util;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::ColumnarValue;
@@ -128,8 +127,32 @@ fn narrow(expr: &Arc<dyn PhysicalExpr>, schema: &Schema) -> Option<Narrow> {
     })
 }
 
+/// `selection` with the selected rows that `mask` (one bit per selected
+/// row) drops unselected: word by word, each selected row's bit taken in
+/// turn from `mask`.
+pub fn scatter(selection: &BooleanBuffer, mask: &BooleanBuffer) -> BooleanBuffer {
+    let mut source = mask.bit_chunks().iter_padded();
+    let (mut bits, mut left) = (0u64, 0u32);
+    let mut words = Vec::with_capacity(selection.len().div_ceil(64));
+    for mut word in selection.bit_chunks().iter_padded() {
+        let mut out = 0u64;
+        while word != 0 {
+            if left == 0 {
+                bits = source.next().unwrap_or(0);
+                left = 64;
+            }
+            out |= (bits & 1) << word.trailing_zeros();
+            bits >>= 1;
+            left -= 1;
+            word &= word - 1;
+        }
+        words.push(out);
+    }
+    BooleanBuffer::new(Buffer::from_vec(words), 0, selection.len())
+}
+
 /// The rows where `value` is true (NULL counts as false), `rows` long.
-fn kept(value: ColumnarValue, rows: usize) -> Result<BooleanBuffer> {
+pub fn kept(value: ColumnarValue, rows: usize) -> Result<BooleanBuffer> {
     let array = value.into_array(rows)?;
     let Some(array) = array.as_boolean_opt() else {
         return Err(DataFusionError::Internal(format!(
@@ -163,14 +186,7 @@ impl Narrow {
         let options = RecordBatchOptions::new().with_row_count(Some(selected));
         let narrow = RecordBatch::try_new_with_options(Arc::clone(&self.schema), arrays, &options)?;
         let answer = kept(self.expr.evaluate(&narrow)?, selected)?;
-        let mut bits = MutableBuffer::from_len_zeroed(bit_util::ceil(mask.len(), 8));
-        let out = bits.as_slice_mut();
-        for (row, keep) in mask.set_indices().zip(answer.iter()) {
-            if keep {
-                bit_util::set_bit(out, row);
-            }
-        }
-        Ok(BooleanBuffer::new(bits.into(), 0, mask.len()))
+        Ok(scatter(mask, &answer))
     }
 }
 

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use arrow::array::{
     Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, new_null_array,
 };
-use arrow::buffer::{BooleanBuffer, Buffer};
+use arrow::buffer::BooleanBuffer;
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
@@ -81,6 +81,9 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowS
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::arrow::{ProjectionMask, parquet_column};
 use parquet::file::metadata::ParquetMetaData;
+
+use cirro_exec::conjunction::{kept, scatter};
+use datafusion::logical_expr::ColumnarValue;
 
 use super::routed::Routed;
 use super::{Chunk, ChunkKey, ColumnCache, PIECE_ROWS, Priority};
@@ -1214,51 +1217,15 @@ impl Prepared {
             narrow = filter_record_batch(&narrow, &BooleanArray::new(selection.clone(), None))?;
         }
         let rows = narrow.num_rows();
-        let mask = match &self.evaluation {
-            Evaluation::All => return Ok(BooleanBuffer::new_set(rows)),
-            Evaluation::Routed(routed) => routed.evaluate(&narrow)?,
-            Evaluation::Expr(filter) => {
-                let mask = filter.evaluate(&narrow)?.into_array(rows)?;
-                match mask.as_any().downcast_ref::<BooleanArray>() {
-                    Some(mask) => mask.clone(),
-                    None => {
-                        return Err(DataFusionError::Internal(format!(
-                            "a scan's filter gave {} rather than booleans",
-                            mask.data_type()
-                        )));
-                    }
-                }
-            }
-        };
-        Ok(match mask.nulls() {
-            Some(nulls) => mask.values() & nulls.inner(),
-            None => mask.values().clone(),
-        })
-    }
-}
-
-/// `selection` with the selected rows that `mask` (one bit per selected
-/// row) drops unselected: word by word, each selected row's bit taken in
-/// turn from `mask`.
-fn scatter(selection: &BooleanBuffer, mask: &BooleanBuffer) -> BooleanBuffer {
-    let mut source = mask.bit_chunks().iter_padded();
-    let (mut bits, mut left) = (0u64, 0u32);
-    let mut words = Vec::with_capacity(selection.len().div_ceil(64));
-    for mut word in selection.bit_chunks().iter_padded() {
-        let mut out = 0u64;
-        while word != 0 {
-            if left == 0 {
-                bits = source.next().unwrap_or(0);
-                left = 64;
-            }
-            out |= (bits & 1) << word.trailing_zeros();
-            bits >>= 1;
-            left -= 1;
-            word &= word - 1;
+        match &self.evaluation {
+            Evaluation::All => Ok(BooleanBuffer::new_set(rows)),
+            Evaluation::Routed(routed) => kept(
+                ColumnarValue::Array(Arc::new(routed.evaluate(&narrow)?)),
+                rows,
+            ),
+            Evaluation::Expr(filter) => kept(filter.evaluate(&narrow)?, rows),
         }
-        words.push(out);
     }
-    BooleanBuffer::new(Buffer::from_vec(words), 0, selection.len())
 }
 
 /// The dynamic filters (expression ids) of the joins whose probe sides a
