@@ -113,6 +113,14 @@ pub fn parse_size(text: &str, total: u64) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// This machine's memory in bytes (Linux), if known.
+pub fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_size;

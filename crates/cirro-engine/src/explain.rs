@@ -16,6 +16,7 @@
 
 use std::sync::Arc;
 
+use cirro_exec::spill_join::SpillingHashJoinExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, displayable};
@@ -50,6 +51,8 @@ fn collect(plan: &Arc<dyn ExecutionPlan>, found: &mut Vec<(String, &'static str)
 fn strategy(plan: &Arc<dyn ExecutionPlan>) -> Option<&'static str> {
     let partitioned = if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
         join.mode == PartitionMode::Partitioned
+    } else if let Some(join) = plan.downcast_ref::<SpillingHashJoinExec>() {
+        join.hash_join().mode == PartitionMode::Partitioned
     } else if plan.is::<SortMergeJoinExec>() || plan.name() == "SymmetricHashJoinExec" {
         true
     } else if JOINS.contains(&plan.name()) {

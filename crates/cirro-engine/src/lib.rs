@@ -52,6 +52,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cirro_catalog::{Catalog, CirroCatalogList, DEFAULT_DATABASE, DEFAULT_SCHEMA, SessionTables};
 use cirro_common::{CirroError, Result, SqlState};
+use cirro_exec::resources::SessionMemory;
 use cirro_sql::{CopyStatement, Parsed, Statement as CirroStatement, TransactionStatement};
 use cirro_storage::StorageRoot;
 use datafusion::execution::SendableRecordBatchStream;
@@ -169,6 +170,8 @@ fn physical_rules(
         rules.push(Arc::new(cirro_exec::rules::SelectiveConjuncts));
         // Over the compiled expressions and the ordered conjuncts.
         rules.push(Arc::new(cirro_exec::rules::FuseFilterAggregate));
+        // Hash joins that spill; after the rules that rewrite hash joins.
+        rules.push(Arc::new(cirro_exec::rules::SpillingJoins));
         // After every rewrite: it shares subtrees that print alike.
         rules.push(Arc::new(cirro_exec::rules::SharedSubplans));
     }
@@ -363,6 +366,26 @@ pub struct Engine {
     sql_prepared: std::sync::Mutex<std::collections::HashMap<String, Arc<Prepared>>>,
     /// The session's entry in the server's registry (none in the shell).
     backend: Arc<std::sync::OnceLock<activity::Backend>>,
+    /// The session's memory pool: each statement's own pool in the
+    /// server's budget (see `cirro_exec::resources`).
+    memory: Arc<SessionMemory>,
+}
+
+/// A session's DataFusion runtime: the process's (or `shared`'s) caches,
+/// object stores and spill area, with a memory pool of the session's own.
+fn session_runtime(shared: Option<&Arc<RuntimeEnv>>) -> (Arc<RuntimeEnv>, Arc<SessionMemory>) {
+    let resources = cirro_exec::resources::global();
+    let memory = Arc::new(SessionMemory::new(Arc::clone(resources.budget())));
+    let mut runtime = match shared {
+        Some(runtime) => RuntimeEnv::clone(runtime),
+        None => RuntimeEnv::default(),
+    };
+    runtime.memory_pool = Arc::clone(&memory) as _;
+    match resources.spill() {
+        Ok(area) => runtime.disk_manager = Arc::clone(area.disk_manager()),
+        Err(e) => log::warn!("no spill area, queries spill to DataFusion's default: {e}"),
+    }
+    (Arc::new(runtime), memory)
 }
 
 impl Drop for Engine {
@@ -427,9 +450,8 @@ impl Engine {
             )))
             .with_physical_optimizer_rules(physical_rules(config.distribution.is_some()))
             .with_catalog_list(list.clone());
-        if let Some(runtime) = &config.runtime {
-            builder = builder.with_runtime_env(Arc::clone(runtime));
-        }
+        let (runtime, memory) = session_runtime(config.runtime.as_ref());
+        builder = builder.with_runtime_env(runtime);
         if let Some(distribution) = &config.distribution {
             builder = distribution.configure(builder);
         }
@@ -473,6 +495,7 @@ impl Engine {
             distribution: config.distribution.clone(),
             sql_prepared: Default::default(),
             backend: Default::default(),
+            memory,
         }
     }
 
@@ -512,6 +535,7 @@ impl Engine {
     /// An error fails the open transaction.
     pub fn run(&self, parsed: Parsed) -> futures::future::BoxFuture<'_, Result<Outcome>> {
         Box::pin(async move {
+            self.begin_query();
             let result = self
                 .run_statement(parsed.statement, parsed.placeholders)
                 .await;

@@ -307,6 +307,7 @@ impl Engine {
         values: Vec<ScalarValue>,
     ) -> futures::future::BoxFuture<'a, Result<Outcome>> {
         Box::pin(async move {
+            self.begin_query();
             let result = self.execute_prepared_inner(prepared, values).await;
             if result.is_err() {
                 self.fail_transaction();

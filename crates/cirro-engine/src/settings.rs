@@ -41,10 +41,12 @@ const SETTINGS: &[(&str, &str)] = &[
     ("lc_numeric", "C"),
     ("lc_time", "C"),
     ("max_identifier_length", "63"),
+    ("memory_limit", "default"),
     ("search_path", "\"$user\", public"),
     ("server_encoding", "UTF8"),
     ("server_version", SERVER_VERSION),
     ("server_version_num", "160006"),
+    ("spill_join", "on"),
     ("standard_conforming_strings", "on"),
     ("statement_timeout", "0"),
     ("timezone", "UTC"),
@@ -138,6 +140,42 @@ pub(crate) fn parse_timeout(value: &str) -> Result<Duration> {
 }
 
 impl Engine {
+    /// The memory limit of the session's next statement in bytes (`SET
+    /// memory_limit`, else the server's default).
+    pub fn memory_limit(&self) -> usize {
+        let resources = cirro_exec::resources::global();
+        resources
+            .parse_query_memory(&self.settings.get("memory_limit"))
+            .unwrap_or_else(|_| resources.query_memory())
+    }
+
+    /// Start a statement: the memory its operators reserve from now on is
+    /// counted in a pool of its own, of the session's memory limit.
+    pub(crate) fn begin_query(&self) -> Arc<cirro_exec::resources::QueryMemory> {
+        let limit = self.memory_limit();
+        // What a sort sets aside to merge its spill files (DataFusion's
+        // default, 10 MB, is more than a small limit holds).
+        let merge = cirro_exec::resources::sort_merge_reservation(limit);
+        let state = self.context().state_ref();
+        let mut state = state.write();
+        let options = state.config_mut().options_mut();
+        options.execution.sort_spill_reservation_bytes = merge;
+        // Radix partitions of aggregations, by the room each needs.
+        if let Some(aggregation) = options
+            .extensions
+            .get_mut::<cirro_exec::rules::AggregationOptions>()
+        {
+            aggregation.memory_limit = limit;
+        }
+        drop(state);
+        self.memory.begin(limit)
+    }
+
+    /// The pool of the statement started last.
+    pub fn query_memory(&self) -> Arc<cirro_exec::resources::QueryMemory> {
+        self.memory.current()
+    }
+
     /// The statement timeout in force (None: no limit).
     pub fn statement_timeout(&self) -> Option<Duration> {
         parse_timeout(&self.settings.get("statement_timeout"))
@@ -162,12 +200,14 @@ impl Engine {
     /// Hand a setting that steers planning to the engine: `cache` is the
     /// hot-data tier's switch in the session's DataFusion options,
     /// `adaptive_aggregation` the aggregation rule's, `jit` the compiling
-    /// rule's, `join_order` the join ordering rule's.
+    /// rule's, `join_order` the join ordering rule's, `spill_join` the
+    /// spilling hash join's.
     fn apply_setting(&self, name: &str, value: &str) -> Result<()> {
         let (key, value) = match name {
             "adaptive_aggregation" => ("cirro_aggregation.mode", value),
             "jit" => ("cirro_jit.mode", value),
             "join_order" => ("cirro_join_order.mode", value),
+            "spill_join" => ("cirro_join_order.spill", value),
             "cache" => (
                 "cirro_cache.enabled",
                 if value == "on" { "true" } else { "false" },
@@ -188,7 +228,11 @@ impl Engine {
         if let Some(value) = self.read_only_value(name) {
             return Ok(value);
         }
-        Ok(self.settings.get(setting_name(name)?))
+        let name = setting_name(name)?;
+        if name == "memory_limit" {
+            return Ok(cirro_exec::resources::format_bytes(self.memory_limit()));
+        }
+        Ok(self.settings.get(name))
     }
 
     /// Run a SET/SHOW/RESET; changes of reported settings come back as the
@@ -249,7 +293,10 @@ impl Engine {
             SettingStatement::ShowAll => {
                 let mut rows: Vec<(String, String, String)> = SETTINGS
                     .iter()
-                    .map(|(n, _)| (n.to_string(), self.settings.get(n), String::new()))
+                    .map(|(n, _)| {
+                        let value = self.setting_value(n).unwrap_or_default();
+                        (n.to_string(), value, String::new())
+                    })
                     .collect();
                 for (name, description) in COUNTERS {
                     let value = self.read_only_value(name).unwrap_or_default();
@@ -296,7 +343,11 @@ fn checked_value(name: &'static str, value: String) -> Result<String> {
             parse_timeout(&value)?;
             Ok(value)
         }
-        "cache" | "join_order" => match value.to_ascii_lowercase().as_str() {
+        "memory_limit" => {
+            let bytes = cirro_exec::resources::global().parse_query_memory(&value)?;
+            Ok(cirro_exec::resources::format_bytes(bytes))
+        }
+        "cache" | "join_order" | "spill_join" => match value.to_ascii_lowercase().as_str() {
             "on" | "true" | "1" | "yes" => Ok("on".to_string()),
             "off" | "false" | "0" | "no" => Ok("off".to_string()),
             _ => Err(CirroError::new(

@@ -38,9 +38,24 @@ struct Cli {
     /// Threads for query execution (DataFusion target_partitions); default: all cores.
     #[arg(long, global = true, env = "CIRRO_THREADS")]
     threads: Option<usize>,
-    /// Memory of the hot-data tier (decoded column chunks of hot tables):
-    /// bytes, with kB/MB/GB, or a share of RAM (`25%`, the default); 0 turns it off.
-    #[arg(long, global = true, env = "CIRRO_CACHE_MEMORY", default_value = "25%")]
+    /// Everything the process may hold in memory, the hot-data tier and
+    /// the queries together: bytes, with kB/MB/GB, or a share of RAM
+    /// (`80%`, the default).
+    #[arg(long, global = true, env = "CIRRO_MEMORY_LIMIT", default_value = "80%")]
+    memory_limit: String,
+    /// A query's memory unless `SET memory_limit` says otherwise: bytes,
+    /// with kB/MB/GB, or a share of the queries' memory (`25%`, the
+    /// default), which is --memory-limit less the hot-data tier.
+    #[arg(long, global = true, env = "CIRRO_QUERY_MEMORY", default_value = "25%")]
+    query_memory: String,
+    /// Where queries write what does not fit their memory (default: the
+    /// system's temporary folder's `cirro-spill`).
+    #[arg(long, global = true, env = "CIRRO_SPILL_DIR")]
+    spill_dir: Option<std::path::PathBuf>,
+    /// Memory of the hot-data tier (decoded column chunks of hot tables),
+    /// part of --memory-limit: bytes, with kB/MB/GB, or a share of the
+    /// memory limit (`30%`, the default); 0 turns it off.
+    #[arg(long, global = true, env = "CIRRO_CACHE_MEMORY", default_value = "30%")]
     cache_memory: String,
     /// What the hot-data tier evicts first: `plan` (priorities from the query
     /// plan, the default) or `lru` (least recently used, for comparison).
@@ -217,7 +232,10 @@ fn main() -> ExitCode {
         .name("cirro-main".into())
         .stack_size(stack)
         .spawn(move || run_main(cli, stack));
-    match main.map(|thread| thread.join()) {
+    let code = main.map(|thread| thread.join());
+    // The process's spill folder (its files are gone with their queries).
+    cirro_exec::resources::close();
+    match code {
         Ok(Ok(code)) => code,
         Ok(Err(_)) => ExitCode::FAILURE,
         Err(e) => {
@@ -282,6 +300,25 @@ fn flags(cli: &Cli) -> Vec<Flag> {
             "cirro.data",
             cli.data.clone(),
             "data location (--data, CIRRO_DATA)",
+        ),
+        flag(
+            "cirro.memory_limit",
+            cli.memory_limit.clone(),
+            "memory of the process: hot-data tier and queries (--memory-limit, CIRRO_MEMORY_LIMIT)",
+        ),
+        flag(
+            "cirro.query_memory",
+            cli.query_memory.clone(),
+            "a query's memory unless SET memory_limit says otherwise (--query-memory, CIRRO_QUERY_MEMORY)",
+        ),
+        flag(
+            "cirro.spill_dir",
+            cirro_exec::resources::global()
+                .config()
+                .spill_dir
+                .display()
+                .to_string(),
+            "where queries spill (--spill-dir, CIRRO_SPILL_DIR)",
         ),
         flag(
             "cirro.cache_memory",
@@ -354,8 +391,21 @@ fn flags(cli: &Cli) -> Vec<Flag> {
 async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
     let memory = cirro_storage::cache::physical_memory().unwrap_or(4 << 30);
     let bad = |e: String| CirroError::new(cirro_common::SqlState::INVALID_PARAMETER_VALUE, e);
-    let cache_memory = cirro_common::limits::parse_size(&cli.cache_memory, memory)
+    let memory_limit = cirro_common::limits::parse_size(&cli.memory_limit, memory)
+        .map_err(|e| bad(format!("--memory-limit: {e}")))?;
+    let cache_memory = cirro_common::limits::parse_size(&cli.cache_memory, memory_limit)
         .map_err(|e| bad(format!("--cache-memory: {e}")))?;
+    let queries = memory_limit.saturating_sub(cache_memory);
+    let query_memory = cirro_common::limits::parse_size(&cli.query_memory, queries)
+        .map_err(|e| bad(format!("--query-memory: {e}")))?;
+    let mut resources = cirro_exec::resources::ResourceConfig::defaults(cache_memory as usize);
+    resources.memory_limit = memory_limit as usize;
+    resources.query_memory =
+        (query_memory as usize).max(cirro_exec::resources::QUERY_MEMORY_MIN_BYTES);
+    if let Some(dir) = &cli.spill_dir {
+        resources.spill_dir = dir.clone();
+    }
+    cirro_exec::resources::configure(resources)?;
     let cache_policy: cirro_storage::cache::Policy = cli
         .cache_policy
         .parse()

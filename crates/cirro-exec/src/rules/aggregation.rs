@@ -94,6 +94,11 @@ datafusion::common::extensions_options! {
         /// measuring; the partial tables are the ones that outgrow the
         /// caches, so it is off).
         pub keep_partial: bool, default = false
+        /// The statement's memory limit in bytes (0: none), set by the
+        /// engine: radix partitions all run at once and each needs room to
+        /// start, so there are at most one per
+        /// [`RADIX_PARTITION_BYTES_MIN`] of it.
+        pub memory_limit: usize, default = 0
     }
 }
 
@@ -154,6 +159,10 @@ impl PhysicalOptimizerRule for FuseFilterAggregate {
 
 /// The most radix partitions one aggregation gets.
 const MAX_PARTITIONS: usize = 256;
+/// The memory limit a statement needs per radix partition: all run at once,
+/// and one that cannot get room for its first batch of groups has nothing to
+/// spill and fails the statement.
+pub const RADIX_PARTITION_BYTES_MIN: usize = 1 << 20;
 /// Radix partitions of a forced aggregation whose groups cannot be estimated.
 const UNESTIMATED_PARTITIONS: usize = 64;
 
@@ -346,10 +355,18 @@ impl Choice<'_> {
     /// threads, at most [`MAX_PARTITIONS`].
     fn partitions(&self, groups: f64) -> usize {
         let wanted = (groups / self.options.partition_groups.max(1) as f64).ceil() as usize;
+        let cap = match self.options.memory_limit {
+            0 => MAX_PARTITIONS,
+            limit => (limit / RADIX_PARTITION_BYTES_MIN)
+                .max(1)
+                .next_power_of_two()
+                .clamp(1, MAX_PARTITIONS),
+        };
         wanted
             .max(self.threads)
             .next_power_of_two()
             .min(MAX_PARTITIONS)
+            .min(cap.max(self.threads))
     }
 }
 
@@ -473,5 +490,15 @@ mod tests {
         assert_eq!(choice.partitions(10.0), 2);
         assert_eq!(choice.partitions(600_000.0), 128);
         assert_eq!(choice.partitions(40e6), MAX_PARTITIONS);
+        let limited = AggregationOptions {
+            memory_limit: 64 << 20,
+            ..AggregationOptions::default()
+        };
+        let choice = Choice {
+            options: &limited,
+            ..choice
+        };
+        assert_eq!(choice.partitions(40e6), 64, "one per MB of a 64 MB limit");
+        assert_eq!(choice.partitions(10.0), 2);
     }
 }

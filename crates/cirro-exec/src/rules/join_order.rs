@@ -103,6 +103,10 @@ datafusion::common::extensions_options! {
         /// belong to even where the query wrote no such equality, the
         /// default) or `off`.
         pub implied_edges: String, default = "on".to_string()
+        /// `on` (hash joins spill to disk when their build side does not
+        /// fit the query's memory, [`super::SpillingJoins`], the default)
+        /// or `off` (DataFusion's joins, 53200 when memory runs out).
+        pub spill: String, default = "on".to_string()
     }
 }
 

@@ -13,6 +13,7 @@ mod join_order;
 mod segment;
 mod selectivity;
 mod shared;
+mod spilling;
 mod yields;
 
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRange, ScanRo
 pub use segment::segment_udf;
 pub use selectivity::FilterEstimates;
 pub use shared::{SharedExec, SharedSubplans};
+pub use spilling::SpillingJoins;
 pub use yields::YieldAfterJoins;
 
 /// DataFusion's analyzer rules with Cirro's in their places:

@@ -66,6 +66,7 @@ const SHAREABLE: &[&str] = &[
     "RunAggregateExec",
     "SortExec",
     "SortPreservingMergeExec",
+    "SpillingHashJoinExec",
 ];
 
 /// The rule; see the module documentation.

@@ -240,13 +240,7 @@ pub fn configure(budget: u64, policy: Policy) {
     }
 }
 
-/// This machine's memory in bytes (Linux), if known.
-pub fn physical_memory() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
+pub use cirro_common::limits::physical_memory;
 
 impl ColumnCache {
     pub fn new(budget: u64, policy: Policy) -> Self {

@@ -1,0 +1,428 @@
+//! Memory: the server's budget and each query's pool inside it.
+//!
+//! A server holds one [`MemoryBudget`]: what its queries may hold together
+//! (the memory limit less the hot-data tier, which is carved out of it). A
+//! query runs with a [`QueryMemory`], a DataFusion [`MemoryPool`] of its own
+//! limit (`SET memory_limit`) that takes every byte from the budget as well:
+//! an operator that asks for more than either allows is refused, and a
+//! refused operator that can spill (sort, aggregation, window, the spilling
+//! hash join) writes to the spill area and goes on.
+//!
+//! A session's DataFusion runtime has one pool for all its statements, a
+//! [`SessionMemory`]: each reservation belongs to the query that was running
+//! when it was registered, so that the rows of a statement still streamed to
+//! the client when the next one starts stay counted against the first.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use datafusion::common::DataFusionError;
+use datafusion::error::Result as DfResult;
+use datafusion::execution::memory_pool::{
+    MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
+};
+
+/// Add `n` to `counter` if the sum stays within `limit`.
+fn add_within(counter: &AtomicUsize, n: usize, limit: usize) -> bool {
+    counter
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+            now.checked_add(n).filter(|&next| next <= limit)
+        })
+        .is_ok()
+}
+
+/// Bytes held against a limit, and the most held at once: what a server's
+/// queries hold together (its budget), or one query.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limit: usize,
+    used: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl MemoryBudget {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            used: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        }
+    }
+
+    /// Bytes the budget holds.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes the running queries hold now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// The most the queries held at once since the server started.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Take `n` bytes if they fit.
+    fn try_take(&self, n: usize) -> bool {
+        let taken = add_within(&self.used, n, self.limit);
+        if taken {
+            self.peak.fetch_max(self.used(), Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// Take `n` bytes even past the limit (memory already allocated).
+    fn take(&self, n: usize) {
+        let next = self.used.fetch_add(n, Ordering::Relaxed) + n;
+        self.peak.fetch_max(next, Ordering::Relaxed);
+    }
+
+    fn give(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
+/// One query's memory: its limit, what it holds now and at most.
+///
+/// First come, first served inside the limit (DataFusion's greedy pool), with
+/// one rule more: the operators that can spill hold at most 7/8 of it
+/// together, so that an operator that cannot (an aggregation without groups,
+/// a hash join's table) still finds room. (DataFusion's fair pool divides
+/// the spillers' memory by the number of spilling operators registered,
+/// which an aggregation of 128 radix partitions makes crumbs of: a partition
+/// refused its first 80 kB has nothing to spill and fails the query.)
+#[derive(Debug)]
+pub struct QueryMemory {
+    /// What the query holds, against its limit.
+    held: MemoryBudget,
+    budget: Arc<MemoryBudget>,
+    /// What the operators that can spill hold.
+    spillable: AtomicUsize,
+}
+
+/// The share of a query's limit kept from the operators that can spill, for
+/// those that cannot.
+pub const UNSPILLABLE_SHARE: f64 = 0.125;
+
+impl QueryMemory {
+    pub fn new(limit: usize, budget: Arc<MemoryBudget>) -> Self {
+        Self {
+            held: MemoryBudget::new(limit),
+            budget,
+            spillable: AtomicUsize::new(0),
+        }
+    }
+
+    /// The query's limit in bytes.
+    pub fn limit(&self) -> usize {
+        self.held.limit()
+    }
+
+    /// Bytes the query's operators hold now.
+    pub fn used(&self) -> usize {
+        self.held.used()
+    }
+
+    /// The most they held at once.
+    pub fn peak(&self) -> usize {
+        self.held.peak()
+    }
+
+    /// What the spilling operators may hold together.
+    fn spillable_limit(&self) -> usize {
+        (self.limit() as f64 * (1.0 - UNSPILLABLE_SHARE)) as usize
+    }
+
+    fn refused(
+        &self,
+        reservation: &MemoryReservation,
+        additional: usize,
+        why: &str,
+    ) -> DataFusionError {
+        DataFusionError::ResourcesExhausted(format!(
+            "the {why} is reached: {} could not have {} more ({} held by it, {} by the query)",
+            reservation.consumer().name(),
+            format_bytes(additional),
+            format_bytes(reservation.size()),
+            format_bytes(self.used()),
+        ))
+    }
+}
+
+impl std::fmt::Display for QueryMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "query memory: {} of {} in use",
+            format_bytes(self.used()),
+            format_bytes(self.limit())
+        )
+    }
+}
+
+impl MemoryPool for QueryMemory {
+    fn name(&self) -> &str {
+        "cirro-query"
+    }
+
+    fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+        if reservation.consumer().can_spill() {
+            self.spillable.fetch_add(additional, Ordering::Relaxed);
+        }
+        self.budget.take(additional);
+        self.held.take(additional);
+    }
+
+    fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+        if reservation.consumer().can_spill() {
+            self.spillable.fetch_sub(shrink, Ordering::Relaxed);
+        }
+        self.budget.give(shrink);
+        self.held.give(shrink);
+    }
+
+    fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
+        let spills = reservation.consumer().can_spill();
+        if spills && !add_within(&self.spillable, additional, self.spillable_limit()) {
+            return Err(self.refused(
+                reservation,
+                additional,
+                &format!(
+                    "memory the query's spilling operators may hold ({} of its limit of {})",
+                    format_bytes(self.spillable_limit()),
+                    format_bytes(self.limit())
+                ),
+            ));
+        }
+        let undo = |this: &Self| {
+            if spills {
+                this.spillable.fetch_sub(additional, Ordering::Relaxed);
+            }
+        };
+        // The query's peak counts once the budget gave the bytes too.
+        if !add_within(&self.held.used, additional, self.held.limit) {
+            undo(self);
+            return Err(self.refused(
+                reservation,
+                additional,
+                &format!("query's memory limit ({})", format_bytes(self.limit())),
+            ));
+        }
+        if !self.budget.try_take(additional) {
+            undo(self);
+            self.held.give(additional);
+            return Err(self.refused(
+                reservation,
+                additional,
+                &format!(
+                    "server's memory for queries ({}, in use by all queries)",
+                    format_bytes(self.budget.limit)
+                ),
+            ));
+        }
+        self.held.peak.fetch_max(self.held.used(), Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn reserved(&self) -> usize {
+        self.used()
+    }
+
+    fn memory_limit(&self) -> MemoryLimit {
+        MemoryLimit::Finite(self.limit())
+    }
+}
+
+/// `n` bytes as PostgreSQL writes sizes (`64MB`, `1536kB`).
+pub fn format_bytes(n: usize) -> String {
+    const UNITS: [(&str, usize); 4] = [
+        ("TB", 1 << 40),
+        ("GB", 1 << 30),
+        ("MB", 1 << 20),
+        ("kB", 1 << 10),
+    ];
+    for (unit, size) in UNITS {
+        if n >= size && n % size == 0 {
+            return format!("{}{unit}", n / size);
+        }
+    }
+    if n >= 10 << 20 {
+        return format!("{}MB", n >> 20);
+    }
+    if n >= 10 << 10 {
+        return format!("{}kB", n >> 10);
+    }
+    format!("{n}B")
+}
+
+/// The pool of a session's runtime: each reservation goes to the query that
+/// ran when it was registered (see the module's comment).
+#[derive(Debug)]
+pub struct SessionMemory {
+    budget: Arc<MemoryBudget>,
+    current: Mutex<Arc<QueryMemory>>,
+    owners: Mutex<HashMap<usize, Arc<QueryMemory>>>,
+}
+
+impl SessionMemory {
+    /// A session's pool; until its first query, reservations count against
+    /// the budget alone.
+    pub fn new(budget: Arc<MemoryBudget>) -> Self {
+        let idle = Arc::new(QueryMemory::new(budget.limit(), Arc::clone(&budget)));
+        Self {
+            budget,
+            current: Mutex::new(idle),
+            owners: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Start a query of `limit` bytes: the reservations registered from now
+    /// on are its.
+    pub fn begin(&self, limit: usize) -> Arc<QueryMemory> {
+        let query = Arc::new(QueryMemory::new(limit, Arc::clone(&self.budget)));
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&query);
+        query
+    }
+
+    /// The query started last.
+    pub fn current(&self) -> Arc<QueryMemory> {
+        Arc::clone(&self.current.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn owner(&self, reservation: &MemoryReservation) -> Arc<QueryMemory> {
+        let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        match owners.get(&reservation.consumer().id()) {
+            Some(query) => Arc::clone(query),
+            None => self.current(),
+        }
+    }
+}
+
+impl std::fmt::Display for SessionMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "session memory, current {}", self.current())
+    }
+}
+
+impl MemoryPool for SessionMemory {
+    fn name(&self) -> &str {
+        "cirro-session"
+    }
+
+    fn register(&self, consumer: &MemoryConsumer) {
+        let query = self.current();
+        query.register(consumer);
+        self.owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(consumer.id(), query);
+    }
+
+    fn unregister(&self, consumer: &MemoryConsumer) {
+        let query = self
+            .owners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&consumer.id());
+        if let Some(query) = query {
+            query.unregister(consumer);
+        }
+    }
+
+    fn grow(&self, reservation: &MemoryReservation, additional: usize) {
+        self.owner(reservation).grow(reservation, additional);
+    }
+
+    fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
+        self.owner(reservation).shrink(reservation, shrink);
+    }
+
+    fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
+        self.owner(reservation).try_grow(reservation, additional)
+    }
+
+    fn reserved(&self) -> usize {
+        self.current().used()
+    }
+
+    fn memory_limit(&self) -> MemoryLimit {
+        MemoryLimit::Finite(self.current().limit())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reservation(pool: &Arc<dyn MemoryPool>, name: &str, spill: bool) -> MemoryReservation {
+        MemoryConsumer::new(name)
+            .with_can_spill(spill)
+            .register(pool)
+    }
+
+    #[test]
+    fn a_query_is_held_to_its_limit_and_the_budget() {
+        let budget = Arc::new(MemoryBudget::new(1000));
+        let session = Arc::new(SessionMemory::new(Arc::clone(&budget)));
+        let pool: Arc<dyn MemoryPool> = session.clone();
+        let first = session.begin(600);
+        let a = reservation(&pool, "a", false);
+        a.try_grow(500).unwrap();
+        let err = a.try_grow(200).unwrap_err().to_string();
+        assert!(err.contains("memory limit (600B)"), "{err}");
+        assert_eq!(first.used(), 500);
+        // A second query of the session takes from the same budget.
+        let second = session.begin(600);
+        let b = reservation(&pool, "b", false);
+        let err = b.try_grow(550).unwrap_err().to_string();
+        assert!(err.contains("server's memory"), "{err}");
+        b.try_grow(450).unwrap();
+        assert_eq!(
+            (first.used(), second.used(), budget.used()),
+            (500, 450, 950)
+        );
+        // The first query's reservation still counts against it, not the second.
+        a.shrink(300);
+        assert_eq!(
+            (first.used(), second.used(), budget.used()),
+            (200, 450, 650)
+        );
+        drop(a);
+        drop(b);
+        assert_eq!((first.used(), second.used(), budget.used()), (0, 0, 0));
+        assert_eq!(
+            (first.peak(), second.peak(), budget.peak()),
+            (500, 450, 950)
+        );
+    }
+
+    #[test]
+    fn spilling_operators_leave_room_for_the_others() {
+        let budget = Arc::new(MemoryBudget::new(1 << 20));
+        let session = Arc::new(SessionMemory::new(budget));
+        let pool: Arc<dyn MemoryPool> = session.clone();
+        session.begin(1000);
+        let sort1 = reservation(&pool, "sort1", true);
+        let sort2 = reservation(&pool, "sort2", true);
+        sort1.try_grow(600).unwrap();
+        let err = sort2.try_grow(300).unwrap_err().to_string();
+        assert!(err.contains("spilling operators"), "{err}");
+        sort2.try_grow(275).unwrap();
+        let fixed = reservation(&pool, "aggregate", false);
+        fixed.try_grow(125).unwrap();
+        assert!(fixed.try_grow(1).is_err(), "the limit holds");
+        sort1.shrink(600);
+        fixed.try_grow(500).unwrap();
+    }
+
+    #[test]
+    fn sizes_print_in_postgresql_units() {
+        assert_eq!(format_bytes(64 << 20), "64MB");
+        assert_eq!(format_bytes(2 << 30), "2GB");
+        assert_eq!(format_bytes(1536 << 10), "1536kB");
+        assert_eq!(format_bytes(100), "100B");
+    }
+}

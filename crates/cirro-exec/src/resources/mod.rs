@@ -1,0 +1,233 @@
+//! Resource control: the server's memory budget, each query's pool in it,
+//! and the spill area (see `docs/resources.md`).
+//!
+//! The process configures them once ([`configure`], from `cirro serve`'s and
+//! `cirro sql`'s flags); an engine opened without that (tests, embedding)
+//! gets the defaults ([`global`]).
+
+pub mod memory;
+pub mod spill;
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use cirro_common::{CirroError, Result, SqlState};
+
+pub use memory::{MemoryBudget, QueryMemory, SessionMemory, format_bytes};
+pub use spill::SpillArea;
+
+/// The share of the machine's memory a server uses unless `--memory-limit`
+/// says otherwise.
+pub const DEFAULT_MEMORY_SHARE: f64 = 0.8;
+
+/// The share of the queries' memory one query may use unless `SET
+/// memory_limit` (or `--query-memory`) says otherwise.
+pub const DEFAULT_QUERY_SHARE: f64 = 0.25;
+
+/// The least memory a query may be given.
+pub const QUERY_MEMORY_MIN_BYTES: usize = 1 << 20;
+
+/// What a sort sets aside for merging its spill files in a query of
+/// `limit` bytes: DataFusion's 10 MB, at most a sixteenth of the limit.
+pub fn sort_merge_reservation(limit: usize) -> usize {
+    (limit / 16).min(10 << 20)
+}
+
+/// How the process's resources are set up.
+#[derive(Clone, Debug)]
+pub struct ResourceConfig {
+    /// Everything the server may hold: the queries and the hot-data tier.
+    pub memory_limit: usize,
+    /// The part of it the hot-data tier keeps.
+    pub cache_bytes: usize,
+    /// A query's memory unless `SET memory_limit` says otherwise.
+    pub query_memory: usize,
+    /// The spill area's folder.
+    pub spill_dir: PathBuf,
+}
+
+impl ResourceConfig {
+    /// The defaults on this machine with a hot-data tier of `cache_bytes`.
+    pub fn defaults(cache_bytes: usize) -> Self {
+        let memory = cirro_common::limits::physical_memory().unwrap_or(4 << 30) as f64;
+        let memory_limit = (memory * DEFAULT_MEMORY_SHARE) as usize;
+        let queries = memory_limit.saturating_sub(cache_bytes);
+        Self {
+            memory_limit,
+            cache_bytes,
+            query_memory: ((queries as f64 * DEFAULT_QUERY_SHARE) as usize)
+                .max(QUERY_MEMORY_MIN_BYTES),
+            spill_dir: std::env::temp_dir().join("cirro-spill"),
+        }
+    }
+}
+
+/// The process's resources.
+#[derive(Debug)]
+pub struct Resources {
+    config: ResourceConfig,
+    budget: Arc<MemoryBudget>,
+    spill: OnceLock<std::result::Result<Arc<SpillArea>, CirroError>>,
+}
+
+impl Resources {
+    fn new(config: ResourceConfig) -> Result<Self> {
+        let queries = config
+            .memory_limit
+            .checked_sub(config.cache_bytes)
+            .filter(|&q| q >= QUERY_MEMORY_MIN_BYTES);
+        let Some(queries) = queries else {
+            return Err(CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!(
+                    "the memory limit ({}) leaves less than {} for queries beside the hot-data tier's {} (lower --cache-memory or raise --memory-limit)",
+                    format_bytes(config.memory_limit),
+                    format_bytes(QUERY_MEMORY_MIN_BYTES),
+                    format_bytes(config.cache_bytes)
+                ),
+            ));
+        };
+        Ok(Self {
+            budget: Arc::new(MemoryBudget::new(queries)),
+            config,
+            spill: OnceLock::new(),
+        })
+    }
+
+    pub fn config(&self) -> &ResourceConfig {
+        &self.config
+    }
+
+    /// What the queries may hold together.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
+    }
+
+    /// A query's memory unless the session says otherwise: the configured
+    /// default, at most the whole budget.
+    pub fn query_memory(&self) -> usize {
+        self.config.query_memory.min(self.budget.limit())
+    }
+
+    /// The spill area, opened on first use.
+    pub fn spill(&self) -> Result<&Arc<SpillArea>> {
+        self.spill
+            .get_or_init(|| SpillArea::open(&self.config.spill_dir).map(Arc::new))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// A query memory limit from a setting's text (`64MB`, `512kB`, `1GB`;
+    /// a bare number is kilobytes, as PostgreSQL's memory settings are; `0`
+    /// or `default` is the server's default), refused past the budget.
+    pub fn parse_query_memory(&self, text: &str) -> Result<usize> {
+        let t = text.trim();
+        let bad = |why: String| {
+            CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!("invalid value for parameter \"memory_limit\": \"{text}\": {why}"),
+            )
+        };
+        if t.eq_ignore_ascii_case("default") {
+            return Ok(self.query_memory());
+        }
+        let bytes = if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+            t.parse::<u64>()
+                .ok()
+                .and_then(|kb| kb.checked_mul(1024))
+                .ok_or_else(|| bad("too large".into()))?
+        } else {
+            cirro_common::limits::parse_size(t, self.budget.limit() as u64).map_err(bad)?
+        };
+        if bytes == 0 {
+            return Ok(self.query_memory());
+        }
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        if bytes < QUERY_MEMORY_MIN_BYTES {
+            return Err(bad(format!(
+                "at least {}",
+                format_bytes(QUERY_MEMORY_MIN_BYTES)
+            )));
+        }
+        if bytes > self.budget.limit() {
+            return Err(bad(format!(
+                "more than the server's memory for queries ({})",
+                format_bytes(self.budget.limit())
+            )));
+        }
+        Ok(bytes)
+    }
+}
+
+static GLOBAL: OnceLock<Resources> = OnceLock::new();
+
+/// Set up the process's resources; once, before the first query (later
+/// calls are refused).
+pub fn configure(config: ResourceConfig) -> Result<&'static Resources> {
+    let resources = Resources::new(config)?;
+    GLOBAL
+        .set(resources)
+        .map_err(|_| CirroError::internal("the resources were set up already"))?;
+    Ok(global())
+}
+
+/// Remove the process's spill folder, if it made one: at exit (the process's
+/// resources live in a static, which is never dropped).
+pub fn close() {
+    if let Some(Ok(area)) = GLOBAL.get().and_then(|r| r.spill.get()) {
+        area.remove();
+    }
+}
+
+/// The process's resources (the defaults with the hot-data tier's default
+/// size, unless [`configure`]d).
+pub fn global() -> &'static Resources {
+    GLOBAL.get_or_init(|| {
+        let cache = cirro_common::limits::physical_memory().unwrap_or(4 << 30) as f64 * 0.25;
+        let config = ResourceConfig::defaults(cache as usize);
+        Resources::new(config.clone()).unwrap_or_else(|_| {
+            Resources::new(ResourceConfig {
+                cache_bytes: 0,
+                ..config
+            })
+            .expect("defaults fit")
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resources(limit: usize, cache: usize) -> Result<Resources> {
+        Resources::new(ResourceConfig {
+            memory_limit: limit,
+            cache_bytes: cache,
+            query_memory: 256 << 20,
+            spill_dir: std::env::temp_dir(),
+        })
+    }
+
+    #[test]
+    fn query_limits_take_postgresql_units_within_the_budget() {
+        let r = resources(2 << 30, 512 << 20).unwrap();
+        assert_eq!(r.budget().limit(), 1536 << 20);
+        assert_eq!(r.parse_query_memory("64MB").unwrap(), 64 << 20);
+        assert_eq!(
+            r.parse_query_memory("65536").unwrap(),
+            64 << 20,
+            "bare numbers are kB"
+        );
+        assert_eq!(r.parse_query_memory("default").unwrap(), 256 << 20);
+        assert_eq!(r.parse_query_memory("0").unwrap(), 256 << 20);
+        assert_eq!(r.parse_query_memory("50%").unwrap(), 768 << 20);
+        for bad in ["2GB", "1kB", "lots", "-5MB"] {
+            let e = r.parse_query_memory(bad).unwrap_err();
+            assert_eq!(e.state, SqlState::INVALID_PARAMETER_VALUE, "{bad}");
+        }
+        assert!(
+            resources(100 << 20, 100 << 20).is_err(),
+            "nothing left for queries"
+        );
+    }
+}
