@@ -223,7 +223,9 @@ impl MemoryPool for QueryMemory {
                 ),
             ));
         }
-        self.held.peak.fetch_max(self.held.used(), Ordering::Relaxed);
+        self.held
+            .peak
+            .fetch_max(self.held.used(), Ordering::Relaxed);
         Ok(())
     }
 
