@@ -118,7 +118,7 @@ use tee::{BuildSlot, Kind, ProbeSlot, Slots, TapExec, lock, out_of_memory, slot}
 
 /// DataFusion's hash join, continued on disk when its build side does not
 /// fit (see the module's comment).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct SpillingHashJoinExec {
     /// The join as planned, over the original inputs.
     plain: Arc<HashJoinExec>,
@@ -335,15 +335,7 @@ impl ExecutionPlan for SpillingHashJoinExec {
         Ok(Box::pin(SpillingStream {
             schema: self.schema(),
             state: State::Joining(joining),
-            exec: Self {
-                plain: Arc::clone(&self.plain),
-                join: Arc::clone(&self.join),
-                builds: Arc::clone(&self.builds),
-                probes: Arc::clone(&self.probes),
-                arrivals: Arc::clone(&self.arrivals),
-                spec: Arc::clone(&self.spec),
-                metrics: self.metrics.clone(),
-            },
+            exec: self.clone(),
             partition,
             context,
             yielded: false,
