@@ -6,6 +6,7 @@ Run through `cirro bench` (which makes the Python environment and passes
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -46,6 +47,9 @@ def parse(argv):
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="settings",
                     help="a session setting Cirro's connection sets first (e.g. jit=off, "
                          "adaptive_aggregation=force, cache=off); may be repeated")
+    ap.add_argument("--memory-limit", metavar="SIZE",
+                    help="one statement's memory for Cirro (SET memory_limit) and DuckDB (its memory_limit) "
+                         "alike, e.g. 100MB: joins and aggregations beyond it spill (default: each engine's own)")
     ap.add_argument("--report-only", action="store_true", help="rewrite report and plots from results.json")
     ap.add_argument("--cirro", default=os.environ.get("CIRRO_BIN"), help="the cirro binary (set by cirro bench)")
     args = ap.parse_args(argv)
@@ -108,6 +112,11 @@ def main(argv=None):
     cirro_data, tables, facts = data.prepare(suite, make_tables, args.sf, root, args.cirro, args.threads)
     ctx = engines.Context(tables, args.threads, root, args.cirro, cirro_data, args.wire)
     ctx.cirro_settings = args.settings
+    if args.memory_limit:
+        if not re.match(r"^[0-9]+(kB|MB|GB)$", args.memory_limit):
+            sys.exit("cirro bench: --memory-limit takes a size such as 100MB (kB, MB or GB)")
+        ctx.memory_limit = args.memory_limit
+        ctx.cirro_settings = [("memory_limit", args.memory_limit)] + ctx.cirro_settings
     state = runner.run_suite(args, suite, queries, ctx, facts, out)
     path = report.write(state, out)
     print(f"cirro bench: report {path}", file=sys.stderr)

@@ -66,6 +66,8 @@ class Context:
         self.cirro_env = {}
         # Session settings Cirro's connection sets first: [(name, value)].
         self.cirro_settings = []
+        # One statement's memory for every engine that takes one (`--memory-limit`).
+        self.memory_limit = None
 
 
 SETTING_NAME = re.compile(r"^[a-z_][a-z0-9_.]*$")
@@ -171,7 +173,10 @@ class DuckDB:
         self.version = duckdb.__version__
         self.con = duckdb.connect(path)
         self.con.execute(f"SET threads = {ctx.threads}")
-        self.con.execute(f"SET memory_limit = '{int(memory_bytes() * DUCKDB_MEMORY_SHARE) >> 20}MB'")
+        limit = ctx.memory_limit or f"{int(memory_bytes() * DUCKDB_MEMORY_SHARE) >> 20}MB"
+        self.con.execute(f"SET memory_limit = '{limit}'")
+        # Where DuckDB spills beyond it (its default is beside its database file).
+        self.con.execute(f"SET temp_directory = '{Path(ctx.work) / 'duckdb-spill'}'")
         self.con.execute("SET enable_progress_bar = false")  # it would draw on the harness's output
         self.attach(ctx)
 

@@ -184,6 +184,10 @@ def write(state, out):
               f"{engine_list.DUCKDB_MEMORY_SHARE:.0%} of the machine's memory; Cirro's hot-data tier (decoded "
               "column chunks kept between queries) takes its default, 25 %, so the two fit the machine together; "
               "the cold run fills it, the hot runs read from it.", ""]
+    if cfg.get("memory_limit"):
+        lines += [f"Memory limit: {cfg['memory_limit']} per statement for Cirro (`SET memory_limit`) and DuckDB "
+                  "(`memory_limit`) alike; joins and aggregations that do not fit it spill to disk (the other "
+                  "peers run without one).", ""]
     data = state.get("data", {})
     if data:
         lines += [f"Data: {len(data.get('tables', []))} tables, {data.get('parquet_bytes', 0) / 1e6:,.0f} MB of "

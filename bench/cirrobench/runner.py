@@ -65,6 +65,8 @@ def _config(args, names):
         config["wire"] = args.wire  # (absent for Flight: earlier results resume)
     if getattr(args, "settings", None):
         config["settings"] = [f"{n}={v}" for n, v in args.settings]
+    if getattr(args, "memory_limit", None):
+        config["memory_limit"] = args.memory_limit
     return config
 
 

@@ -28,6 +28,10 @@ pub struct UserEntry {
     #[serde(default)]
     pub superuser: bool,
     pub created_ms: i64,
+    /// The user's session defaults (`ALTER USER name SET setting = value`):
+    /// `memory_limit`, `priority`, `statement_timeout`, …
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub settings: std::collections::BTreeMap<String, String>,
 }
 
 pub use cirro_common::Privilege;

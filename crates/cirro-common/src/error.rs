@@ -236,6 +236,8 @@ fn from_arrow(err: &arrow::error::ArrowError) -> CirroError {
         A::DivideByZero => SqlState::DIVISION_BY_ZERO,
         A::ArithmeticOverflow(_) => SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
         A::CsvError(_) | A::JsonError(_) => SqlState::BAD_COPY_FILE_FORMAT,
+        // Arrow's IPC writer (spill files) reports a full disk this way.
+        A::IoError(_, _) if is_disk_full(&text) => SqlState::DISK_FULL,
         A::IoError(_, _) => SqlState::IO_ERROR,
         A::ExternalError(inner) => {
             if let Some(cirro) = inner.downcast_ref::<CirroError>() {

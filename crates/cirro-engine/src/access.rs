@@ -286,6 +286,7 @@ impl Engine {
                                 verifier: verifier.clone(),
                                 superuser,
                                 created_ms: cirro_catalog::state::now_ms(),
+                                settings: Default::default(),
                             },
                         );
                         Ok(())
@@ -314,6 +315,44 @@ impl Engine {
                         }
                         if let Some(s) = options.superuser {
                             user.superuser = s;
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                Ok(Outcome::command("ALTER ROLE"))
+            }
+            AccessStatement::AlterUserSetting {
+                name,
+                setting,
+                value,
+            } => {
+                self.require_superuser("ALTER USER … SET")?;
+                // Checked as SET would check it; kept as given.
+                let checked = match (&setting, &value) {
+                    (Some(setting), Some(value)) => {
+                        let known = crate::settings::setting_name(setting)?;
+                        Some((known, crate::settings::checked_value(known, value.clone())?))
+                    }
+                    (Some(setting), None) => {
+                        crate::settings::setting_name(setting)?;
+                        None
+                    }
+                    (None, _) => None,
+                };
+                self.catalog
+                    .commit(|state| {
+                        let user = state
+                            .users
+                            .get_mut(&name)
+                            .ok_or_else(|| undefined_user(&name))?;
+                        match (&checked, &setting) {
+                            (Some((known, value)), _) => {
+                                user.settings.insert(known.to_string(), value.clone());
+                            }
+                            (None, Some(setting)) => {
+                                user.settings.remove(&setting.to_ascii_lowercase());
+                            }
+                            (None, None) => user.settings.clear(),
                         }
                         Ok(())
                     })
@@ -431,6 +470,7 @@ pub async fn bootstrap_superuser(
                         verifier: verifier.clone(),
                         superuser: true,
                         created_ms: cirro_catalog::state::now_ms(),
+                        settings: Default::default(),
                     },
                 );
             }

@@ -5,12 +5,20 @@
 //!
 //! Backend pids are unique within a cluster: the node id sits in the high
 //! bits (`node << 22 | n`), so a pid names one session on one node.
+//!
+//! Beside the backends it keeps the statements (`cirro.queries`): each
+//! statement a backend runs is a [`QueryRecord`], `queued` while it waits for
+//! admission, `running`, then `finished`, `failed` or `cancelled`; the last
+//! [`FINISHED_KEPT`] ended ones stay, with their figures and plan. Query ids
+//! carry the node like pids (`node << 40 | n`).
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use cirro_common::{CirroError, Result, SqlState};
+use cirro_exec::resources::QueryMemory;
+use datafusion::physical_plan::ExecutionPlan;
 
 /// Bits of a pid below the node id.
 const PID_NODE_SHIFT: u32 = 22;
@@ -61,6 +69,9 @@ pub struct BackendInfo {
     pub query_start: Option<i64>,
     pub state_change: i64,
     pub backend_type: &'static str,
+    /// What an active backend waits for (`AdmissionQueue` while its
+    /// statement is queued).
+    pub wait_event: Option<&'static str>,
 }
 
 struct Entry {
@@ -73,6 +84,236 @@ pub struct Activity {
     node: u32,
     next: AtomicU32,
     backends: Mutex<BTreeMap<i32, Entry>>,
+    next_query: AtomicU64,
+    queries: Mutex<Queries>,
+}
+
+/// Ended statements kept for `cirro.queries` and the console.
+pub const FINISHED_KEPT: usize = 1000;
+
+/// Bits of a query id below the node id.
+const QUERY_NODE_SHIFT: u32 = 40;
+
+#[derive(Default)]
+struct Queries {
+    live: BTreeMap<i64, Arc<QueryRecord>>,
+    finished: VecDeque<QueryView>,
+}
+
+/// Where a statement is (`cirro.queries.state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueryState {
+    Queued,
+    Running,
+    Finished,
+    Failed,
+    Cancelled,
+}
+
+impl QueryState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Finished => "finished",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Queued | Self::Running)
+    }
+}
+
+/// One statement of a backend, while it runs.
+pub struct QueryRecord {
+    pub id: i64,
+    pub pid: i32,
+    pub user: String,
+    pub query: String,
+    /// Microseconds since the epoch.
+    pub submitted: i64,
+    activity: Weak<Activity>,
+    progress: Mutex<Progress>,
+}
+
+struct Progress {
+    state: QueryState,
+    started: Option<i64>,
+    memory: Option<Arc<QueryMemory>>,
+    plan: Option<Arc<dyn ExecutionPlan>>,
+    rows: u64,
+}
+
+/// What `cirro.queries` shows of a statement.
+#[derive(Clone, Debug)]
+pub struct QueryView {
+    pub id: i64,
+    pub pid: i32,
+    pub node: u32,
+    pub user: String,
+    pub query: String,
+    pub state: QueryState,
+    pub submitted: i64,
+    pub started: Option<i64>,
+    pub ended: Option<i64>,
+    /// Bytes its pool holds now (0 once ended).
+    pub memory: u64,
+    pub peak_memory: u64,
+    pub spilled_bytes: u64,
+    /// Rows it returned or changed so far.
+    pub rows: u64,
+    /// The share of its work done, where known (0 to 1): 1 once finished;
+    /// not yet estimated while it runs.
+    pub progress: Option<f64>,
+    pub error: Option<String>,
+    /// Its plan with each operator's figures (kept once it ended).
+    pub plan: Option<String>,
+}
+
+impl QueryView {
+    /// Microseconds from submission to its end (or to now).
+    pub fn elapsed_micros(&self) -> i64 {
+        self.ended.unwrap_or_else(now_micros) - self.submitted
+    }
+}
+
+/// Sum of one metric over every operator of `plan`.
+fn plan_metric(plan: &dyn ExecutionPlan, name: &str) -> u64 {
+    let own = plan
+        .metrics()
+        .and_then(|m| m.sum_by_name(name))
+        .map(|v| v.as_usize() as u64)
+        .unwrap_or(0);
+    own + plan
+        .children()
+        .iter()
+        .map(|c| plan_metric(c.as_ref(), name))
+        .sum::<u64>()
+}
+
+impl QueryRecord {
+    fn view(&self, node: u32) -> QueryView {
+        let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let (memory, peak) = progress
+            .memory
+            .as_ref()
+            .map(|m| (m.used() as u64, m.peak() as u64))
+            .unwrap_or((0, 0));
+        let plan = progress.plan.as_deref();
+        QueryView {
+            id: self.id,
+            pid: self.pid,
+            node,
+            user: self.user.clone(),
+            query: self.query.clone(),
+            state: progress.state,
+            submitted: self.submitted,
+            started: progress.started,
+            ended: None,
+            memory,
+            peak_memory: peak,
+            spilled_bytes: plan.map(|p| plan_metric(p, "spilled_bytes")).unwrap_or(0),
+            rows: progress.rows,
+            progress: None,
+            error: None,
+            plan: None,
+        }
+    }
+
+    /// It waits for admission.
+    pub fn queued(&self) {
+        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        progress.state = QueryState::Queued;
+        progress.started = None;
+    }
+
+    /// It runs (admitted).
+    pub fn running(&self) {
+        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        progress.state = QueryState::Running;
+        progress.started = Some(now_micros());
+    }
+
+    /// The pool its operators reserve from.
+    pub fn set_memory(&self, memory: Arc<QueryMemory>) {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .memory = Some(memory);
+    }
+
+    /// The physical plan it runs (the last one planned, for statements that
+    /// run several).
+    pub fn set_plan(&self, plan: Arc<dyn ExecutionPlan>) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).plan = Some(plan);
+    }
+
+    /// Rows it returned or changed.
+    pub fn add_rows(&self, rows: u64) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).rows += rows;
+    }
+
+    /// It ended in `state` (`error`: why it failed): it moves to the
+    /// finished list with its figures and plan. Once only.
+    pub fn end(&self, state: QueryState, error: Option<String>) {
+        let Some(activity) = self.activity.upgrade() else {
+            return;
+        };
+        let mut queries = activity.queries.lock().unwrap_or_else(|e| e.into_inner());
+        if queries.live.remove(&self.id).is_none() {
+            return;
+        }
+        let mut view = self.view(activity.node);
+        view.state = state;
+        view.ended = Some(now_micros());
+        view.memory = 0;
+        view.error = error;
+        if state == QueryState::Finished {
+            view.progress = Some(1.0);
+        }
+        let plan = self
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .plan
+            .take();
+        view.plan = plan.map(|p| {
+            datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(p.as_ref())
+                .indent(true)
+                .to_string()
+        });
+        if queries.finished.len() == FINISHED_KEPT {
+            queries.finished.pop_front();
+        }
+        queries.finished.push_back(view);
+    }
+}
+
+/// A statement's hold on its record: dropped before the statement ended
+/// it (its future or result stream was dropped: a cancel, a timeout, a
+/// client gone), the statement counts as cancelled.
+pub struct QueryHandle(Arc<QueryRecord>);
+
+impl std::ops::Deref for QueryHandle {
+    type Target = QueryRecord;
+    fn deref(&self) -> &QueryRecord {
+        &self.0
+    }
+}
+
+impl QueryHandle {
+    /// The record, for what must reach it from elsewhere (the plan).
+    pub fn record(&self) -> &Arc<QueryRecord> {
+        &self.0
+    }
+}
+
+impl Drop for QueryHandle {
+    fn drop(&mut self) {
+        self.0.end(QueryState::Cancelled, None);
+    }
 }
 
 fn now_micros() -> i64 {
@@ -95,7 +336,36 @@ impl Activity {
             node,
             next: AtomicU32::new(1),
             backends: Mutex::new(BTreeMap::new()),
+            next_query: AtomicU64::new(1),
+            queries: Mutex::new(Queries::default()),
         }))
+    }
+
+    pub fn node(&self) -> u32 {
+        self.node
+    }
+
+    /// The statements of this node: queued and running ones, then the ended
+    /// ones kept, oldest first.
+    pub fn queries(&self) -> Vec<QueryView> {
+        let queries = self.queries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut views: Vec<QueryView> = queries.finished.iter().cloned().collect();
+        views.extend(queries.live.values().map(|q| q.view(self.node)));
+        views
+    }
+
+    /// Cancel the statement `id` on behalf of `user` (None: unrestricted),
+    /// who must be a superuser or the statement's own user. Ok(false): no
+    /// such statement is queued or running here.
+    pub fn cancel_query(&self, id: i64, user: Option<&str>, superuser: bool) -> Result<bool> {
+        let pid = {
+            let queries = self.queries.lock().unwrap_or_else(|e| e.into_inner());
+            queries.live.get(&id).map(|q| q.pid)
+        };
+        match pid {
+            Some(pid) => self.signal(pid, user, superuser, false),
+            None => Ok(false),
+        }
     }
 
     /// Register a new session; it leaves the registry when the handle drops.
@@ -131,6 +401,7 @@ impl Activity {
                     query_start: None,
                     state_change: now,
                     backend_type: "client backend",
+                    wait_event: None,
                 },
                 signal,
             },
@@ -224,6 +495,42 @@ impl Backend {
         &self.activity
     }
 
+    /// Enter a statement of this session in `cirro.queries` (running until
+    /// told otherwise); it ends when [`QueryRecord::end`] is called or the
+    /// handle drops (then as cancelled).
+    pub fn start_query(&self) -> QueryHandle {
+        let activity = &self.activity;
+        let n = activity.next_query.fetch_add(1, Ordering::Relaxed) & ((1 << QUERY_NODE_SHIFT) - 1);
+        let id = ((activity.node as i64) << QUERY_NODE_SHIFT) | n as i64;
+        // The text the client sent (as pg_stat_activity shows it).
+        let (user, query) = {
+            let backends = activity.backends.lock().unwrap_or_else(|e| e.into_inner());
+            backends
+                .get(&self.pid)
+                .map(|e| (e.info.user.clone(), e.info.query.clone()))
+                .unwrap_or_default()
+        };
+        let now = now_micros();
+        let record = Arc::new(QueryRecord {
+            id,
+            pid: self.pid,
+            user,
+            query,
+            submitted: now,
+            activity: Arc::downgrade(activity),
+            progress: Mutex::new(Progress {
+                state: QueryState::Running,
+                started: Some(now),
+                memory: None,
+                plan: None,
+                rows: 0,
+            }),
+        });
+        let mut queries = activity.queries.lock().unwrap_or_else(|e| e.into_inner());
+        queries.live.insert(id, Arc::clone(&record));
+        QueryHandle(record)
+    }
+
     /// The session starts running `query`: active until the guard drops,
     /// then `after()`'s state.
     pub fn running<'a>(
@@ -250,6 +557,12 @@ impl Backend {
         }
     }
 
+    /// What the session's statement waits for (None: nothing).
+    pub fn set_waiting(&self, event: Option<&'static str>) {
+        self.activity
+            .update(self.pid, |info| info.wait_event = event);
+    }
+
     fn mark_active(&self, query: &str) {
         let now = now_micros();
         self.activity.update(self.pid, |info| {
@@ -265,6 +578,7 @@ impl Backend {
         self.activity.update(self.pid, |info| {
             info.state = state;
             info.state_change = now;
+            info.wait_event = None;
         });
     }
 }
@@ -294,6 +608,7 @@ impl Drop for RunningOwned {
         self.activity.update(self.pid, |info| {
             info.state = after;
             info.state_change = now;
+            info.wait_event = None;
         });
     }
 }

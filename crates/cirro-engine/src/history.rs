@@ -39,8 +39,8 @@ pub(crate) fn result_schema(statement: &Maintenance) -> Arc<Schema> {
             int("rows_written"),
         ],
         Maintenance::Vacuum(..) => vec![int("files_deleted")],
-        // a command: no rows
-        Maintenance::Analyze(_) => vec![],
+        // commands: no rows
+        Maintenance::Analyze(_) | Maintenance::CancelQuery(_) => vec![],
     }))
 }
 

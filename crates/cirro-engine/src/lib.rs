@@ -41,6 +41,7 @@ mod indexes;
 mod maintenance;
 mod pg_compat;
 mod prepared;
+mod queries;
 mod settings;
 pub mod system;
 mod time_travel;
@@ -369,6 +370,8 @@ pub struct Engine {
     /// The session's memory pool: each statement's own pool in the
     /// server's budget (see `cirro_exec::resources`).
     memory: Arc<SessionMemory>,
+    /// The record of the statement it runs (see `queries`).
+    current_query: queries::QuerySlot,
 }
 
 /// A session's DataFusion runtime: the process's (or `shared`'s) caches,
@@ -455,6 +458,10 @@ impl Engine {
         if let Some(distribution) = &config.distribution {
             builder = distribution.configure(builder);
         }
+        let current_query = queries::QuerySlot::default();
+        builder = builder.with_physical_optimizer_rule(Arc::new(queries::RecordPlan(Arc::clone(
+            &current_query,
+        ))));
         let state = builder.build();
         let superuser = access::SuperuserCheck::new(Arc::clone(&catalog), user.clone());
         let ctx =
@@ -472,6 +479,7 @@ impl Engine {
             config.database.as_deref().unwrap_or(DEFAULT_DATABASE),
         );
         list.set_view_planner(Arc::new(views::SessionViewPlanner::for_context(&ctx)));
+        let backend: Arc<std::sync::OnceLock<activity::Backend>> = Default::default();
         // The system schemas are shared by every database of the session.
         let any_database = catalog.snapshot().databases.keys().next().cloned();
         if let Some(provider) = any_database.and_then(|db| ctx.catalog(&db)) {
@@ -479,10 +487,11 @@ impl Engine {
                 system::SYSTEM_SCHEMA,
                 Arc::new(system::SystemSchema {
                     catalog: Arc::clone(&catalog),
+                    backend: Arc::clone(&backend),
                 }),
             );
         }
-        Self {
+        let engine = Self {
             catalog,
             catalogs: list,
             ctx,
@@ -494,9 +503,12 @@ impl Engine {
             flags: Arc::clone(&config.flags),
             distribution: config.distribution.clone(),
             sql_prepared: Default::default(),
-            backend: Default::default(),
+            backend,
             memory,
-        }
+            current_query,
+        };
+        engine.apply_user_settings();
+        engine
     }
 
     pub fn catalog(&self) -> &Arc<Catalog> {
@@ -535,9 +547,12 @@ impl Engine {
     /// An error fails the open transaction.
     pub fn run(&self, parsed: Parsed) -> futures::future::BoxFuture<'_, Result<Outcome>> {
         Box::pin(async move {
-            self.begin_query();
+            let admit = queries::needs_admission(self, &parsed.statement);
             let result = self
-                .run_statement(parsed.statement, parsed.placeholders)
+                .tracked(
+                    admit,
+                    self.run_statement(parsed.statement, parsed.placeholders),
+                )
                 .await;
             if result.is_err() {
                 self.fail_transaction();

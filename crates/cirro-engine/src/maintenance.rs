@@ -16,6 +16,7 @@ use crate::{Engine, Outcome};
 pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> Result<Outcome> {
     match &statement {
         Maintenance::Analyze(tables) => crate::analyze::run_analyze(engine, tables).await,
+        Maintenance::CancelQuery(id) => crate::queries::cancel_query(engine, *id).await,
         Maintenance::History(reference) => {
             let (db, schema, name) = engine.resolve(&reference);
             engine.check_table(&db, &schema, &name, cirro_catalog::Privilege::Select)?;

@@ -174,7 +174,6 @@ fn pg_stat_activity(backends: &[BackendInfo]) -> DfResult<Arc<dyn TableProvider>
         )) as ArrayRef
     };
     let none_int = || Arc::new(Int32Array::from(vec![None::<i32>; n])) as ArrayRef;
-    let none_text = || Arc::new(StringArray::from(vec![None::<&str>; n])) as ArrayRef;
     let pids = Int32Array::from_iter_values(backends.iter().map(|b| b.pid));
     memory_table(vec![
         ("datid", none_int()),
@@ -191,8 +190,11 @@ fn pg_stat_activity(backends: &[BackendInfo]) -> DfResult<Arc<dyn TableProvider>
         ("backend_start", time(&|b| Some(b.backend_start))),
         ("query_start", time(&|b| b.query_start)),
         ("state_change", time(&|b| Some(b.state_change))),
-        ("wait_event_type", none_text()),
-        ("wait_event", none_text()),
+        (
+            "wait_event_type",
+            text(&|b| b.wait_event.map(|_| "Extension".to_string())),
+        ),
+        ("wait_event", text(&|b| b.wait_event.map(str::to_string))),
         ("state", text(&|b| Some(b.state.as_str().to_string()))),
         ("query", text(&|b| Some(b.query.clone()))),
         ("backend_type", text(&|b| Some(b.backend_type.to_string()))),

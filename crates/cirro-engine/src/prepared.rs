@@ -227,7 +227,9 @@ impl Engine {
             }
             let schema = match &statement {
                 CirroStatement::Setting(setting) => crate::settings::setting_schema(setting),
-                CirroStatement::Maintenance(cirro_sql::Maintenance::Analyze(_)) => None,
+                CirroStatement::Maintenance(
+                    cirro_sql::Maintenance::Analyze(_) | cirro_sql::Maintenance::CancelQuery(_),
+                ) => None,
                 CirroStatement::Maintenance(m) => Some(crate::history::result_schema(m)),
                 // Cirro's own (see `ddl.rs`): run at each execution.
                 CirroStatement::Sql(_) => match statement.sql() {
@@ -307,8 +309,12 @@ impl Engine {
         values: Vec<ScalarValue>,
     ) -> futures::future::BoxFuture<'a, Result<Outcome>> {
         Box::pin(async move {
-            self.begin_query();
-            let result = self.execute_prepared_inner(prepared, values).await;
+            let result = self
+                .tracked(
+                    crate::queries::needs_admission(self, &prepared.statement),
+                    self.execute_prepared_inner(prepared, values),
+                )
+                .await;
             if result.is_err() {
                 self.fail_transaction();
             }

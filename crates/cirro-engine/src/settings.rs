@@ -42,6 +42,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("lc_time", "C"),
     ("max_identifier_length", "63"),
     ("memory_limit", "default"),
+    ("priority", "0"),
     ("search_path", "\"$user\", public"),
     ("server_encoding", "UTF8"),
     ("server_version", SERVER_VERSION),
@@ -54,6 +55,9 @@ const SETTINGS: &[(&str, &str)] = &[
     ("transaction_read_only", "off"),
 ];
 
+/// The highest priority in the admission queue (and minus the lowest).
+const PRIORITY_MAX: i32 = 1000;
+
 /// Settings whose changes PostgreSQL reports to the client (GUC_REPORT).
 const REPORTED: &[(&str, &str)] = &[
     ("application_name", "application_name"),
@@ -64,14 +68,28 @@ const REPORTED: &[(&str, &str)] = &[
     ("timezone", "TimeZone"),
 ];
 
-/// A session's changes to the SETTINGS defaults.
+/// A session's changes to the SETTINGS defaults, over its user's own
+/// defaults (`ALTER USER name SET setting = value`).
 #[derive(Clone, Default)]
-pub(crate) struct Settings(Arc<Mutex<BTreeMap<&'static str, String>>>);
+pub(crate) struct Settings {
+    session: Arc<Mutex<BTreeMap<&'static str, String>>>,
+    user: Arc<Mutex<BTreeMap<&'static str, String>>>,
+}
 
 impl Settings {
     /// The value in force of a known setting.
     pub(crate) fn get(&self, name: &'static str) -> String {
-        self.0
+        self.session
+            .lock()
+            .ok()
+            .and_then(|s| s.get(name).cloned())
+            .unwrap_or_else(|| self.default_of(name))
+    }
+
+    /// What RESET returns a setting to: the user's default, else the
+    /// server's.
+    fn default_of(&self, name: &'static str) -> String {
+        self.user
             .lock()
             .ok()
             .and_then(|s| s.get(name).cloned())
@@ -183,6 +201,33 @@ impl Engine {
             .filter(|d| !d.is_zero())
     }
 
+    /// Take the session user's defaults (`ALTER USER … SET`): the values
+    /// SHOW gives and RESET returns to until the session sets its own.
+    /// Values the server no longer accepts are skipped with a warning.
+    pub(crate) fn apply_user_settings(&self) {
+        let Some(user) = self.user.as_deref() else {
+            return;
+        };
+        let Some(entry) = self.catalog.snapshot().users.get(user).cloned() else {
+            return;
+        };
+        for (name, value) in entry.settings {
+            let checked = setting_name(&name).and_then(|n| Ok((n, checked_value(n, value)?)));
+            match checked {
+                Ok((name, value)) => {
+                    if let Err(e) = self.apply_setting(name, &value) {
+                        log::warn!("user {user}'s setting {name}: {e}");
+                        continue;
+                    }
+                    if let Ok(mut defaults) = self.settings.user.lock() {
+                        defaults.insert(name, value);
+                    }
+                }
+                Err(e) => log::warn!("user {user}'s setting {name} is skipped: {e}"),
+            }
+        }
+    }
+
     /// A read-only setting: a counter or a flag of the process.
     fn read_only_value(&self, name: &str) -> Option<String> {
         use std::sync::atomic::Ordering;
@@ -256,7 +301,18 @@ impl Engine {
                 }
                 let name = setting_name(&name)?;
                 let value = checked_value(name, value)?;
-                if let Ok(mut settings) = self.settings.0.lock() {
+                if name == "priority" && !self.superuser_check().holds() {
+                    let own = self.settings.default_of("priority");
+                    if value.parse::<i32>().ok() > own.parse::<i32>().ok() {
+                        return Err(CirroError::new(
+                            SqlState::INSUFFICIENT_PRIVILEGE,
+                            format!(
+                                "permission denied to raise priority above {own}: only a superuser may (ALTER USER … SET priority)"
+                            ),
+                        ));
+                    }
+                }
+                if let Ok(mut settings) = self.settings.session.lock() {
                     settings.insert(name, value.clone());
                 }
                 self.apply_setting(name, &value)?;
@@ -265,18 +321,14 @@ impl Engine {
             SettingStatement::Reset(name) => {
                 let name = name.map(|n| setting_name(&n)).transpose()?;
                 let mut report = Vec::new();
-                if let Ok(mut settings) = self.settings.0.lock() {
+                if let Ok(mut settings) = self.settings.session.lock() {
                     let names: Vec<&'static str> = match name {
                         Some(n) => vec![n],
                         None => settings.keys().copied().collect(),
                     };
                     for n in names {
                         settings.remove(n);
-                        let default = SETTINGS
-                            .iter()
-                            .find(|(s, _)| *s == n)
-                            .map(|(_, v)| v.to_string())
-                            .unwrap_or_default();
+                        let default = self.settings.default_of(n);
                         self.apply_setting(n, &default)?;
                         report.extend(reported(n, default));
                     }
@@ -337,8 +389,18 @@ fn read_only(name: &str) -> CirroError {
 }
 
 /// The value to keep for `SET name = value`, or why it is refused.
-fn checked_value(name: &'static str, value: String) -> Result<String> {
+pub(crate) fn checked_value(name: &'static str, value: String) -> Result<String> {
     match name {
+        // (`SET priority = -5` comes as "- 5".)
+        "priority" => match value.split_whitespace().collect::<String>().parse::<i32>() {
+            Ok(p) if (-PRIORITY_MAX..=PRIORITY_MAX).contains(&p) => Ok(p.to_string()),
+            _ => Err(CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!(
+                    "invalid value for parameter \"priority\": \"{value}\" (a whole number from -{PRIORITY_MAX} to {PRIORITY_MAX}; higher is admitted first)"
+                ),
+            )),
+        },
         "statement_timeout" => {
             parse_timeout(&value)?;
             Ok(value)

@@ -8,6 +8,9 @@
 //! - `cirro.statistics`: what `ANALYZE` kept, one row per column of each
 //!   analyzed table: rows, NULLs, estimated distinct values, the Delta
 //!   version analyzed and when.
+//! - `cirro.queries`: the statements of this node's sessions, queued,
+//!   running and the last ended ones (see `queries.rs`); empty in a
+//!   session without a server (`cirro sql`).
 
 use std::sync::Arc;
 
@@ -22,12 +25,14 @@ use crate::pg_compat::memory_table;
 /// The system schema's name (reserved: CREATE SCHEMA refuses it).
 pub const SYSTEM_SCHEMA: &str = "cirro";
 
-const TABLES: &[&str] = &["nodes", "cache", "statistics"];
+const TABLES: &[&str] = &["nodes", "cache", "statistics", "queries"];
 
 /// The `cirro` schema of a session.
 #[derive(Debug)]
 pub(crate) struct SystemSchema {
     pub(crate) catalog: Arc<Catalog>,
+    /// The session's entry in the server's registry (for `queries`).
+    pub(crate) backend: Arc<std::sync::OnceLock<crate::activity::Backend>>,
 }
 
 #[async_trait]
@@ -41,6 +46,14 @@ impl SchemaProvider for SystemSchema {
             "nodes" => Ok(Some(nodes_table(&self.nodes())?)),
             "cache" => Ok(Some(cache_table()?)),
             "statistics" => Ok(Some(statistics_table(&self.catalog)?)),
+            "queries" => {
+                let views = self
+                    .backend
+                    .get()
+                    .map(|b| b.activity().queries())
+                    .unwrap_or_default();
+                Ok(Some(crate::queries::queries_table(&views)?))
+            }
             _ => Ok(None),
         }
     }

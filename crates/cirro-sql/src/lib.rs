@@ -132,7 +132,7 @@ fn parse_statement(sql: &str) -> Result<Parsed> {
         "create" | "alter" | "drop" | "grant" | "revoke" => {
             parsers::access::parse(&solid)?.map(Statement::Access)
         }
-        "describe" | "desc" | "optimize" | "vacuum" | "analyze" | "analyse" => {
+        "describe" | "desc" | "optimize" | "vacuum" | "analyze" | "analyse" | "cancel" => {
             parsers::maintenance::parse(&solid)?.map(Statement::Maintenance)
         }
         "begin" | "start" | "commit" | "end" | "rollback" | "abort" | "savepoint" | "release" => {

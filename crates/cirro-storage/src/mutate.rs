@@ -321,8 +321,9 @@ pub fn difference(base: &CirroTable, current: &CirroTable) -> Vec<Action> {
 pub async fn remove_paths(table: &CirroTable, paths: &[Path]) {
     let store = table.delta().object_store();
     for path in paths {
-        if let Err(e) = store.delete(path).await {
-            log::warn!("could not remove unreferenced file {path}: {e}");
+        match store.delete(path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => log::warn!("could not remove unreferenced file {path}: {e}"),
         }
     }
 }

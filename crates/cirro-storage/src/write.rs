@@ -430,8 +430,10 @@ pub async fn remove_files(table: &DeltaTable, adds: &[Add]) {
     let store = table.object_store();
     for add in adds {
         let path = deltalake::Path::from(add.path.as_str());
-        if let Err(e) = store.delete(&path).await {
-            log::warn!("could not remove unreferenced data file {}: {e}", add.path);
+        match store.delete(&path).await {
+            // Already gone (removed by an earlier try): nothing to do.
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => log::warn!("could not remove unreferenced data file {}: {e}", add.path),
         }
     }
 }

@@ -52,6 +52,12 @@ struct Cli {
     /// system's temporary folder's `cirro-spill`).
     #[arg(long, global = true, env = "CIRRO_SPILL_DIR")]
     spill_dir: Option<std::path::PathBuf>,
+    /// Statements that run at once; the rest wait (state `queued`) until
+    /// one ends (default: twice the cores, at least 4). A running
+    /// statement also reserves its memory limit: those that do not fit
+    /// the queries' memory wait too.
+    #[arg(long, global = true, env = "CIRRO_MAX_RUNNING_QUERIES")]
+    max_running_queries: Option<usize>,
     /// Memory of the hot-data tier (decoded column chunks of hot tables),
     /// part of --memory-limit: bytes, with kB/MB/GB, or a share of the
     /// memory limit (`30%`, the default); 0 turns it off.
@@ -321,6 +327,14 @@ fn flags(cli: &Cli) -> Vec<Flag> {
             "where queries spill (--spill-dir, CIRRO_SPILL_DIR)",
         ),
         flag(
+            "cirro.max_running_queries",
+            cirro_exec::resources::global()
+                .admission()
+                .max_running()
+                .to_string(),
+            "statements that run at once; the rest are queued (--max-running-queries, CIRRO_MAX_RUNNING_QUERIES)",
+        ),
+        flag(
             "cirro.cache_memory",
             cli.cache_memory.clone(),
             "memory of the hot-data tier (--cache-memory, CIRRO_CACHE_MEMORY)",
@@ -404,6 +418,12 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
         (query_memory as usize).max(cirro_exec::resources::QUERY_MEMORY_MIN_BYTES);
     if let Some(dir) = &cli.spill_dir {
         resources.spill_dir = dir.clone();
+    }
+    if let Some(n) = cli.max_running_queries {
+        if n == 0 {
+            return Err(bad("--max-running-queries: at least 1".into()));
+        }
+        resources.max_running = n;
     }
     cirro_exec::resources::configure(resources)?;
     let cache_policy: cirro_storage::cache::Policy = cli

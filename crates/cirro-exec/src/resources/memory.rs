@@ -107,6 +107,10 @@ pub struct QueryMemory {
 /// those that cannot.
 pub const UNSPILLABLE_SHARE: f64 = 0.125;
 
+/// A spilling operator holding at most a 64th of the query's limit may grow
+/// past the spilling operators' share (see `try_grow`).
+const SPILLER_FLOOR_DIVISOR: usize = 64;
+
 impl QueryMemory {
     pub fn new(limit: usize, budget: Arc<MemoryBudget>) -> Self {
         Self {
@@ -186,16 +190,26 @@ impl MemoryPool for QueryMemory {
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
         let spills = reservation.consumer().can_spill();
+        // A spilling operator that holds almost nothing has nothing to
+        // spill: refused, it would fail the query. It may take its first
+        // bytes from the share kept for the others (the query's limit
+        // still holds): one partition of an aggregation that grew first
+        // must not starve its sibling.
+        let starting = reservation.size() + additional <= self.limit() / SPILLER_FLOOR_DIVISOR;
         if spills && !add_within(&self.spillable, additional, self.spillable_limit()) {
-            return Err(self.refused(
-                reservation,
-                additional,
-                &format!(
-                    "memory the query's spilling operators may hold ({} of its limit of {})",
-                    format_bytes(self.spillable_limit()),
-                    format_bytes(self.limit())
-                ),
-            ));
+            if starting {
+                self.spillable.fetch_add(additional, Ordering::Relaxed);
+            } else {
+                return Err(self.refused(
+                    reservation,
+                    additional,
+                    &format!(
+                        "memory the query's spilling operators may hold ({} of its limit of {})",
+                        format_bytes(self.spillable_limit()),
+                        format_bytes(self.limit())
+                    ),
+                ));
+            }
         }
         let undo = |this: &Self| {
             if spills {
@@ -413,8 +427,13 @@ mod tests {
         let err = sort2.try_grow(300).unwrap_err().to_string();
         assert!(err.contains("spilling operators"), "{err}");
         sort2.try_grow(275).unwrap();
+        // One that holds nothing yet may start in the others' share...
+        let sort3 = reservation(&pool, "sort3", true);
+        sort3.try_grow(10).unwrap();
+        // ...but not grow there.
+        assert!(sort3.try_grow(10).is_err());
         let fixed = reservation(&pool, "aggregate", false);
-        fixed.try_grow(125).unwrap();
+        fixed.try_grow(115).unwrap();
         assert!(fixed.try_grow(1).is_err(), "the limit holds");
         sort1.shrink(600);
         fixed.try_grow(500).unwrap();

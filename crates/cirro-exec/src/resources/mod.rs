@@ -1,10 +1,12 @@
 //! Resource control: the server's memory budget, each query's pool in it,
-//! and the spill area (see `docs/resources.md`).
+//! the admission queue in front of execution, and the spill area (see
+//! `docs/resources.md`).
 //!
 //! The process configures them once ([`configure`], from `cirro serve`'s and
 //! `cirro sql`'s flags); an engine opened without that (tests, embedding)
 //! gets the defaults ([`global`]).
 
+pub mod admission;
 pub mod memory;
 pub mod spill;
 
@@ -13,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use cirro_common::{CirroError, Result, SqlState};
 
+pub use admission::{Admission, AdmissionCounts, Ticket};
 pub use memory::{MemoryBudget, QueryMemory, SessionMemory, format_bytes};
 pub use spill::SpillArea;
 
@@ -23,6 +26,15 @@ pub const DEFAULT_MEMORY_SHARE: f64 = 0.8;
 /// The share of the queries' memory one query may use unless `SET
 /// memory_limit` (or `--query-memory`) says otherwise.
 pub const DEFAULT_QUERY_SHARE: f64 = 0.25;
+
+/// Statements that run at once unless `--max-running-queries` says
+/// otherwise: twice the cores, at least four.
+pub fn default_max_running() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get() * 2)
+        .unwrap_or(4)
+        .max(4)
+}
 
 /// The least memory a query may be given.
 pub const QUERY_MEMORY_MIN_BYTES: usize = 1 << 20;
@@ -44,6 +56,9 @@ pub struct ResourceConfig {
     pub query_memory: usize,
     /// The spill area's folder.
     pub spill_dir: PathBuf,
+    /// Statements that may run at once (the rest wait in the admission
+    /// queue).
+    pub max_running: usize,
 }
 
 impl ResourceConfig {
@@ -58,6 +73,7 @@ impl ResourceConfig {
             query_memory: ((queries as f64 * DEFAULT_QUERY_SHARE) as usize)
                 .max(QUERY_MEMORY_MIN_BYTES),
             spill_dir: std::env::temp_dir().join("cirro-spill"),
+            max_running: default_max_running(),
         }
     }
 }
@@ -67,6 +83,7 @@ impl ResourceConfig {
 pub struct Resources {
     config: ResourceConfig,
     budget: Arc<MemoryBudget>,
+    admission: Arc<Admission>,
     spill: OnceLock<std::result::Result<Arc<SpillArea>, CirroError>>,
 }
 
@@ -89,6 +106,7 @@ impl Resources {
         };
         Ok(Self {
             budget: Arc::new(MemoryBudget::new(queries)),
+            admission: Admission::new(config.max_running, queries),
             config,
             spill: OnceLock::new(),
         })
@@ -101,6 +119,11 @@ impl Resources {
     /// What the queries may hold together.
     pub fn budget(&self) -> &Arc<MemoryBudget> {
         &self.budget
+    }
+
+    /// The admission queue: statements reserve their memory limit in it.
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.admission
     }
 
     /// A query's memory unless the session says otherwise: the configured
@@ -205,6 +228,7 @@ mod tests {
             cache_bytes: cache,
             query_memory: 256 << 20,
             spill_dir: std::env::temp_dir(),
+            max_running: 4,
         })
     }
 

@@ -1,4 +1,6 @@
 //! `CREATE/ALTER USER|ROLE name [WITH] [PASSWORD 'p'] [SUPERUSER|NOSUPERUSER] [LOGIN]`,
+//! `ALTER USER|ROLE name SET setting {TO|=} value|DEFAULT`, `ALTER USER|ROLE name
+//! RESET setting|ALL` (the user's session defaults),
 //! `DROP USER|ROLE [IF EXISTS] a, b`,
 //! `GRANT|REVOKE privileges|ALL [PRIVILEGES] ON [TABLE] t, u TO|FROM a, b`.
 
@@ -20,6 +22,14 @@ pub enum AccessStatement {
     AlterUser {
         name: String,
         options: UserOptions,
+    },
+    /// A user's session default: `SET setting = value` (both Some), `RESET
+    /// setting` or `SET setting = DEFAULT` (value None), `RESET ALL` (both
+    /// None).
+    AlterUserSetting {
+        name: String,
+        setting: Option<String>,
+        value: Option<String>,
     },
     DropUser {
         names: Vec<String>,
@@ -49,6 +59,11 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<AccessStatement>> {
             return Ok(None);
         }
         let name = words.ident("a user name")?;
+        if !create && (words.word_at(0, "set") || words.word_at(0, "reset")) {
+            let statement = user_setting(&mut words, name)?;
+            words.end()?;
+            return Ok(Some(statement));
+        }
         let options = user_options(&mut words)?;
         if create {
             AccessStatement::CreateUser { name, options }
@@ -115,6 +130,49 @@ fn grant(words: &mut Words, revoke: bool) -> Result<AccessStatement> {
     })
 }
 
+/// `SET setting {TO|=} value|DEFAULT`, `RESET setting|ALL` after `ALTER
+/// USER name`.
+fn user_setting(words: &mut Words, name: String) -> Result<AccessStatement> {
+    if words.keyword("reset") {
+        let setting = if words.keyword("all") {
+            None
+        } else {
+            Some(words.ident("a setting name")?)
+        };
+        return Ok(AccessStatement::AlterUserSetting {
+            name,
+            setting,
+            value: None,
+        });
+    }
+    words.keyword("set");
+    let setting = words.ident("a setting name")?;
+    if !(words.keyword("to") || matches!(words.peek(), Some(Token::Eq))) {
+        return Err(syntax("expected TO or = after the setting's name"));
+    }
+    if matches!(words.peek(), Some(Token::Eq)) {
+        words.at += 1;
+    }
+    let negative = matches!(words.peek(), Some(Token::Minus));
+    if negative {
+        words.at += 1;
+    }
+    let value = match words.peek() {
+        Some(Token::SingleQuotedString(s)) => s.clone(),
+        Some(Token::Number(n, _)) => n.clone(),
+        Some(Token::Word(w)) if !negative => w.value.clone(),
+        _ => return Err(syntax("expected the setting's value")),
+    };
+    words.at += 1;
+    let value = if negative { format!("-{value}") } else { value };
+    let value = (!value.eq_ignore_ascii_case("default")).then_some(value);
+    Ok(AccessStatement::AlterUserSetting {
+        name,
+        setting: Some(setting),
+        value,
+    })
+}
+
 fn user_options(words: &mut Words) -> Result<UserOptions> {
     words.keyword("with");
     let mut options = UserOptions::default();
@@ -171,6 +229,36 @@ mod tests {
                 }
             })
         );
+        let setting = |sql: &str| match parse_sql(sql).expect("parse") {
+            Some(AccessStatement::AlterUserSetting {
+                name,
+                setting,
+                value,
+            }) => (name, setting, value),
+            other => panic!("{sql}: {other:?}"),
+        };
+        assert_eq!(
+            setting("ALTER USER bob SET memory_limit = '64MB'"),
+            (
+                "bob".into(),
+                Some("memory_limit".into()),
+                Some("64MB".into())
+            )
+        );
+        assert_eq!(
+            setting("alter role bob set priority to -5"),
+            ("bob".into(), Some("priority".into()), Some("-5".into()))
+        );
+        assert_eq!(
+            setting("ALTER USER bob SET priority TO DEFAULT"),
+            ("bob".into(), Some("priority".into()), None)
+        );
+        assert_eq!(
+            setting("ALTER USER bob RESET ALL"),
+            ("bob".into(), None, None)
+        );
+        assert!(parse_sql("ALTER USER bob SET priority 5").is_err());
+        assert!(parse_sql("ALTER USER bob SET priority = 5 6").is_err());
         let grant = parse_sql("grant select, insert on table s.t, u to bob, \"Carol\"")
             .expect("parse")
             .expect("a statement");

@@ -1,6 +1,7 @@
 //! Table maintenance the SQL dialect does not know:
 //! `DESCRIBE|DESC HISTORY t`, `OPTIMIZE t`, `VACUUM t [RETAIN n HOURS]`,
-//! `ANALYZE [VERBOSE] [t [, …]]`.
+//! `ANALYZE [VERBOSE] [t [, …]]`, and `CANCEL QUERY id` (a statement of
+//! `cirro.queries`).
 
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::common::TableReference;
@@ -19,11 +20,33 @@ pub enum Maintenance {
     /// `ANALYZE [VERBOSE] [name [, …]]` (no names: every table of the
     /// database that the user owns).
     Analyze(Vec<TableReference>),
+    /// `CANCEL QUERY id`
+    CancelQuery(i64),
 }
 
 /// Parse `tokens` if they are a maintenance statement (None otherwise).
 pub(crate) fn parse(tokens: &[Token]) -> Result<Option<Maintenance>> {
     let mut words = Words::new(tokens);
+    if words.keyword("cancel") {
+        let usage = || syntax("syntax error: expected CANCEL QUERY <id> (see cirro.queries)");
+        if !words.keyword("query") {
+            return Err(usage());
+        }
+        let id = match words.peek() {
+            Some(Token::Number(n, _)) => n.parse::<i64>().map_err(|_| {
+                CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!("{n} is not a query id (see cirro.queries)"),
+                )
+            })?,
+            _ => return Err(usage()),
+        };
+        words.at += 1;
+        if !words.is_end() {
+            return Err(usage());
+        }
+        return Ok(Some(Maintenance::CancelQuery(id)));
+    }
     if words.keyword("analyze") || words.keyword("analyse") {
         words.keyword("verbose");
         words.keyword("table");
@@ -127,5 +150,12 @@ mod tests {
             ]))
         );
         assert!(parse_sql("ANALYZE t (a)").is_err());
+        assert_eq!(
+            parse_sql("cancel query 1099511627777").expect("parse"),
+            Some(Maintenance::CancelQuery(1_099_511_627_777))
+        );
+        assert!(parse_sql("CANCEL QUERY").is_err());
+        assert!(parse_sql("CANCEL 3").is_err());
+        assert!(parse_sql("CANCEL QUERY 3 4").is_err());
     }
 }

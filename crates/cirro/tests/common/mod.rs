@@ -310,6 +310,13 @@ impl Session {
             if line.is_empty() || line.starts_with("NOTICE:") || line.starts_with("Time:") {
                 continue;
             }
+            // A log record (`[2026-… WARN  module] …`, env_logger's format) is
+            // not a reply: taken for one, it would shift every later reply
+            // onto the statement after (a failed COMMIT counted as done).
+            if line.starts_with('[') {
+                eprintln!("session log: {line}");
+                continue;
+            }
             if line.starts_with("ERROR:") {
                 return Err(line.to_string());
             }

@@ -76,7 +76,12 @@ impl Server {
     }
 
     pub fn start_on(data: DataDir) -> Self {
-        let (child, port, flight_port, _) = spawn_serve(data.path(), &[], PASSWORD);
+        Self::start_with(data, &[])
+    }
+
+    /// A server on `data` started with the extra flags `args`.
+    pub fn start_with(data: DataDir, args: &[&str]) -> Self {
+        let (child, port, flight_port, _) = spawn_serve(data.path(), args, PASSWORD);
         Server {
             child,
             port,
