@@ -408,7 +408,7 @@ fn twenty_million_row_join(skewed: bool) {
          FROM generate_series(1, 20000000) AS g(value)",
     );
     let key = if skewed {
-        "CASE WHEN value % 2 = 0 THEN 0 ELSE value END"
+        "CASE WHEN value % 2 = 0 THEN 1 ELSE value END"
     } else {
         "(value * 7919) % 20000000"
     };
