@@ -172,6 +172,16 @@ pub fn undefined_user(name: &str) -> CirroError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_user_entry_of_the_previous_release_reads_without_settings() {
+        let old =
+            r#"{"verifier":"SCRAM-SHA-256$4096:c2FsdA==$a:b","superuser":true,"created_ms":1}"#;
+        let entry: UserEntry = serde_json::from_str(old).expect("old entry");
+        assert!(entry.settings.is_empty());
+        // Written back without the new field while it is empty.
+        assert_eq!(serde_json::to_string(&entry).expect("json"), old);
+    }
+
     use super::*;
 
     #[test]

@@ -7,7 +7,7 @@
 mod common;
 
 use common::compare::{compare, is_ordered};
-use common::{DataDir, shared_dir};
+use common::{DataDir, eventually, shared_dir};
 
 /// The spill counts EXPLAIN ANALYZE printed, summed.
 fn spills(explained: &str) -> u64 {
@@ -98,17 +98,6 @@ fn tpch_sf1_joins_aggregations_and_sorts_spill_under_small_limits() {
             (21, "32MB", true),
         ],
     );
-}
-
-/// Poll `check` every 100 ms, at most `tries` times.
-fn eventually(tries: usize, mut check: impl FnMut() -> bool) -> bool {
-    for _ in 0..tries {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    false
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 
 use common::compare::{compare, is_ordered};
 use common::server::{PASSWORD, Server, interop_dir, python_ok, spawn_serve, stderr};
-use common::{DataDir, shared_dir};
+use common::{DataDir, eventually, shared_dir};
 
 #[test]
 fn psql_queries_describe_and_errors() {
@@ -386,17 +386,6 @@ fn authentication_and_privileges() {
     server.sql("DROP USER alice");
     let out = server.psql("alice", "new-pw", &["-c", "SELECT 1"]);
     assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
-}
-
-/// Poll `check` every 100 ms, at most `tries` times.
-fn eventually(tries: usize, mut check: impl FnMut() -> bool) -> bool {
-    for _ in 0..tries {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    false
 }
 
 #[test]

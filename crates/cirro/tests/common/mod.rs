@@ -388,3 +388,14 @@ pub fn cpu_ticks(pid: u32) -> u64 {
         .collect();
     fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
 }
+
+/// Poll `check` every 100 ms, at most `tries` times.
+pub fn eventually(tries: usize, mut check: impl FnMut() -> bool) -> bool {
+    for _ in 0..tries {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
