@@ -47,7 +47,7 @@ def start_cirro(binary, work, threads):
     env = dict(os.environ, CIRRO_PASSWORD=PASSWORD)
     env.pop("CIRRO_USER", None)
     proc = subprocess.Popen(
-        [binary, "--data", str(work / "cirro"), "--threads", str(threads), "serve", "--pg-port", str(port), "--flight-port", "0"],
+        [binary, "--data", str(work / "cirro"), "--threads", str(threads), "serve", "--pg-port", str(port), "--flight-port", "0", "--http-port", "0"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     proc.stdout.readline()  # "cirro: PostgreSQL protocol on …"

@@ -9,7 +9,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${HOME:-/root}/.cache/cirro/target}
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # Debian packages the tests drive: tmux (the shell test runs `cirro sql` in a
 # real terminal), psql and openssl (the server tests, over TLS with a
-# certificate made by openssl), a JDK (the JDBC test runs a Java source file).
+# certificate made by openssl), a JDK (the JDBC test runs a Java source file),
+# curl (the console's API).
 need() {
   command -v "$1" >/dev/null 2>&1 && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -24,6 +25,10 @@ need psql postgresql-client
 need openssl openssl
 need javac default-jdk-headless
 need curl curl
+# The console test drives a real headless Chromium through Selenium with
+# Debian's chromedriver (never a browser downloaded from elsewhere).
+need chromium chromium
+need chromedriver chromium-driver
 # The PostgreSQL JDBC driver, from Maven Central, checked against its SHA-1.
 jdbc_jar="${HOME:-/root}/.m2/repository/org/postgresql/postgresql/42.7.14/postgresql-42.7.14.jar"
 jdbc_sha1=0e7c94ce80cb1dd9875ff44ffe6a40a8aaa3eefd

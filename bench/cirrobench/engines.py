@@ -106,7 +106,7 @@ class Cirro:
     def __init__(self, ctx):
         self.proc = subprocess.Popen(
             [ctx.cirro_bin, "--data", ctx.cirro_data, "--threads", str(ctx.threads),
-             "serve", "--pg-port", "0", "--flight-port", "0"],
+             "serve", "--pg-port", "0", "--flight-port", "0", "--http-port", "0"],
             env={**os.environ, "CIRRO_PASSWORD": self.PASSWORD, "CIRRO_USER": "cirro", **ctx.cirro_env},
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
         )

@@ -18,8 +18,12 @@ use serde::{Deserialize, Serialize};
 /// A held cluster-wide lock; dropping it releases the lock.
 pub type HeldLock = Box<dyn Any + Send + Sync>;
 
+/// The highest node number (the bits of a backend pid above its session
+/// bits; `cirro_engine::activity` splits pids the same way).
+pub const NODE_NUMBER_MAX: u32 = 511;
+
 /// One member of the cluster, as it registered itself.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct NodeInfo {
     /// The node's name (`--node-id`), unique in the cluster.
     pub id: String,
@@ -45,6 +49,25 @@ pub struct NodeInfo {
     /// Bytes of its memory pool in use (same).
     #[serde(default)]
     pub memory_used: u64,
+    /// `host:port` of the web console and HTTP API (empty: none).
+    #[serde(default)]
+    pub http: String,
+    /// The node's number in the cluster (the high bits of its backend pids
+    /// and query ids; unique among live nodes).
+    #[serde(default)]
+    pub number: u32,
+    /// CPU the node's process used over the last seconds, in thousandths
+    /// of the machine (same best-effort updates as `queries`).
+    #[serde(default)]
+    pub cpu_permille: u32,
+    /// Size and free bytes of the file system of its spill directory.
+    #[serde(default)]
+    pub disk_bytes: u64,
+    #[serde(default)]
+    pub disk_free: u64,
+    /// Bytes its hot-data cache holds (memory tier).
+    #[serde(default)]
+    pub cache_bytes: u64,
 }
 
 /// This machine's cores and memory, for the node's registration.

@@ -247,7 +247,61 @@ impl ZkCluster {
     /// Create this node's ephemeral znode. A znode of the same name left by
     /// this node's previous life (a restart within the session timeout)
     /// disappears when that session expires: wait for it.
+    /// Claim a node number: an ephemeral `numbers/<n>` znode, the number
+    /// held before if it is still free (pids and query ids handed out carry
+    /// it), else the smallest free one.
+    async fn claim_number(&self, client: &zk::Client) -> Result<()> {
+        let dir = self.path("numbers");
+        match within(
+            &self.url,
+            "create the cluster's znodes",
+            client.mkdir(&dir, &persistent()),
+        )
+        .await?
+        {
+            Ok(()) | Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(zk_error(&format!("create {dir}"), e)),
+        }
+        let me = self.me();
+        let held = me.number;
+        let candidates = std::iter::once(held)
+            .filter(|&n| n > 0)
+            .chain(1..=cirro_catalog::coordination::NODE_NUMBER_MAX);
+        for n in candidates {
+            let ephemeral = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+            let path = format!("{dir}/{n}");
+            match within(
+                &self.url,
+                "claim a node number",
+                client.create(&path, me.id.as_bytes(), &ephemeral),
+            )
+            .await?
+            {
+                Ok(_) => {
+                    if held > 0 && n != held {
+                        // Rejoined after another node took its number: new
+                        // statements still carry the old one.
+                        log::warn!("node number {held} was taken while away; holding {n}");
+                    } else {
+                        self.me.lock().unwrap_or_else(|e| e.into_inner()).number = n;
+                    }
+                    return Ok(());
+                }
+                Err(zk::Error::NodeExists) => continue,
+                Err(e) => return Err(zk_error("claim a node number", e)),
+            }
+        }
+        Err(CirroError::new(
+            SqlState::CANNOT_CONNECT_NOW,
+            format!(
+                "the cluster has {} nodes, the most it can number",
+                cirro_catalog::coordination::NODE_NUMBER_MAX
+            ),
+        ))
+    }
+
     async fn register(&self, client: &zk::Client) -> Result<()> {
+        self.claim_number(client).await?;
         let path = self.my_path();
         let body = serde_json::to_vec(&self.me())?;
         let deadline = tokio::time::Instant::now() + SESSION_TIMEOUT * 2;

@@ -113,7 +113,7 @@ impl Engine {
         self.superuser_check().require(what)
     }
 
-    fn holds(&self, entry: &TableEntry, privilege: Privilege) -> bool {
+    pub(crate) fn holds(&self, entry: &TableEntry, privilege: Privilege) -> bool {
         let Some(user) = &self.user else {
             return true;
         };

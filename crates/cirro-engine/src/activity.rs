@@ -86,6 +86,38 @@ pub struct Activity {
     backends: Mutex<BTreeMap<i32, Entry>>,
     next_query: AtomicU64,
     queries: Mutex<Queries>,
+    /// The other nodes of the cluster (set by a clustered server).
+    cluster: std::sync::OnceLock<Arc<dyn ClusterActivity>>,
+}
+
+/// The other nodes' registries, reached over the network: what makes
+/// `cirro.queries`, `CANCEL QUERY` and `pg_cancel_backend` cluster-wide.
+#[async_trait::async_trait]
+pub trait ClusterActivity: Send + Sync {
+    /// The statements of every other live node (an unreachable node is left
+    /// out, with a warning: a dead node runs nothing).
+    async fn queries(&self) -> Vec<QueryView>;
+    /// Cancel statement `id` on node `node` for `user` (the node checks the
+    /// user's rights as its own `CANCEL QUERY` does). Ok(false): none.
+    async fn cancel_query(&self, node: u32, id: i64, user: Option<&str>) -> Result<bool>;
+    /// Signal backend `pid` on node `node` for `user`. Ok(false): none.
+    async fn signal(
+        &self,
+        node: u32,
+        pid: i32,
+        user: Option<&str>,
+        terminate: bool,
+    ) -> Result<bool>;
+}
+
+/// The node a query id names.
+pub fn query_node(id: i64) -> u32 {
+    (id >> QUERY_NODE_SHIFT) as u32
+}
+
+/// The node a backend pid names.
+pub fn pid_node(pid: i32) -> u32 {
+    (pid as u32) >> PID_NODE_SHIFT
 }
 
 /// Ended statements kept for `cirro.queries` and the console.
@@ -101,7 +133,8 @@ struct Queries {
 }
 
 /// Where a statement is (`cirro.queries.state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum QueryState {
     Queued,
     Running,
@@ -147,7 +180,7 @@ struct Progress {
 }
 
 /// What `cirro.queries` shows of a statement.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct QueryView {
     pub id: i64,
     pub pid: i32,
@@ -164,8 +197,8 @@ pub struct QueryView {
     pub spilled_bytes: u64,
     /// Rows it returned or changed so far.
     pub rows: u64,
-    /// The share of its work done, where known (0 to 1): 1 once finished;
-    /// not yet estimated while it runs.
+    /// The share of its work done, where known (0 to 1): 0 while queued,
+    /// estimated from its scans while it runs, 1 once finished.
     pub progress: Option<f64>,
     pub error: Option<String>,
     /// Its plan with each operator's figures (kept once it ended).
@@ -193,6 +226,36 @@ fn plan_metric(plan: &dyn ExecutionPlan, name: &str) -> u64 {
         .sum::<u64>()
 }
 
+/// How far a running plan has got, estimated from its leaves (the scans):
+/// rows they produced over the rows their statistics say they hold. None
+/// when no leaf knows its size. At most 0.99: what comes after the scans
+/// (the last merge, the client reading) is not counted.
+fn plan_progress(plan: &dyn ExecutionPlan) -> Option<f64> {
+    fn leaves(plan: &dyn ExecutionPlan, done: &mut u64, total: &mut u64) {
+        if plan.children().is_empty() {
+            use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+            let rows = StatisticsContext::new()
+                .compute(plan, &StatisticsArgs::new())
+                .ok()
+                .and_then(|s| s.num_rows.get_value().copied());
+            if let Some(rows) = rows {
+                *total += rows as u64;
+                *done += plan
+                    .metrics()
+                    .and_then(|m| m.output_rows())
+                    .map_or(0, |r| r as u64)
+                    .min(rows as u64);
+            }
+        }
+        for child in plan.children() {
+            leaves(child.as_ref(), done, total);
+        }
+    }
+    let (mut done, mut total) = (0, 0);
+    leaves(plan, &mut done, &mut total);
+    (total > 0).then(|| (done as f64 / total as f64).min(0.99))
+}
+
 impl QueryRecord {
     fn view(&self, node: u32) -> QueryView {
         let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
@@ -216,7 +279,11 @@ impl QueryRecord {
             peak_memory: peak,
             spilled_bytes: plan.map(|p| plan_metric(p, "spilled_bytes")).unwrap_or(0),
             rows: progress.rows,
-            progress: None,
+            progress: match progress.state {
+                QueryState::Running => plan.and_then(plan_progress),
+                QueryState::Queued => Some(0.0),
+                _ => None,
+            },
             error: None,
             plan: None,
         }
@@ -270,9 +337,7 @@ impl QueryRecord {
         view.ended = Some(now_micros());
         view.memory = 0;
         view.error = error;
-        if state == QueryState::Finished {
-            view.progress = Some(1.0);
-        }
+        view.progress = (state == QueryState::Finished).then_some(1.0);
         let plan = self
             .progress
             .lock()
@@ -338,11 +403,63 @@ impl Activity {
             backends: Mutex::new(BTreeMap::new()),
             next_query: AtomicU64::new(1),
             queries: Mutex::new(Queries::default()),
+            cluster: std::sync::OnceLock::new(),
         }))
     }
 
     pub fn node(&self) -> u32 {
         self.node
+    }
+
+    /// Reach the other nodes through `cluster` (once, at start).
+    pub fn set_cluster(&self, cluster: Arc<dyn ClusterActivity>) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    /// Whether other nodes are reached (a clustered server).
+    pub fn in_cluster(&self) -> bool {
+        self.cluster.get().is_some()
+    }
+
+    /// The statements of the whole cluster: this node's, then the other
+    /// nodes' (only this node's on a single node).
+    pub async fn cluster_queries(&self) -> Vec<QueryView> {
+        let mut views = self.queries();
+        if let Some(cluster) = self.cluster.get() {
+            views.extend(cluster.queries().await);
+        }
+        views
+    }
+
+    /// [`Activity::cancel_query`] for a statement of any node.
+    pub async fn cancel_cluster_query(
+        &self,
+        id: i64,
+        user: Option<&str>,
+        superuser: bool,
+    ) -> Result<bool> {
+        match self.cluster.get() {
+            Some(cluster) if query_node(id) != self.node => {
+                cluster.cancel_query(query_node(id), id, user).await
+            }
+            _ => self.cancel_query(id, user, superuser),
+        }
+    }
+
+    /// [`Activity::signal`] for a backend of any node.
+    pub async fn signal_cluster(
+        &self,
+        pid: i32,
+        user: Option<&str>,
+        superuser: bool,
+        terminate: bool,
+    ) -> Result<bool> {
+        match self.cluster.get() {
+            Some(cluster) if pid_node(pid) != self.node => {
+                cluster.signal(pid_node(pid), pid, user, terminate).await
+            }
+            _ => self.signal(pid, user, superuser, terminate),
+        }
     }
 
     /// The statements of this node: queued and running ones, then the ended
@@ -682,5 +799,7 @@ mod tests {
         drop(a);
         assert_eq!(activity.backends().len(), 1);
         assert!(Activity::new(NODE_ID_MAX + 1).is_err());
+        // The cluster numbers nodes within what a pid can carry.
+        assert_eq!(NODE_ID_MAX, cirro_catalog::coordination::NODE_NUMBER_MAX);
     }
 }

@@ -43,6 +43,7 @@ mod pg_compat;
 mod prepared;
 mod queries;
 mod settings;
+mod storage;
 pub mod system;
 mod time_travel;
 mod txn;
@@ -75,6 +76,7 @@ pub use cirro_sql::{
 pub use copy_text::encode_row;
 pub use prepared::Prepared;
 pub use settings::SERVER_VERSION;
+pub use storage::TableStorage;
 
 /// How a process's engine is set up.
 #[derive(Clone, Debug, Default)]

@@ -149,10 +149,24 @@ fn signal_udf(terminate: bool, slot: BackendSlot, superuser: SuperuserCheck) -> 
                     out.append_value(false);
                     continue;
                 };
-                let signalled = backend
-                    .activity()
-                    .signal(pid, superuser.user(), superuser.holds(), terminate)
-                    .map_err(CirroError::into_datafusion)?;
+                let activity = backend.activity();
+                let remote =
+                    activity.in_cluster() && crate::activity::pid_node(pid) != activity.node();
+                let signalled = if !remote {
+                    activity.signal(pid, superuser.user(), superuser.holds(), terminate)
+                } else {
+                    // Another node's backend: ask it (a rare, administrative
+                    // call; the scalar function waits for the answer).
+                    tokio::task::block_in_place(|| {
+                        tokio::runtime::Handle::current().block_on(activity.signal_cluster(
+                            pid,
+                            superuser.user(),
+                            superuser.holds(),
+                            terminate,
+                        ))
+                    })
+                }
+                .map_err(CirroError::into_datafusion)?;
                 out.append_value(signalled);
             }
             Ok(ColumnarValue::Array(Arc::new(out.finish())))

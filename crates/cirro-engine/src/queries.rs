@@ -238,7 +238,7 @@ impl RecordBatchStream for Tracked {
     }
 }
 
-/// `CANCEL QUERY id`: cancel a queued or running statement of this node;
+/// `CANCEL QUERY id`: cancel a queued or running statement of any node;
 /// 42501 unless a superuser or the statement's own user, 42704 when there
 /// is no such statement.
 pub(crate) async fn cancel_query(engine: &Engine, id: i64) -> Result<Outcome> {
@@ -250,7 +250,8 @@ pub(crate) async fn cancel_query(engine: &Engine, id: i64) -> Result<Outcome> {
     let superuser = engine.superuser_check();
     let cancelled = backend
         .activity()
-        .cancel_query(id, superuser.user(), superuser.holds())?;
+        .cancel_cluster_query(id, superuser.user(), superuser.holds())
+        .await?;
     if !cancelled {
         return Err(CirroError::new(
             SqlState::UNDEFINED_OBJECT,

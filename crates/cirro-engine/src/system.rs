@@ -1,20 +1,23 @@
 //! The `cirro` schema: Cirro's system tables, in every database.
 //!
 //! - `cirro.nodes`: the members of the cluster (one row, `local`, on a
-//!   single node): id, addresses, state, cores, memory, running queries.
+//!   single node): id, addresses, state, cores, memory, running queries,
+//!   and the load each node last reported (CPU, spill disk, cache).
 //! - `cirro.cache`: the hot-data tier of this node, one row per data file it
 //!   holds or was asked for: entries (column chunks), bytes, hits, misses,
 //!   the best priority among its entries.
 //! - `cirro.statistics`: what `ANALYZE` kept, one row per column of each
 //!   analyzed table: rows, NULLs, estimated distinct values, the Delta
 //!   version analyzed and when.
-//! - `cirro.queries`: the statements of this node's sessions, queued,
-//!   running and the last ended ones (see `queries.rs`); empty in a
-//!   session without a server (`cirro sql`).
+//! - `cirro.queries`: the statements of the cluster's sessions (every
+//!   node's), queued, running and the last ended ones (see `queries.rs`);
+//!   empty in a session without a server (`cirro sql`).
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int32Array, Int64Array, StringArray, TimestampMillisecondArray};
+use arrow::array::{
+    ArrayRef, Float64Array, Int32Array, Int64Array, StringArray, TimestampMillisecondArray,
+};
 use async_trait::async_trait;
 use cirro_catalog::{Catalog, NodeInfo};
 use datafusion::catalog::{SchemaProvider, TableProvider};
@@ -47,11 +50,10 @@ impl SchemaProvider for SystemSchema {
             "cache" => Ok(Some(cache_table()?)),
             "statistics" => Ok(Some(statistics_table(&self.catalog)?)),
             "queries" => {
-                let views = self
-                    .backend
-                    .get()
-                    .map(|b| b.activity().queries())
-                    .unwrap_or_default();
+                let views = match self.backend.get() {
+                    Some(backend) => backend.activity().cluster_queries().await,
+                    None => Vec::new(),
+                };
                 Ok(Some(crate::queries::queries_table(&views)?))
             }
             _ => Ok(None),
@@ -72,16 +74,10 @@ impl SystemSchema {
                 vec![NodeInfo {
                     id: "local".into(),
                     version: env!("CARGO_PKG_VERSION").into(),
-                    pg: String::new(),
-                    flight: String::new(),
-                    worker: String::new(),
                     cores,
                     memory_bytes,
-                    started_ms: 0,
                     state: "running".into(),
-                    queries: 0,
-                    tasks: 0,
-                    memory_used: 0,
+                    ..NodeInfo::default()
                 }]
             }
         }
@@ -126,6 +122,17 @@ fn nodes_table(nodes: &[NodeInfo]) -> DfResult<Arc<dyn TableProvider>> {
             "started",
             Arc::new(TimestampMillisecondArray::from(started).with_timezone("UTC")),
         ),
+        ("http_address", text(&|n| &n.http)),
+        (
+            "cpu_percent",
+            Arc::new(Float64Array::from_iter_values(
+                nodes.iter().map(|n| f64::from(n.cpu_permille) / 10.0),
+            )),
+        ),
+        ("disk_bytes", int64(&|n| n.disk_bytes)),
+        ("disk_free", int64(&|n| n.disk_free)),
+        ("cache_bytes", int64(&|n| n.cache_bytes)),
+        ("number", int32(&|n| n.number)),
     ])
 }
 

@@ -13,7 +13,10 @@
 //! Sessions share one [`Catalog`]; each has its own engine (settings,
 //! transaction, pinned tables), so connections never block each other.
 
+mod admin;
+mod console;
 mod flight;
+mod http_client;
 mod pg;
 mod session;
 
@@ -40,6 +43,8 @@ use tokio_rustls::rustls::ServerConfig as TlsConfig;
 
 use crate::session::Canceller;
 
+pub use admin::{AdminCall, AdminTarget, admin};
+
 /// How `cirro serve` runs.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -51,6 +56,12 @@ pub struct ServerConfig {
     pub pg_port: u16,
     /// Arrow Flight SQL port.
     pub flight_port: u16,
+    /// Port of the web console and HTTP API (None: none).
+    pub http_port: Option<u16>,
+    /// Statements that take at least this long go to the slow-query log.
+    pub slow_query: Duration,
+    /// The slow-query log's file (None: standard error).
+    pub slow_query_log: Option<std::path::PathBuf>,
     /// TLS certificate chain and private key (PEM).
     pub tls: Option<(String, String)>,
     /// Refuse connections without TLS.
@@ -89,6 +100,43 @@ pub(crate) struct Shared {
     activity: Arc<cirro_engine::activity::Activity>,
     /// Running sessions by backend pid, for CancelRequest.
     sessions: Mutex<HashMap<i32, (Vec<u8>, Weak<Canceller>)>>,
+}
+
+impl Shared {
+    /// Check `user`'s password against the catalog's SCRAM verifier (for
+    /// the logins that carry a password: Flight SQL, the console): 28000
+    /// for an unknown user, 28P01 for a wrong password.
+    pub(crate) async fn check_password(&self, user: &str, password: &str) -> Result<()> {
+        let snapshot = self.catalog.refresh().await?;
+        let Some(entry) = snapshot.users.get(user) else {
+            return Err(CirroError::new(
+                SqlState::INVALID_AUTHORIZATION,
+                format!("role \"{user}\" does not exist"),
+            ));
+        };
+        let verifier = cirro_catalog::ScramVerifier::parse(&entry.verifier)?;
+        let password = password.to_string();
+        // PBKDF2 takes milliseconds: off the async threads.
+        let matches = tokio::task::spawn_blocking(move || verifier.matches_password(&password))
+            .await
+            .map_err(|e| CirroError::internal(e.to_string()))?;
+        if !matches {
+            return Err(CirroError::new(
+                SqlState::INVALID_PASSWORD,
+                format!("password authentication failed for user \"{user}\""),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `user` is a superuser now.
+    pub(crate) fn is_superuser(&self, user: &str) -> bool {
+        self.catalog
+            .snapshot()
+            .users
+            .get(user)
+            .is_some_and(|u| u.superuser)
+    }
 }
 
 /// Unregisters a session from the cancel registry when its connection ends.
@@ -288,6 +336,7 @@ async fn join_cluster(
     pg: std::net::SocketAddr,
     flight: std::net::SocketAddr,
     worker: std::net::SocketAddr,
+    http: Option<std::net::SocketAddr>,
 ) -> Result<Arc<cirro_cluster::ZkCluster>> {
     let host = advertised_host(options, listen);
     let pg = format!("{host}:{}", pg.port());
@@ -301,13 +350,12 @@ async fn join_cluster(
         flight: format!("{host}:{}", flight.port()),
         pg,
         worker: format!("{host}:{}", worker.port()),
+        http: http.map_or_else(String::new, |a| format!("{host}:{}", a.port())),
         cores,
         memory_bytes,
         started_ms: cirro_catalog::state::now_ms(),
         state: "running".to_string(),
-        queries: 0,
-        tasks: 0,
-        memory_used: 0,
+        ..cirro_catalog::NodeInfo::default()
     };
     cirro_cluster::ZkCluster::join(&options.url, data, me).await
 }
@@ -318,6 +366,10 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     let (listener, local) = listen(&config.listen, config.pg_port, "").await?;
     let (flight_listener, flight_local) =
         listen(&config.listen, config.flight_port, " (Flight SQL)").await?;
+    let http = match config.http_port {
+        Some(port) => Some(listen(&config.listen, port, " (web console)").await?),
+        None => None,
+    };
     let runtime = match &config.engine.runtime {
         Some(runtime) => Arc::clone(runtime),
         None => Arc::new(RuntimeEnv::default()),
@@ -333,6 +385,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
                 local,
                 flight_local,
                 worker_local,
+                http.as_ref().map(|(_, a)| *a),
             )
             .await?;
             let secret = cluster.cluster_secret(options.secret.clone()).await?;
@@ -348,9 +401,13 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
             let tasks =
                 cirro_cluster::worker::spawn_worker(worker_listener, &secret, execution.worker())?;
             let execution: Arc<dyn cirro_exec::distribution::Distribution> = execution;
-            (Some(cluster), Some(execution), tasks)
+            (Some((cluster, secret)), Some(execution), tasks)
         }
         None => (None, None, Default::default()),
+    };
+    let (cluster, secret) = match cluster {
+        Some((cluster, secret)) => (Some(cluster), Some(secret)),
+        None => (None, None),
     };
     let catalog = match &cluster {
         Some(cluster) => Catalog::open_in_cluster(root, Arc::clone(cluster) as _).await?,
@@ -384,17 +441,50 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         require_tls: config.require_tls,
         parameters: Arc::new(parameters),
         pids: RandomPidSecretKeyGenerator::default(),
-        // One node until the cluster assigns node ids.
-        activity: cirro_engine::activity::Activity::new(0)?,
+        // Pids and query ids carry the node's number in the cluster.
+        activity: cirro_engine::activity::Activity::new(
+            cluster.as_ref().map_or(0, |c| c.me().number),
+        )?,
         sessions: Mutex::new(HashMap::new()),
     });
+    let monitor = console::monitor::Monitor::start(
+        Arc::clone(&shared.activity),
+        console::monitor::SlowLog {
+            threshold: config.slow_query,
+            file: config.slow_query_log.clone(),
+        },
+    );
+    let tls_cert = config.tls.as_ref().map(|(cert, _)| cert.clone());
     if let Some(cluster) = &cluster {
+        shared
+            .activity
+            .set_cluster(Arc::new(console::peers::ClusterPeers {
+                cluster: Arc::clone(cluster),
+                peers: console::peers::Peers::new(tls_cert.as_deref(), secret.clone())?,
+            }));
         tokio::spawn(report_load(
             Arc::clone(cluster),
             Arc::clone(&shared),
             worker_tasks.clone(),
+            Arc::clone(&monitor),
         ));
     }
+    let http_local = match http {
+        Some((listener, local)) => {
+            console::spawn(
+                Arc::clone(&shared),
+                console::ConsoleSetup {
+                    listener,
+                    tls: tls.clone(),
+                    cluster: cluster.clone(),
+                    secret: secret.clone(),
+                    monitor,
+                },
+            )?;
+            Some(local)
+        }
+        None => None,
+    };
     let mut flight = tonic::transport::Server::builder();
     if let Some((cert, key)) = &config.tls {
         let read = |path: &str| {
@@ -427,17 +517,22 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
             eprintln!("cirro: Flight SQL stopped: {e}");
         }
     });
-    // Both listen before either is announced (the tests read these lines).
-    println!(
-        "cirro: PostgreSQL protocol on {local}{}",
-        if tls.is_some() { " (TLS)" } else { "" }
+    // All listen before any is announced (the tests read these lines), and
+    // the lines go out in one write: a reader that stops after the first
+    // two cannot make a later line fail.
+    let tls_note = if tls.is_some() { " (TLS)" } else { "" };
+    let mut announce = format!(
+        "cirro: PostgreSQL protocol on {local}{tls_note}\ncirro: Arrow Flight SQL on {flight_local}{tls_note}\n"
     );
-    println!(
-        "cirro: Arrow Flight SQL on {flight_local}{}",
-        if tls.is_some() { " (TLS)" } else { "" }
-    );
+    if let Some(http) = http_local {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        announce.push_str(&format!("cirro: web console on {scheme}://{http}/\n"));
+    }
     use std::io::Write as _;
-    let _ = std::io::stdout().flush();
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(announce.as_bytes());
+    let _ = stdout.flush();
+    drop(stdout);
     let query = Arc::new(pg::QueryHandler::new());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| CirroError::io(e.to_string()))?;
@@ -509,9 +604,10 @@ async fn report_load(
     cluster: Arc<cirro_cluster::ZkCluster>,
     shared: Arc<Shared>,
     tasks: cirro_cluster::worker::InFlight,
+    monitor: Arc<console::monitor::Monitor>,
 ) {
     let step = cluster.me().memory_bytes / 4096;
-    let mut reported = (0u32, 0u32, 0u64);
+    let mut reported = None;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let memory = shared
@@ -519,25 +615,56 @@ async fn report_load(
             .runtime
             .as_ref()
             .map_or(0, |r| r.memory_pool.reserved() as u64);
-        let now = (
-            shared.activity.running() as u32,
-            tasks.count() as u32,
-            memory,
-        );
-        let changed =
-            now.0 != reported.0 || now.1 != reported.1 || now.2.abs_diff(reported.2) > step;
-        if changed
-            && cluster
-                .update_me(|me| {
-                    me.queries = now.0;
-                    me.tasks = now.1;
-                    me.memory_used = now.2;
-                })
-                .await
-                .is_ok()
-        {
-            reported = now;
+        let sample = monitor.latest();
+        let now = LoadReport {
+            queries: shared.activity.running() as u32,
+            tasks: tasks.count() as u32,
+            memory: memory.max(sample.memory_used),
+            cpu_permille: sample.cpu_permille,
+            disk: (sample.disk_bytes, sample.disk_free),
+            cache_bytes: sample.cache_bytes,
+        };
+        if reported.is_some_and(|r: LoadReport| !r.moved(&now, step)) {
+            continue;
         }
+        let written = cluster
+            .update_me(|me| {
+                me.queries = now.queries;
+                me.tasks = now.tasks;
+                me.memory_used = now.memory;
+                me.cpu_permille = now.cpu_permille;
+                (me.disk_bytes, me.disk_free) = now.disk;
+                me.cache_bytes = now.cache_bytes;
+            })
+            .await;
+        if written.is_ok() {
+            reported = Some(now);
+        }
+    }
+}
+
+/// What a node last wrote of its load.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct LoadReport {
+    queries: u32,
+    tasks: u32,
+    memory: u64,
+    cpu_permille: u32,
+    disk: (u64, u64),
+    cache_bytes: u64,
+}
+
+impl LoadReport {
+    /// Whether `now` is worth a write: a count changed, memory or cache
+    /// moved by more than `step`, CPU by 5 % of the machine, free disk by
+    /// 1 % of the disk.
+    fn moved(&self, now: &LoadReport, step: u64) -> bool {
+        self.queries != now.queries
+            || self.tasks != now.tasks
+            || self.memory.abs_diff(now.memory) > step
+            || self.cache_bytes.abs_diff(now.cache_bytes) > step
+            || self.cpu_permille.abs_diff(now.cpu_permille) >= 50
+            || self.disk.1.abs_diff(now.disk.1) > now.disk.0 / 100
     }
 }
 

@@ -12,6 +12,7 @@ pub mod cache;
 pub mod dv;
 pub mod evolve;
 pub mod failpoint;
+pub mod footprint;
 pub mod maintenance;
 pub mod mutate;
 pub mod options;

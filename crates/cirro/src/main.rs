@@ -3,11 +3,14 @@
 //! - `cirro sql` — the SQL shell, or a script runner with `-c` / `-f`;
 //! - `cirro load tpch|ssb` — generate and load the benchmark data sets;
 //! - `cirro serve` — the PostgreSQL-protocol server;
-//! - `cirro bench` — the benchmark suites beside the peers (`bench/`).
+//! - `cirro bench` — the benchmark suites beside the peers (`bench/`);
+//! - `cirro admin` — a running node's status, nodes and statements, and
+//!   cancel (through its HTTP API).
 //!
 //! Every command works on one data location (`--data`, `CIRRO_DATA`, default
 //! `./cirro-data`), which holds the catalog and the tables.
 
+mod admin;
 mod bench;
 mod load;
 mod meta;
@@ -100,6 +103,9 @@ enum Command {
     },
     /// Serve the data location over the PostgreSQL protocol.
     Serve(ServeArgs),
+    /// Inspect and control running nodes through any node's HTTP API:
+    /// `cirro admin [--url URL] status|nodes|queries|cancel ID`.
+    Admin(admin::AdminArgs),
     /// Benchmark Cirro beside its peers: `cirro bench <tpch|ssb|joins|aggregation|dml|micro>
     /// [--sf N] [--threads T] [--peers a,b,…]` (`cirro bench --help` for all options).
     #[command(disable_help_flag = true)]
@@ -121,8 +127,22 @@ pub struct ServeArgs {
     /// Port of Arrow Flight SQL (0 picks a free one, printed at start).
     #[arg(long, env = "CIRRO_FLIGHT_PORT", default_value_t = 50051)]
     flight_port: u16,
+    /// Port of the web console and HTTP API (0 picks a free one, printed at
+    /// start); served over TLS when the server has a certificate.
+    #[arg(long, env = "CIRRO_HTTP_PORT", default_value_t = 8080)]
+    http_port: u16,
+    /// Serve no web console or HTTP API.
+    #[arg(long, conflicts_with = "http_port")]
+    no_http: bool,
+    /// Statements that take at least this many milliseconds go to the
+    /// slow-query log.
+    #[arg(long, env = "CIRRO_SLOW_QUERY_MS", default_value_t = 10_000)]
+    slow_query_ms: u64,
+    /// The slow-query log: a file of JSON lines (default: standard error).
+    #[arg(long, env = "CIRRO_SLOW_QUERY_LOG")]
+    slow_query_log: Option<std::path::PathBuf>,
     /// TLS certificate chain (PEM); with --tls-key enables TLS on both
-    /// protocols.
+    /// protocols and the web console.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<String>,
     /// TLS private key (PEM).
@@ -383,6 +403,20 @@ fn flags(cli: &Cli) -> Vec<Flag> {
                 "Arrow Flight SQL port (--flight-port, CIRRO_FLIGHT_PORT)",
             ),
             flag(
+                "cirro.http_port",
+                if args.no_http {
+                    "off".to_string()
+                } else {
+                    args.http_port.to_string()
+                },
+                "web console and HTTP API port (--http-port, CIRRO_HTTP_PORT; --no-http: off)",
+            ),
+            flag(
+                "cirro.slow_query_ms",
+                args.slow_query_ms.to_string(),
+                "statements at least this slow go to the slow-query log (--slow-query-ms, --slow-query-log)",
+            ),
+            flag(
                 "cirro.tls",
                 (args.tls_cert.is_some()).to_string(),
                 "TLS with --tls-cert and --tls-key",
@@ -442,6 +476,9 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
     if let Command::Bench { args } = &cli.command {
         return bench::run(args, cli.threads);
     }
+    if let Command::Admin(args) = cli.command {
+        return admin::run(args).await;
+    }
     if let Command::Serve(args) = cli.command {
         trim_malloc_periodically();
         cirro_server::serve(cirro_server::ServerConfig {
@@ -449,6 +486,9 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
             listen: args.listen,
             pg_port: args.pg_port,
             flight_port: args.flight_port,
+            http_port: (!args.no_http).then_some(args.http_port),
+            slow_query: std::time::Duration::from_millis(args.slow_query_ms),
+            slow_query_log: args.slow_query_log,
             tls: args.tls_cert.zip(args.tls_key),
             require_tls: args.require_tls,
             engine: config,
@@ -470,6 +510,6 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
         Command::Load { dataset } => load::run(&engine, dataset)
             .await
             .map(|()| ExitCode::SUCCESS),
-        Command::Serve(_) | Command::Bench { .. } => Ok(ExitCode::SUCCESS),
+        Command::Serve(_) | Command::Bench { .. } | Command::Admin(_) => Ok(ExitCode::SUCCESS),
     }
 }

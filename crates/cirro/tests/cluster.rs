@@ -227,6 +227,8 @@ fn refused_join(cluster: &Cluster, data: &str, node_id: &str, envs: &[(&str, &st
             "0",
             "--flight-port",
             "0",
+            "--http-port",
+            "0",
         ])
         .args(["--cluster", &cluster.zk_url(), "--node-id", node_id])
         .env("CIRRO_PASSWORD", "unused-pw")
@@ -630,6 +632,122 @@ fn a_cancelled_distributed_query_stops_on_every_node() {
             "node{} still busy after the cancel: {s} -> {a} ticks",
             i + 1
         );
+    }
+}
+
+/// A psql on node `node` running `sql` in the background.
+fn psql_bg(cluster: &Cluster, node: usize, sql: &str) -> std::process::Child {
+    Command::new("psql")
+        .arg(cluster.conninfo(node))
+        .args(["-X", "-At", "-v", "VERBOSITY=verbose", "-c", sql])
+        .env("PGPASSWORD", &cluster.password)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psql")
+}
+
+#[test]
+fn statements_of_every_node_are_listed_and_cancelled_from_any_node() {
+    let cluster = Cluster::up(2, "local");
+    cluster.sql(
+        1,
+        "CREATE TABLE t AS SELECT value AS v FROM generate_series(1, 1000) AS g(value)",
+    );
+    // Each node has its own number: pids and query ids carry it.
+    let numbers = cluster.sql(1, "SELECT id, number FROM cirro.nodes ORDER BY id");
+    let numbers: Vec<i64> = numbers
+        .lines()
+        .map(|l| l.rsplit('|').next().expect("number").parse().expect("int"))
+        .collect();
+    assert_eq!(numbers.len(), 2);
+    assert!(
+        numbers[0] >= 1 && numbers[1] >= 1 && numbers[0] != numbers[1],
+        "{numbers:?}"
+    );
+    let node2 = numbers[1];
+    let pid2: i64 = cluster
+        .sql(2, "SELECT pg_backend_pid()")
+        .parse()
+        .expect("pid");
+    assert_eq!(pid2 >> 22, node2);
+
+    // A long statement on node2, seen and cancelled through node1.
+    let long = |marker: &str| {
+        format!("SELECT /* {marker} */ count(*) FROM t, generate_series(1, 5000000000)")
+    };
+    let find = |marker: &str, column: &str| {
+        cluster.sql(
+            1,
+            &format!(
+                "SELECT {column} FROM cirro.queries WHERE state = 'running' \
+                 AND query LIKE '%{marker}%' AND query NOT LIKE '%cirro.queries%'"
+            ),
+        )
+    };
+    let client = psql_bg(&cluster, 2, &long("cw-one"));
+    within(
+        Duration::from_secs(20),
+        "node1 listing node2's statement",
+        || !find("cw-one", "query_id").is_empty(),
+    );
+    let id: i64 = find("cw-one", "query_id").parse().expect("id");
+    assert_eq!(id >> 40, node2);
+    assert_eq!(find("cw-one", "node").parse::<i64>().expect("node"), node2);
+    assert_eq!(
+        cluster.sql(1, &format!("CANCEL QUERY {id}")),
+        "CANCEL QUERY"
+    );
+    let out = client.wait_with_output().expect("psql");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("57014"), "{err}");
+    // Ended, on node2, and listed as such through node1.
+    within(Duration::from_secs(10), "the cancel listed", || {
+        cluster.sql(
+            1,
+            &format!("SELECT state FROM cirro.queries WHERE query_id = {id}"),
+        ) == "cancelled"
+    });
+    assert!(
+        cluster
+            .sql_err(1, &format!("CANCEL QUERY {id}"))
+            .contains("42704")
+    );
+
+    // pg_cancel_backend of node2's backend, through node1.
+    let client = psql_bg(&cluster, 2, &long("cw-two"));
+    within(
+        Duration::from_secs(20),
+        "node1 listing the second statement",
+        || !find("cw-two", "pid").is_empty(),
+    );
+    let pid = find("cw-two", "pid");
+    assert_eq!(
+        cluster.sql(1, &format!("SELECT pg_cancel_backend({pid})")),
+        "t"
+    );
+    let out = client.wait_with_output().expect("psql");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("57014"), "{err}");
+
+    // The console of node1 maps both nodes, with their consoles.
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "20", "-u"])
+        .arg(format!("cirro:{}", cluster.password))
+        .arg(format!("http://{}/api/nodes", cluster.http[0]))
+        .output()
+        .expect("curl");
+    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let https: Vec<&str> = nodes
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|n| n["http"].as_str().expect("http"))
+        .collect();
+    assert_eq!(https.len(), 2, "{nodes}");
+    for http in &cluster.http {
+        assert!(https.contains(&http.as_str()), "{http} not in {nodes}");
     }
 }
 

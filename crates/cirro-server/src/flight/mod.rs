@@ -48,7 +48,7 @@ use arrow_flight::{
 };
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD_NO_PAD, URL_SAFE_NO_PAD};
-use cirro_catalog::{DEFAULT_DATABASE, ScramVerifier};
+use cirro_catalog::DEFAULT_DATABASE;
 use cirro_common::{CirroError, SqlState};
 use cirro_engine::{Engine, EngineConfig, Outcome};
 use datafusion::execution::SendableRecordBatchStream;
@@ -249,25 +249,7 @@ impl FlightSql {
         password: &str,
         client_addr: Option<String>,
     ) -> Result<Session, CirroError> {
-        let snapshot = self.shared.catalog.refresh().await?;
-        let Some(entry) = snapshot.users.get(user) else {
-            return Err(CirroError::new(
-                SqlState::INVALID_AUTHORIZATION,
-                format!("role \"{user}\" does not exist"),
-            ));
-        };
-        let verifier = ScramVerifier::parse(&entry.verifier)?;
-        let password = password.to_string();
-        // PBKDF2 takes milliseconds: off the async threads.
-        let matches = tokio::task::spawn_blocking(move || verifier.matches_password(&password))
-            .await
-            .map_err(|e| CirroError::internal(e.to_string()))?;
-        if !matches {
-            return Err(CirroError::new(
-                SqlState::INVALID_PASSWORD,
-                format!("password authentication failed for user \"{user}\""),
-            ));
-        }
+        self.shared.check_password(user, password).await?;
         let config = EngineConfig {
             database: Some(DEFAULT_DATABASE.to_string()),
             ..self.shared.engine.clone()

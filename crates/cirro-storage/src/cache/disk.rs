@@ -191,14 +191,21 @@ pub fn global() -> Option<&'static Arc<DiskTier>> {
 }
 
 /// The size in bytes of the file system holding `dir`.
-#[allow(unsafe_code)] // one FFI call to libc, see SAFETY below
 pub fn file_system_size(dir: &FsPath) -> Option<u64> {
+    file_system_space(dir).map(|(size, _)| size)
+}
+
+/// The size and the bytes free to unprivileged users of the file system
+/// holding `dir`.
+#[allow(unsafe_code)] // one FFI call to libc, see SAFETY below
+pub fn file_system_space(dir: &FsPath) -> Option<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
     let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `path` is a valid C string and `stat` a writable statvfs.
     let rc = unsafe { libc::statvfs(path.as_ptr(), &mut stat) };
-    (rc == 0).then(|| stat.f_blocks as u64 * stat.f_frsize as u64)
+    let block = stat.f_frsize as u64;
+    (rc == 0).then(|| (stat.f_blocks as u64 * block, stat.f_bavail as u64 * block))
 }
 
 /// What reading a block file found.

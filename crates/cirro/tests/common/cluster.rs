@@ -14,6 +14,8 @@ pub struct Cluster {
     pub pg: Vec<String>,
     /// `host:port` of each node's Flight SQL.
     pub flight: Vec<String>,
+    /// `host:port` of each node's web console and HTTP API.
+    pub http: Vec<String>,
     pub password: String,
     /// Environment variables the nodes were started with (and restarted).
     envs: Vec<(String, String)>,
@@ -84,6 +86,7 @@ impl Cluster {
         );
         let mut pg = Vec::new();
         let mut flight = Vec::new();
+        let mut http = Vec::new();
         for line in stdout.lines().filter(|l| l.starts_with("node")) {
             let field = |name: &str| {
                 line.split_whitespace()
@@ -93,6 +96,7 @@ impl Cluster {
             };
             pg.push(field("pg="));
             flight.push(field("flight="));
+            http.push(field("http="));
         }
         assert_eq!(pg.len(), nodes, "{stdout}");
         let password = std::fs::read_to_string(dir.path().join("password"))
@@ -103,6 +107,7 @@ impl Cluster {
             dir,
             pg,
             flight,
+            http,
             password,
             envs,
         }

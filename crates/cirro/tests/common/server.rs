@@ -25,6 +25,19 @@ pub fn spawn_serve_with(
     envs: &[(&str, &str)],
     stderr: Stdio,
 ) -> (Child, u16, u16, String) {
+    let (child, pg_port, flight_port, line, _) =
+        spawn_serve_console(data, args, password, envs, stderr);
+    (child, pg_port, flight_port, line)
+}
+
+/// [`spawn_serve_with`], also returning the web console's port.
+pub fn spawn_serve_console(
+    data: &Path,
+    args: &[&str],
+    password: &str,
+    envs: &[(&str, &str)],
+    stderr: Stdio,
+) -> (Child, u16, u16, String, u16) {
     let mut child = Command::new(cirro_bin())
         .args(["--data", data.to_str().expect("utf8 path")])
         .args([
@@ -34,6 +47,8 @@ pub fn spawn_serve_with(
             "--pg-port",
             "0",
             "--flight-port",
+            "0",
+            "--http-port",
             "0",
         ])
         .args(args)
@@ -53,13 +68,19 @@ pub fn spawn_serve_with(
         assert!(line.contains(expected), "{line:?}");
         let port = line
             .split_whitespace()
-            .find_map(|w| w.rsplit(':').next().and_then(|p| p.parse().ok()))
+            .find_map(|w| {
+                w.trim_end_matches('/')
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse().ok())
+            })
             .unwrap_or_else(|| panic!("no port in {line:?}"));
         (port, line)
     };
     let (pg_port, line) = port_in("PostgreSQL");
     let (flight_port, _) = port_in("Flight SQL");
-    (child, pg_port, flight_port, line)
+    let (http_port, _) = port_in("web console");
+    (child, pg_port, flight_port, line, http_port)
 }
 
 /// A running `cirro serve`, killed on drop.
@@ -67,6 +88,8 @@ pub struct Server {
     pub child: Child,
     pub port: u16,
     pub flight_port: u16,
+    /// The web console's port (plain HTTP).
+    pub http_port: u16,
     pub data: DataDir,
 }
 
@@ -81,11 +104,13 @@ impl Server {
 
     /// A server on `data` started with the extra flags `args`.
     pub fn start_with(data: DataDir, args: &[&str]) -> Self {
-        let (child, port, flight_port, _) = spawn_serve(data.path(), args, PASSWORD);
+        let (child, port, flight_port, _, http_port) =
+            spawn_serve_console(data.path(), args, PASSWORD, &[], Stdio::null());
         Server {
             child,
             port,
             flight_port,
+            http_port,
             data,
         }
     }
