@@ -111,10 +111,6 @@ pub const UNSPILLABLE_SHARE: f64 = 0.125;
 /// past the spilling operators' share (see `try_grow`).
 const SPILLER_FLOOR_DIVISOR: usize = 64;
 
-/// How far past its limit a query's starting spillers may go together: a
-/// 16th of the limit (the server's budget still holds).
-const STARTING_OVERDRAFT_DIVISOR: usize = 16;
-
 impl QueryMemory {
     pub fn new(limit: usize, budget: Arc<MemoryBudget>) -> Self {
         Self {
@@ -220,19 +216,8 @@ impl MemoryPool for QueryMemory {
                 this.spillable.fetch_sub(additional, Ordering::Relaxed);
             }
         };
-        // A starting spiller may also go a little past the query's limit
-        // when the others hold all of it: with nothing held it has nothing
-        // to spill, and refusing it would fail a query whose other
-        // operators could still spill (TPC-H Q18 at 64 MB: a final
-        // aggregation's partition asking its first 384 kB while the rest of
-        // the plan held 63 MB).
-        let ceiling = if spills && starting {
-            self.held.limit + self.limit() / STARTING_OVERDRAFT_DIVISOR
-        } else {
-            self.held.limit
-        };
         // The query's peak counts once the budget gave the bytes too.
-        if !add_within(&self.held.used, additional, ceiling) {
+        if !add_within(&self.held.used, additional, self.held.limit) {
             undo(self);
             return Err(self.refused(
                 reservation,
@@ -450,15 +435,6 @@ mod tests {
         let fixed = reservation(&pool, "aggregate", false);
         fixed.try_grow(115).unwrap();
         assert!(fixed.try_grow(1).is_err(), "the limit holds");
-        // At the limit, a spiller holding nothing may still start, a little
-        // past it (a 16th of the limit for all such together).
-        let starters: Vec<_> = (0..6)
-            .map(|i| reservation(&pool, &format!("start{i}"), true))
-            .collect();
-        let started = starters.iter().filter(|r| r.try_grow(15).is_ok()).count();
-        assert_eq!(started, 4, "62 bytes past the limit: four of 15");
-        assert!(fixed.try_grow(1).is_err(), "the limit holds for the others");
-        drop(starters);
         sort1.shrink(600);
         fixed.try_grow(500).unwrap();
     }
