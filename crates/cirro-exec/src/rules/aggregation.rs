@@ -162,7 +162,7 @@ const MAX_PARTITIONS: usize = 256;
 /// The memory limit a statement needs per radix partition: all run at once,
 /// and one that cannot get room for its first batch of groups has nothing to
 /// spill and fails the statement.
-pub const RADIX_PARTITION_BYTES_MIN: usize = 1 << 20;
+pub const RADIX_PARTITION_BYTES_MIN: usize = 2 << 20;
 /// Radix partitions of a forced aggregation whose groups cannot be estimated.
 const UNESTIMATED_PARTITIONS: usize = 64;
 
@@ -357,10 +357,11 @@ impl Choice<'_> {
         let wanted = (groups / self.options.partition_groups.max(1) as f64).ceil() as usize;
         let cap = match self.options.memory_limit {
             0 => MAX_PARTITIONS,
-            limit => (limit / RADIX_PARTITION_BYTES_MIN)
-                .max(1)
-                .next_power_of_two()
-                .clamp(1, MAX_PARTITIONS),
+            // Rounded down: every partition keeps its share.
+            limit => {
+                let fit = (limit / RADIX_PARTITION_BYTES_MIN).max(1);
+                (1usize << fit.ilog2()).min(MAX_PARTITIONS)
+            }
         };
         wanted
             .max(self.threads)
@@ -498,7 +499,16 @@ mod tests {
             options: &limited,
             ..choice
         };
-        assert_eq!(choice.partitions(40e6), 64, "one per MB of a 64 MB limit");
+        assert_eq!(choice.partitions(40e6), 32, "one per 2 MB of a 64 MB limit");
+        let limited = AggregationOptions {
+            memory_limit: 100 << 20,
+            ..AggregationOptions::default()
+        };
+        let choice = Choice {
+            options: &limited,
+            ..choice
+        };
+        assert_eq!(choice.partitions(40e6), 32, "rounded down at 100 MB");
         assert_eq!(choice.partitions(10.0), 2);
     }
 }

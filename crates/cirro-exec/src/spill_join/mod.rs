@@ -259,6 +259,29 @@ impl SpillingHashJoinExec {
     }
 }
 
+impl SpillingHashJoinExec {
+    /// Partition `partition` is done with DataFusion's join and will not
+    /// take over: drop what its taps kept. An unread probe input left
+    /// parked would keep the plan below it waiting: a partitioned hash join
+    /// there holds its partitions at a barrier until each one reported its
+    /// build or was dropped (TPC-H Q18 on 32 threads hung when a partition
+    /// of the semi join above, its build side empty, never read its probe).
+    fn release(&self, partition: usize) {
+        if let Some(probe) = slot(&self.probes, partition) {
+            lock(&probe).parked = None;
+        }
+        // The one build of CollectLeft is every partition's: it went well
+        // for all (this one ended) or is taken over by the last to arrive.
+        if self.plain.mode != PartitionMode::CollectLeft
+            && let Some(build) = slot(&self.builds, partition)
+        {
+            let mut build = lock(&build);
+            build.rest = None;
+            build.release();
+        }
+    }
+}
+
 impl DisplayAs for SpillingHashJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         // Printed as the join it runs, so that a plan reads the same on a
@@ -372,14 +395,22 @@ impl Stream for SpillingStream {
                         self.state = State::Done;
                         match self.exec.take_over(self.partition, &self.context) {
                             Some(start) => self.state = State::Starting(start),
-                            None => return Poll::Ready(Some(Err(e))),
+                            None => {
+                                self.exec.release(self.partition);
+                                return Poll::Ready(Some(Err(e)));
+                            }
                         }
                     }
                     Some(Ok(batch)) => {
                         self.yielded = true;
                         return Poll::Ready(Some(Ok(batch)));
                     }
-                    other => return Poll::Ready(other),
+                    other => {
+                        // Dropped first: that parks what its taps kept.
+                        self.state = State::Done;
+                        self.exec.release(self.partition);
+                        return Poll::Ready(other);
+                    }
                 },
                 State::Starting(start) => match std::task::ready!(start.poll_unpin(cx)) {
                     Ok(rows) => self.state = State::Spilled(rows),
@@ -391,6 +422,17 @@ impl Stream for SpillingStream {
                 State::Spilled(rows) => return rows.poll_next_unpin(cx),
                 State::Done => return Poll::Ready(None),
             }
+        }
+    }
+}
+
+impl Drop for SpillingStream {
+    fn drop(&mut self) {
+        // Stopped while DataFusion's join ran (a LIMIT above was satisfied,
+        // the statement was cancelled): nothing will take over.
+        if matches!(self.state, State::Joining(_)) {
+            self.state = State::Done;
+            self.exec.release(self.partition);
         }
     }
 }

@@ -48,7 +48,7 @@ impl fmt::Debug for ProbeSlot {
 
 impl BuildSlot {
     /// Stop keeping rows: the join has them.
-    fn release(&mut self) {
+    pub(super) fn release(&mut self) {
         self.released = true;
         self.recorded = Vec::new();
         if let Some(r) = self.reservation.take() {
