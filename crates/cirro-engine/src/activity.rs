@@ -95,8 +95,9 @@ pub struct Activity {
 #[async_trait::async_trait]
 pub trait ClusterActivity: Send + Sync {
     /// The statements of every other live node (an unreachable node is left
-    /// out, with a warning: a dead node runs nothing).
-    async fn queries(&self) -> Vec<QueryView>;
+    /// out, with a warning: a dead node runs nothing); the ended ones with
+    /// their plans when `plans`.
+    async fn queries(&self, plans: bool) -> Vec<QueryView>;
     /// Cancel statement `id` on node `node` for `user` (the node checks the
     /// user's rights as its own `CANCEL QUERY` does). Ok(false): none.
     async fn cancel_query(&self, node: u32, id: i64, user: Option<&str>) -> Result<bool>;
@@ -130,6 +131,8 @@ const QUERY_NODE_SHIFT: u32 = 40;
 struct Queries {
     live: BTreeMap<i64, Arc<QueryRecord>>,
     finished: VecDeque<QueryView>,
+    /// Statements that ended since the node started.
+    ended_total: u64,
 }
 
 /// Where a statement is (`cirro.queries.state`).
@@ -353,6 +356,7 @@ impl QueryRecord {
             queries.finished.pop_front();
         }
         queries.finished.push_back(view);
+        queries.ended_total += 1;
     }
 }
 
@@ -378,6 +382,28 @@ impl QueryHandle {
 impl Drop for QueryHandle {
     fn drop(&mut self) {
         self.0.end(QueryState::Cancelled, None);
+    }
+}
+
+/// An ended statement's view without its plan, the largest part.
+fn without_plan(view: &QueryView) -> QueryView {
+    QueryView {
+        id: view.id,
+        pid: view.pid,
+        node: view.node,
+        user: view.user.clone(),
+        query: view.query.clone(),
+        state: view.state,
+        submitted: view.submitted,
+        started: view.started,
+        ended: view.ended,
+        memory: view.memory,
+        peak_memory: view.peak_memory,
+        spilled_bytes: view.spilled_bytes,
+        rows: view.rows,
+        progress: view.progress,
+        error: view.error.clone(),
+        plan: None,
     }
 }
 
@@ -424,9 +450,15 @@ impl Activity {
     /// The statements of the whole cluster: this node's, then the other
     /// nodes' (only this node's on a single node).
     pub async fn cluster_queries(&self) -> Vec<QueryView> {
-        let mut views = self.queries();
+        self.cluster_queries_with(true).await
+    }
+
+    /// [`Activity::cluster_queries`], the ended ones with their plans when
+    /// `plans` (a list that shows none need not carry them).
+    pub async fn cluster_queries_with(&self, plans: bool) -> Vec<QueryView> {
+        let mut views = self.queries_with(plans);
         if let Some(cluster) = self.cluster.get() {
-            views.extend(cluster.queries().await);
+            views.extend(cluster.queries(plans).await);
         }
         views
     }
@@ -465,10 +497,36 @@ impl Activity {
     /// The statements of this node: queued and running ones, then the ended
     /// ones kept, oldest first.
     pub fn queries(&self) -> Vec<QueryView> {
+        self.queries_with(true)
+    }
+
+    /// [`Activity::queries`], the ended ones with their plans when `plans`.
+    pub fn queries_with(&self, plans: bool) -> Vec<QueryView> {
         let queries = self.queries.lock().unwrap_or_else(|e| e.into_inner());
-        let mut views: Vec<QueryView> = queries.finished.iter().cloned().collect();
+        let mut views: Vec<QueryView> = queries
+            .finished
+            .iter()
+            .map(|v| if plans { v.clone() } else { without_plan(v) })
+            .collect();
         views.extend(queries.live.values().map(|q| q.view(self.node)));
         views
+    }
+
+    /// How many statements ended since the node started, and those of them
+    /// that ended after the first `seen` and are still kept (at most
+    /// [`FINISHED_KEPT`]), oldest first, without their plans: what a
+    /// watcher of endings needs, at the cost of the new ones only.
+    pub fn ended_since(&self, seen: u64) -> (u64, Vec<QueryView>) {
+        let queries = self.queries.lock().unwrap_or_else(|e| e.into_inner());
+        let new = queries.ended_total.saturating_sub(seen) as usize;
+        let skip = queries.finished.len().saturating_sub(new);
+        let views = queries
+            .finished
+            .iter()
+            .skip(skip)
+            .map(without_plan)
+            .collect();
+        (queries.ended_total, views)
     }
 
     /// Cancel the statement `id` on behalf of `user` (None: unrestricted),
@@ -801,5 +859,37 @@ mod tests {
         assert!(Activity::new(NODE_ID_MAX + 1).is_err());
         // The cluster numbers nodes within what a pid can carry.
         assert_eq!(NODE_ID_MAX, cirro_catalog::coordination::NODE_NUMBER_MAX);
+    }
+
+    #[test]
+    fn endings_are_read_since_the_last_look_without_plans() {
+        let activity = Activity::new(0).expect("node");
+        let signal: Arc<dyn BackendSignal> = Arc::new(Flags(Mutex::new(vec![])));
+        let backend = activity.register("alice", "cirro", "", None, Arc::downgrade(&signal));
+        let end = |state| backend.start_query().end(state, None);
+        end(QueryState::Finished);
+        end(QueryState::Failed);
+        let (seen, views) = activity.ended_since(0);
+        assert_eq!(seen, 2);
+        assert_eq!(
+            views.iter().map(|v| v.state).collect::<Vec<_>>(),
+            [QueryState::Finished, QueryState::Failed]
+        );
+        let running = backend.start_query();
+        assert!(activity.ended_since(seen).1.is_empty(), "none ended since");
+        drop(running); // cancelled
+        let (total, views) = activity.ended_since(seen);
+        assert_eq!((total, views.len()), (3, 1));
+        assert_eq!(views[0].state, QueryState::Cancelled);
+        // Only the kept ones come back when more ended than are kept.
+        for _ in 0..FINISHED_KEPT + 5 {
+            end(QueryState::Finished);
+        }
+        let (total, views) = activity.ended_since(total);
+        assert_eq!(
+            (total, views.len()),
+            (3 + FINISHED_KEPT as u64 + 5, FINISHED_KEPT)
+        );
+        assert_eq!(activity.queries_with(false).len(), FINISHED_KEPT);
     }
 }

@@ -730,15 +730,38 @@ fn statements_of_every_node_are_listed_and_cancelled_from_any_node() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("57014"), "{err}");
 
+    let api = |path: &str| -> serde_json::Value {
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "20", "-u"])
+            .arg(format!("cirro:{}", cluster.password))
+            .arg(format!("http://{}{path}", cluster.http[0]))
+            .output()
+            .expect("curl");
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    // Node1's console lists node2's ended statement without its plan (the
+    // list asks the other nodes for none), and shows the plan on request.
+    let listed = api("/api/queries");
+    let one = listed
+        .as_array()
+        .expect("list")
+        .iter()
+        .find(|q| q["id"].as_i64() == Some(id))
+        .unwrap_or_else(|| panic!("{id} not in {listed}"));
+    assert_eq!(
+        (one["state"].as_str(), one["node"].as_i64()),
+        (Some("cancelled"), Some(node2))
+    );
+    assert!(one.get("plan").is_none(), "{one}");
+    let detail = api(&format!("/api/queries/{id}"));
+    assert!(
+        detail["plan"].as_str().is_some_and(|p| p.contains("Exec")),
+        "{detail}"
+    );
+
     // The console of node1 maps both nodes, with their consoles.
-    let out = Command::new("curl")
-        .args(["-s", "--max-time", "20", "-u"])
-        .arg(format!("cirro:{}", cluster.password))
-        .arg(format!("http://{}/api/nodes", cluster.http[0]))
-        .output()
-        .expect("curl");
-    let nodes: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let nodes = api("/api/nodes");
     let https: Vec<&str> = nodes
         .as_array()
         .expect("list")

@@ -137,7 +137,6 @@ fn query_json(view: &QueryView, plan: bool) -> Value {
         "rows": view.rows,
         "progress": view.progress,
         "error": view.error,
-        "has_plan": view.plan.is_some(),
     });
     if plan {
         value["plan"] = json!(view.plan);
@@ -152,7 +151,7 @@ pub(crate) async fn queries(
     headers: HeaderMap,
 ) -> Response<Body> {
     caller!(console, headers);
-    let views = console.shared.activity.cluster_queries().await;
+    let views = console.shared.activity.cluster_queries_with(false).await;
     json(&Value::Array(
         views.iter().map(|v| query_json(v, false)).collect(),
     ))
@@ -422,15 +421,20 @@ fn prometheus_text(
     out
 }
 
-/// Another node asks for this node's statements (with plans).
+/// Another node asks for this node's statements (with plans, unless
+/// `?plans=false`).
 pub(crate) async fn internal_queries(
     State(console): State<Arc<Console>>,
     headers: HeaderMap,
+    uri: Uri,
 ) -> Response<Body> {
     if !matches!(caller!(console, headers), Caller::Node) {
         return only_nodes();
     }
-    json(&serde_json::to_value(console.shared.activity.queries()).unwrap_or(Value::Null))
+    let plans = !uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p == "plans=false"));
+    json(&serde_json::to_value(console.shared.activity.queries_with(plans)).unwrap_or(Value::Null))
 }
 
 fn only_nodes() -> Response<Body> {

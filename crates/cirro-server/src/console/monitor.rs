@@ -9,7 +9,7 @@
 //!  Activity::queries() ─► ended since last tick ─► counters, slow-query log
 //! ```
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -69,7 +69,8 @@ pub(crate) struct Monitor {
     activity: Arc<Activity>,
     slow: SlowLog,
     history: Mutex<VecDeque<Sample>>,
-    ended: Mutex<(Ended, HashSet<i64>)>,
+    /// The counts, and how many endings the registry had told of.
+    ended: Mutex<(Ended, u64)>,
 }
 
 impl Monitor {
@@ -78,7 +79,7 @@ impl Monitor {
             activity,
             slow,
             history: Mutex::new(VecDeque::with_capacity(HISTORY)),
-            ended: Mutex::new((Ended::default(), HashSet::new())),
+            ended: Mutex::new((Ended::default(), 0)),
         });
         let weak = Arc::downgrade(&monitor);
         tokio::spawn(async move {
@@ -152,19 +153,16 @@ impl Monitor {
     }
 
     /// Count the statements that ended since the last look and log the slow
-    /// ones (ended statements are kept by the registry, at most 1,000: a
-    /// node ending more than that in a second undercounts).
+    /// ones: only those, not the whole registry with its plans (it keeps
+    /// the last 1,000 ended statements: a node ending more than that in a
+    /// second undercounts).
     fn collect_ended(&self) {
-        let views = self.activity.queries();
         let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
         let (counts, seen) = &mut *ended;
-        let mut still = HashSet::with_capacity(seen.len());
+        let (total, views) = self.activity.ended_since(*seen);
+        *seen = total;
         let mut slow = Vec::new();
-        for view in views.iter().filter(|v| v.ended.is_some()) {
-            still.insert(view.id);
-            if seen.contains(&view.id) {
-                continue;
-            }
+        for view in views {
             match view.state {
                 QueryState::Finished => counts.finished += 1,
                 QueryState::Failed => counts.failed += 1,
@@ -176,9 +174,8 @@ impl Monitor {
                 slow.push(view);
             }
         }
-        *seen = still;
         drop(ended);
-        for view in slow {
+        for view in &slow {
             self.log_slow(view);
         }
     }

@@ -84,7 +84,7 @@ impl ClusterPeers {
 
 #[async_trait::async_trait]
 impl cirro_engine::activity::ClusterActivity for ClusterPeers {
-    async fn queries(&self) -> Vec<cirro_engine::activity::QueryView> {
+    async fn queries(&self, plans: bool) -> Vec<cirro_engine::activity::QueryView> {
         let me = self.cluster.me();
         let others: Vec<_> = cirro_catalog::Coordination::nodes(self.cluster.as_ref())
             .into_iter()
@@ -93,7 +93,16 @@ impl cirro_engine::activity::ClusterActivity for ClusterPeers {
         let answers = futures::future::join_all(others.iter().map(|node| async move {
             let answer = self
                 .peers
-                .call(&node.http, Method::GET, "/internal/queries", None)
+                .call(
+                    &node.http,
+                    Method::GET,
+                    if plans {
+                        "/internal/queries"
+                    } else {
+                        "/internal/queries?plans=false"
+                    },
+                    None,
+                )
                 .await
                 .and_then(|(status, body)| {
                     if !status.is_success() {
