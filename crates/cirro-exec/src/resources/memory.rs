@@ -220,6 +220,22 @@ impl QueryMemory {
         message.push(')');
         DataFusionError::ResourcesExhausted(message)
     }
+
+    /// [`QueryMemory::refused`] by the server's budget.
+    fn budget_refused(
+        &self,
+        reservation: &MemoryReservation,
+        additional: usize,
+    ) -> DataFusionError {
+        self.refused(
+            reservation,
+            additional,
+            &format!(
+                "server's memory for queries ({}, in use by all queries)",
+                format_bytes(self.budget.limit)
+            ),
+        )
+    }
 }
 
 impl std::fmt::Display for QueryMemory {
@@ -313,14 +329,7 @@ impl MemoryPool for QueryMemory {
         if !self.budget.try_take(additional) {
             undo(self);
             self.held.give(additional);
-            return Err(self.refused(
-                reservation,
-                additional,
-                &format!(
-                    "server's memory for queries ({}, in use by all queries)",
-                    format_bytes(self.budget.limit)
-                ),
-            ));
+            return Err(self.budget_refused(reservation, additional));
         }
         self.held
             .peak
@@ -359,14 +368,7 @@ impl QueryMemory {
     /// is refused and spills. Drop this when DataFusion has the fix.
     fn grow_repartition(&self, reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
         if !self.budget.try_take(additional) {
-            return Err(self.refused(
-                reservation,
-                additional,
-                &format!(
-                    "server's memory for queries ({}, in use by all queries)",
-                    format_bytes(self.budget.limit)
-                ),
-            ));
+            return Err(self.budget_refused(reservation, additional));
         }
         if reservation.consumer().can_spill() {
             self.spillable.fetch_add(additional, Ordering::Relaxed);
@@ -498,6 +500,14 @@ impl MemoryPool for SessionMemory {
 mod tests {
     use super::*;
 
+    /// A session's pool over a budget of `bytes`.
+    fn session(bytes: usize) -> (Arc<MemoryBudget>, Arc<SessionMemory>, Arc<dyn MemoryPool>) {
+        let budget = Arc::new(MemoryBudget::new(bytes));
+        let session = Arc::new(SessionMemory::new(Arc::clone(&budget)));
+        let pool: Arc<dyn MemoryPool> = session.clone();
+        (budget, session, pool)
+    }
+
     fn reservation(pool: &Arc<dyn MemoryPool>, name: &str, spill: bool) -> MemoryReservation {
         MemoryConsumer::new(name)
             .with_can_spill(spill)
@@ -506,9 +516,7 @@ mod tests {
 
     #[test]
     fn a_query_is_held_to_its_limit_and_the_budget() {
-        let budget = Arc::new(MemoryBudget::new(1000));
-        let session = Arc::new(SessionMemory::new(Arc::clone(&budget)));
-        let pool: Arc<dyn MemoryPool> = session.clone();
+        let (budget, session, pool) = session(1000);
         let first = session.begin(600);
         let a = reservation(&pool, "a", false);
         a.try_grow(500).unwrap();
@@ -542,9 +550,7 @@ mod tests {
 
     #[test]
     fn spilling_operators_leave_room_for_the_others() {
-        let budget = Arc::new(MemoryBudget::new(1 << 20));
-        let session = Arc::new(SessionMemory::new(budget));
-        let pool: Arc<dyn MemoryPool> = session.clone();
+        let (_, session, pool) = session(1 << 20);
         session.begin(1000);
         let sort1 = reservation(&pool, "sort1", true);
         let sort2 = reservation(&pool, "sort2", true);
@@ -584,9 +590,7 @@ mod tests {
 
     #[test]
     fn repartition_buffers_are_held_to_the_budget_only() {
-        let budget = Arc::new(MemoryBudget::new(3000));
-        let session = Arc::new(SessionMemory::new(Arc::clone(&budget)));
-        let pool: Arc<dyn MemoryPool> = session.clone();
+        let (budget, session, pool) = session(3000);
         let query = session.begin(1000);
         let channel = reservation(&pool, "RepartitionExec[3]", true);
         channel.try_grow(1500).unwrap();
