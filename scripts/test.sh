@@ -29,6 +29,15 @@ need curl curl
 # Debian's chromedriver (never a browser downloaded from elsewhere).
 need chromium chromium
 need chromedriver chromium-driver
+# The GPU operators' kernels run on Mesa's lavapipe, a software Vulkan
+# device (mesa-vulkan-drivers), through the Vulkan loader (libvulkan1);
+# vulkaninfo (vulkan-tools) shows the device. Lavapipe's threads are kept
+# to two: the tests run beside each other on a small machine.
+need vulkaninfo vulkan-tools
+[ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || [ -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ] \
+  || { apt_updated="${apt_updated:-}"; [ -n "$apt_updated" ] || { apt-get update -qq; apt_updated=1; }
+       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null; }
+export LP_NUM_THREADS="${LP_NUM_THREADS:-2}"
 # The PostgreSQL JDBC driver, from Maven Central, checked against its SHA-1.
 jdbc_jar="${HOME:-/root}/.m2/repository/org/postgresql/postgresql/42.7.14/postgresql-42.7.14.jar"
 jdbc_sha1=0e7c94ce80cb1dd9875ff44ffe6a40a8aaa3eefd

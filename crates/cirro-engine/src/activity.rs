@@ -206,6 +206,10 @@ pub struct QueryView {
     pub error: Option<String>,
     /// Its plan with each operator's figures (kept once it ended).
     pub plan: Option<String>,
+    /// Its GPU operators: `waiting` for the device, `running`, `used` once
+    /// ended; None without any (see docs/gpu.md).
+    #[serde(default)]
+    pub gpu: Option<String>,
 }
 
 impl QueryView {
@@ -227,6 +231,28 @@ fn plan_metric(plan: &dyn ExecutionPlan, name: &str) -> u64 {
         .iter()
         .map(|c| plan_metric(c.as_ref(), name))
         .sum::<u64>()
+}
+
+/// Where a plan's GPU operators (`Gpu…Exec`) are: `waiting` while one
+/// waits for its turn on the device (its `gpu_waiting` gauge), `running`
+/// otherwise; None without any.
+fn gpu_state(plan: &dyn ExecutionPlan, state: QueryState) -> Option<String> {
+    fn has_gpu(plan: &dyn ExecutionPlan) -> bool {
+        plan.name().starts_with("Gpu") || plan.children().iter().any(|c| has_gpu(c.as_ref()))
+    }
+    if !has_gpu(plan) {
+        return None;
+    }
+    Some(
+        if !state.is_live() {
+            "used"
+        } else if plan_metric(plan, "gpu_waiting") > 0 {
+            "waiting"
+        } else {
+            "running"
+        }
+        .to_string(),
+    )
 }
 
 /// How far a running plan has got, estimated from its leaves (the scans):
@@ -289,6 +315,7 @@ impl QueryRecord {
             },
             error: None,
             plan: None,
+            gpu: plan.and_then(|p| gpu_state(p, progress.state)),
         }
     }
 
@@ -339,6 +366,9 @@ impl QueryRecord {
         view.state = state;
         view.ended = Some(now_micros());
         view.memory = 0;
+        if view.gpu.is_some() {
+            view.gpu = Some("used".to_string());
+        }
         view.error = error;
         view.progress = (state == QueryState::Finished).then_some(1.0);
         let plan = self
@@ -404,6 +434,7 @@ fn without_plan(view: &QueryView) -> QueryView {
         progress: view.progress,
         error: view.error.clone(),
         plan: None,
+        gpu: view.gpu.clone(),
     }
 }
 

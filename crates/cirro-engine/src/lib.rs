@@ -166,6 +166,10 @@ fn physical_rules(
         rules.push(Arc::new(cirro_storage::cache::CacheScans::new(Arc::clone(
             cirro_storage::cache::global(),
         ))));
+        // GPU twins of the operators (`SET gpu`), before the rules that
+        // rewrite filters for the CPU (compiled and selective conjuncts).
+        #[cfg(feature = "gpu")]
+        rules.push(Arc::new(cirro_gpu::GpuOperators));
         // Last: the compiled expressions keep their interpreted ones as
         // children only, and DataFusion's codec cannot send them.
         rules.push(Arc::new(cirro_exec::rules::CompileExpressions));
@@ -430,6 +434,10 @@ impl Engine {
             .with_option_extension(cirro_exec::rules::AggregationOptions::default())
             .with_option_extension(cirro_exec::rules::JitOptions::default())
             .with_option_extension(cirro_exec::rules::JoinOrderOptions::default());
+        #[cfg(feature = "gpu")]
+        {
+            session_config = session_config.with_option_extension(cirro_gpu::GpuOptions::default());
+        }
         if let Some(partitions) = config.target_partitions {
             session_config = session_config.with_target_partitions(partitions.max(1));
         }
@@ -1233,4 +1241,24 @@ impl Engine {
             .default_catalog
             .clone()
     }
+}
+
+/// Set the GPU's device-memory budget (`--gpu-memory`) and replacement
+/// policy (`--gpu-policy`: cdr, lru, mru, lfu or random) before the first
+/// query; without the `gpu` feature only the policy's name is checked.
+pub fn configure_gpu(budget: u64, policy: &str) -> Result<()> {
+    let bad = |e: String| CirroError::new(SqlState::INVALID_PARAMETER_VALUE, e);
+    #[cfg(feature = "gpu")]
+    {
+        let policy: cirro_gpu::Policy = policy.parse().map_err(bad)?;
+        cirro_gpu::configure(budget, policy);
+    }
+    #[cfg(not(feature = "gpu"))]
+    {
+        let _ = budget;
+        if !["cdr", "lru", "mru", "lfu", "random"].contains(&policy.to_ascii_lowercase().as_str()) {
+            return Err(bad(format!("unknown replacement policy {policy:?}")));
+        }
+    }
+    Ok(())
 }

@@ -304,5 +304,6 @@ pub(crate) fn queries_table(views: &[QueryView]) -> DfResult<Arc<dyn TableProvid
         ),
         ("error", text(&|v| v.error.clone())),
         ("plan", text(&|v| v.plan.clone())),
+        ("gpu", text(&|v| v.gpu.clone())),
     ])
 }

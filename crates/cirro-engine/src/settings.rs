@@ -32,6 +32,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("default_transaction_isolation", "repeatable read"),
     ("default_transaction_read_only", "off"),
     ("extra_float_digits", "1"),
+    ("gpu", "on"),
     ("integer_datetimes", "on"),
     ("intervalstyle", "postgres"),
     ("jit", "on"),
@@ -251,6 +252,8 @@ impl Engine {
         let (key, value) = match name {
             "adaptive_aggregation" => ("cirro_aggregation.mode", value),
             "jit" => ("cirro_jit.mode", value),
+            #[cfg(feature = "gpu")]
+            "gpu" => ("cirro_gpu.mode", value),
             "join_order" => ("cirro_join_order.mode", value),
             "spill_join" => ("cirro_join_order.spill", value),
             "cache" => (
@@ -417,7 +420,7 @@ pub(crate) fn checked_value(name: &'static str, value: String) -> Result<String>
                 format!("invalid value for parameter \"{name}\": \"{value}\" (on or off)"),
             )),
         },
-        "adaptive_aggregation" | "jit" => match value.to_ascii_lowercase().as_str() {
+        "adaptive_aggregation" | "jit" | "gpu" => match value.to_ascii_lowercase().as_str() {
             "on" | "true" | "1" | "yes" => Ok("on".to_string()),
             "off" | "false" | "0" | "no" => Ok("off".to_string()),
             "force" => Ok("force".to_string()),

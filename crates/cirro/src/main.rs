@@ -66,6 +66,14 @@ struct Cli {
     /// memory limit (`30%`, the default); 0 turns it off.
     #[arg(long, global = true, env = "CIRRO_CACHE_MEMORY", default_value = "30%")]
     cache_memory: String,
+    /// Device memory the GPU operators may use: bytes, with kB/MB/GB
+    /// (default 1GB).
+    #[arg(long, global = true, env = "CIRRO_GPU_MEMORY", default_value = "1GB")]
+    gpu_memory: String,
+    /// What leaves device memory first: `cdr` (cost-driven replacement, the
+    /// default), `lru`, `mru`, `lfu` or `random` (for comparison).
+    #[arg(long, global = true, env = "CIRRO_GPU_POLICY", default_value = "cdr")]
+    gpu_policy: String,
     /// What the hot-data tier evicts first: `plan` (priorities from the query
     /// plan, the default) or `lru` (least recently used, for comparison).
     #[arg(
@@ -378,6 +386,16 @@ fn flags(cli: &Cli) -> Vec<Flag> {
             "what the local-disk tier may hold (--cache-dir-size, CIRRO_CACHE_DIR_SIZE)",
         ),
         flag(
+            "cirro.gpu_memory",
+            cli.gpu_memory.clone(),
+            "device memory of the GPU operators (--gpu-memory, CIRRO_GPU_MEMORY)",
+        ),
+        flag(
+            "cirro.gpu_policy",
+            cli.gpu_policy.clone(),
+            "what leaves device memory first (--gpu-policy, CIRRO_GPU_POLICY)",
+        ),
+        flag(
             "cirro.threads",
             cli.threads
                 .map(|t| t.to_string())
@@ -465,6 +483,9 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
         .parse()
         .map_err(|e: String| bad(format!("--cache-policy: {e}")))?;
     cirro_storage::cache::configure(cache_memory, cache_policy);
+    let gpu_memory = cirro_common::limits::parse_size(&cli.gpu_memory, u64::MAX)
+        .map_err(|e| bad(format!("--gpu-memory: {e}")))?;
+    cirro_engine::configure_gpu(gpu_memory, &cli.gpu_policy)?;
     if let Some(dir) = &cli.cache_dir {
         configure_disk_tier(dir, &cli.cache_dir_size, &cli.data)?;
     }

@@ -137,6 +137,7 @@ fn query_json(view: &QueryView, plan: bool) -> Value {
         "rows": view.rows,
         "progress": view.progress,
         "error": view.error,
+        "gpu": view.gpu,
     });
     if plan {
         value["plan"] = json!(view.plan);
