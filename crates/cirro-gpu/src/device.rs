@@ -94,8 +94,6 @@ pub struct Gpu {
     pub max_bindings: u32,
     /// A software device (lavapipe): it runs on the CPU's cores.
     pub software: bool,
-    /// Whether kernels may use f64 (else FLOAT8 stays on the CPU).
-    pub f64: bool,
     kernels: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     /// Errors the device reported outside an error scope.
     errors: Arc<Mutex<Vec<String>>>,
@@ -170,13 +168,9 @@ impl Gpu {
             )));
         }
         let mut features = needed;
-        for optional in [
-            wgpu::Features::SHADER_F64,
-            wgpu::Features::SHADER_INT64_ATOMIC_ALL_OPS,
-        ] {
-            if available.contains(optional) {
-                features |= optional;
-            }
+        // 64-bit atomics, for hash tables, where the device has them.
+        if available.contains(wgpu::Features::SHADER_INT64_ATOMIC_ALL_OPS) {
+            features |= wgpu::Features::SHADER_INT64_ATOMIC_ALL_OPS;
         }
         let limits = adapter.limits();
         let (device, queue) =
@@ -203,7 +197,6 @@ impl Gpu {
                 .min(limits.max_buffer_size),
             max_bindings: limits.max_storage_buffers_per_shader_stage,
             software: info.device_type == wgpu::DeviceType::Cpu,
-            f64: features.contains(wgpu::Features::SHADER_F64),
             kernels: Mutex::new(HashMap::new()),
             errors,
             counters: Counters::default(),

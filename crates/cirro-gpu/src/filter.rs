@@ -23,7 +23,6 @@ use datafusion::physical_plan::metrics::{
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-    displayable,
 };
 use futures::StreamExt;
 
@@ -54,22 +53,11 @@ impl GpuFilterExec {
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
-
-    /// The CPU filter it stands for.
-    pub fn twin(&self) -> &Arc<FilterExec> {
-        &self.twin
-    }
 }
 
 impl DisplayAs for GpuFilterExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        match t {
-            DisplayFormatType::TreeRender => self.twin.fmt_as(t, f),
-            _ => {
-                let twin = displayable(self.twin.as_ref()).one_line().to_string();
-                write!(f, "Gpu{}", twin.trim_end())
-            }
-        }
+        crate::fmt_twin(self.twin.as_ref(), t, f)
     }
 }
 

@@ -62,3 +62,22 @@ pub fn scheduler() -> Option<&'static scheduler::Scheduler> {
     let memory = memory()?;
     Some(SCHEDULER.get_or_init(|| scheduler::Scheduler::new(memory.budget())))
 }
+
+/// How a GPU operator shows in EXPLAIN: its CPU twin's line with `Gpu`
+/// before the name (the tree view: the twin's).
+pub(crate) fn fmt_twin(
+    twin: &dyn datafusion::physical_plan::ExecutionPlan,
+    t: datafusion::physical_plan::DisplayFormatType,
+    f: &mut std::fmt::Formatter,
+) -> std::fmt::Result {
+    use datafusion::physical_plan::DisplayFormatType;
+    match t {
+        DisplayFormatType::TreeRender => twin.fmt_as(t, f),
+        _ => {
+            let line = datafusion::physical_plan::displayable(twin)
+                .one_line()
+                .to_string();
+            write!(f, "Gpu{}", line.trim_end())
+        }
+    }
+}

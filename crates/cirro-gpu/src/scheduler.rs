@@ -170,11 +170,6 @@ impl Scheduler {
         out.sort_by_key(|(arrived, _)| *arrived);
         out.into_iter().map(|(_, q)| q).collect()
     }
-
-    /// The device's memory, as the scheduler counts it.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
 }
 
 /// Whether `query` may run now: admitted already, or its demand fits

@@ -33,7 +33,6 @@ use datafusion::physical_plan::sorts::sort::{SortExec, sort_batch};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-    displayable,
 };
 use futures::TryStreamExt;
 
@@ -132,13 +131,7 @@ impl GpuSortExec {
 
 impl DisplayAs for GpuSortExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        match t {
-            DisplayFormatType::TreeRender => self.twin.fmt_as(t, f),
-            _ => {
-                let twin = displayable(self.twin.as_ref()).one_line().to_string();
-                write!(f, "Gpu{}", twin.trim_end())
-            }
-        }
+        crate::fmt_twin(self.twin.as_ref(), t, f)
     }
 }
 

@@ -9,17 +9,15 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::util::pretty::pretty_format_batches;
-use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, gpu_metric, schema};
+use common::{batch, context, execute, gpu_metric, schema};
 
 async fn run(ctx: &SessionContext, sql: &str) -> (String, Arc<dyn ExecutionPlan>) {
-    let frame = ctx.sql(sql).await.unwrap();
-    let plan = frame.create_physical_plan().await.unwrap();
-    let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+    let (batches, plan) = execute(ctx, sql).await;
     // Two partitions: rows come in either order.
     let text = pretty_format_batches(&batches).unwrap().to_string();
     let mut rows: Vec<&str> = text.lines().collect();

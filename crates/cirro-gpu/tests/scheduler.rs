@@ -10,10 +10,10 @@ use std::sync::Arc;
 use arrow::array::{Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use cirro_gpu::Policy;
-use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 
-use common::{context, gpu_metric};
+use common::{context, execute, gpu_metric};
 
 fn metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     gpu_metric(plan, name).unwrap_or(0)
@@ -25,14 +25,7 @@ fn metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
 const BUDGET: u64 = 256 * 1024;
 
 async fn count(ctx: &SessionContext, sql: &str) -> (i64, Arc<dyn ExecutionPlan>) {
-    let plan = ctx
-        .sql(sql)
-        .await
-        .unwrap()
-        .create_physical_plan()
-        .await
-        .unwrap();
-    let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+    let (batches, plan) = execute(ctx, sql).await;
     let n = batches
         .iter()
         .map(|b| {

@@ -45,6 +45,19 @@ pub fn context(
     ctx
 }
 
+/// `sql` planned and run: its batches and its plan (with its metrics).
+pub async fn execute(
+    ctx: &SessionContext,
+    sql: &str,
+) -> (Vec<RecordBatch>, Arc<dyn ExecutionPlan>) {
+    let frame = ctx.sql(sql).await.expect("plan");
+    let plan = frame.create_physical_plan().await.expect("physical plan");
+    let batches = datafusion::physical_plan::collect(Arc::clone(&plan), ctx.task_ctx())
+        .await
+        .expect("run");
+    (batches, plan)
+}
+
 /// The sum of a metric over the plan's GPU operators; None where there is
 /// none.
 pub fn gpu_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<usize> {
