@@ -112,6 +112,9 @@ pub struct QueryMemory {
     budget: Arc<MemoryBudget>,
     /// What the operators that can spill hold.
     spillable: AtomicUsize,
+    /// What `RepartitionExec`s' output channels hold (see
+    /// [`QueryMemory::grow_repartition`]).
+    repartition: AtomicUsize,
     /// What each consumer holds, by its id: named in a refusal, so that the
     /// error says where the memory went.
     holders: Mutex<HashMap<usize, Holder>>,
@@ -144,6 +147,7 @@ impl QueryMemory {
             held: MemoryBudget::new(limit),
             budget,
             spillable: AtomicUsize::new(0),
+            repartition: AtomicUsize::new(0),
             holders: Mutex::new(HashMap::new()),
         }
     }
@@ -258,6 +262,9 @@ impl MemoryPool for QueryMemory {
         if reservation.consumer().can_spill() {
             self.spillable.fetch_add(additional, Ordering::Relaxed);
         }
+        if is_repartition_channel(reservation.consumer()) {
+            self.repartition.fetch_add(additional, Ordering::Relaxed);
+        }
         self.budget.take(additional);
         self.held.take(additional);
         self.track(reservation, additional, 0);
@@ -266,6 +273,9 @@ impl MemoryPool for QueryMemory {
     fn shrink(&self, reservation: &MemoryReservation, shrink: usize) {
         if reservation.consumer().can_spill() {
             self.spillable.fetch_sub(shrink, Ordering::Relaxed);
+        }
+        if is_repartition_channel(reservation.consumer()) {
+            self.repartition.fetch_sub(shrink, Ordering::Relaxed);
         }
         self.budget.give(shrink);
         self.held.give(shrink);
@@ -312,11 +322,20 @@ impl MemoryPool for QueryMemory {
         };
         // A starting spiller may go a little past the query's limit (see
         // the type's comment); the others are held to it.
-        let ceiling = if spills && starting {
+        let mut ceiling = if spills && starting {
             self.held.limit + self.limit() / STARTING_OVERDRAFT_DIVISOR
         } else {
             self.held.limit
         };
+        // Repartition buffers past the limit make the spillers that hold
+        // memory spill; an operator that has nothing to spill (one that
+        // cannot, or one starting) is not refused for them: it would fail
+        // the query (a spilling join's in-memory part, DataFusion's
+        // CollectLeft build, asked 11 kB while two channels held 1.2 MB
+        // of a 1 MB limit).
+        if !spills || starting {
+            ceiling += self.repartition.load(Ordering::Relaxed);
+        }
         // The query's peak counts once the budget gave the bytes too.
         if !add_within(&self.held.used, additional, ceiling) {
             undo(self);
@@ -364,8 +383,10 @@ impl QueryMemory {
     /// of the operator's inputs spilled at once (apache/datafusion#24883,
     /// fixed after 55.2; a Partitioned spilling join's test and TPC-H Q18
     /// at 64 MB on 32 threads hung here). Its bytes still count against
-    /// the query, so while they put it past its limit every other operator
-    /// is refused and spills. Drop this when DataFusion has the fix.
+    /// the query, so while they put it past its limit every operator that
+    /// holds memory it could spill is refused and spills (those with
+    /// nothing to spill are held to the limit without them). Drop this
+    /// when DataFusion has the fix.
     fn grow_repartition(&self, reservation: &MemoryReservation, additional: usize) -> DfResult<()> {
         if !self.budget.try_take(additional) {
             return Err(self.budget_refused(reservation, additional));
@@ -373,6 +394,7 @@ impl QueryMemory {
         if reservation.consumer().can_spill() {
             self.spillable.fetch_add(additional, Ordering::Relaxed);
         }
+        self.repartition.fetch_add(additional, Ordering::Relaxed);
         self.held.take(additional);
         self.track(reservation, additional, 0);
         Ok(())
@@ -598,6 +620,12 @@ mod tests {
         // Past its limit, the query's other operators are refused...
         let sort = reservation(&pool, "SortExec[0]", true);
         assert!(sort.try_grow(100).is_err());
+        // ...but one with nothing to spill is held to the limit without
+        // the channel's bytes: refused, it would fail the query.
+        let build = reservation(&pool, "HashJoinInput", false);
+        build.try_grow(900).unwrap();
+        assert!(build.try_grow(101).is_err(), "the limit holds for it");
+        drop(build);
         // ...and the channel stops at the server's budget.
         assert!(channel.try_grow(1501).is_err());
         channel.shrink(1500);
