@@ -17,7 +17,7 @@ BENCH = Path(__file__).resolve().parents[1]
 
 def parse(argv):
     ap = argparse.ArgumentParser(prog="cirro bench", description="Benchmark Cirro beside its peers.")
-    ap.add_argument("suite", help="tpch, ssb, joins, aggregation, dml, micro, cluster or cache")
+    ap.add_argument("suite", help="tpch, ssb, joins, aggregation, dml, micro, cluster, cache or gpu")
     ap.add_argument("--sf", type=float, default=1.0,
                     help="scale factor (tpch, ssb); joins and aggregation: a multiplier of the paper's sizes")
     ap.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
@@ -44,6 +44,9 @@ def parse(argv):
     ap.add_argument("--passes", type=int, default=3, help="cache: passes of the query stream (default 3)")
     ap.add_argument("--cache-memory", type=int,
                     help="cache: the hot-data tier's bytes (default: the tables' Parquet size)")
+    ap.add_argument("--gpu-memory", metavar="SIZE",
+                    help="gpu: the device memory of the co-runs' server (default 32MB: less than two queries' "
+                         "blocks together)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="settings",
                     help="a session setting Cirro's connection sets first (e.g. jit=off, "
                          "adaptive_aggregation=force, cache=off); may be repeated")
@@ -69,7 +72,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     sf_label = f"{args.sf:g}"
-    if args.suite not in ("dml", "micro", "cluster", "cache"):
+    if args.suite not in ("dml", "micro", "cluster", "cache", "gpu"):
         suites.get(args.suite)  # refuses an unknown suite before anything is written
     name = "cluster-scaling" if args.suite == "cluster" and args.scaling else args.suite
     out = args.out or BENCH / "results" / f"{name}-sf{sf_label}"
@@ -86,6 +89,10 @@ def main(argv=None):
         from . import cache
 
         return cache.main(args, out)
+    if args.suite == "gpu":
+        from . import gpu
+
+        return gpu.main(args, out)
     if args.suite in ("dml", "micro"):
         from . import wire
 

@@ -119,22 +119,26 @@ class Cirro:
         self.wire = ctx.wire
         if self.wire not in ports:
             raise RuntimeError(f"cirro serve did not start (exit {self.proc.poll()})")
-        if self.wire == "pg":
-            import psycopg
-
-            self.conn = psycopg.connect(host="127.0.0.1", port=ports["pg"], user="cirro", dbname="cirro",
-                                        password=self.PASSWORD, autocommit=True)
-        else:
-            import adbc_driver_flightsql.dbapi as flightsql
-
-            self.conn = flightsql.connect(f"grpc://127.0.0.1:{ports['flight']}",
-                                          db_kwargs={"username": "cirro", "password": self.PASSWORD},
-                                          autocommit=True)
+        self.ports = ports
+        self.conn = self.connect_again()
         for name, value in ctx.cirro_settings:
             self.run(f"SET {name} = {value}")
         self.pid = self.proc.pid
         out = subprocess.run([ctx.cirro_bin, "--version"], capture_output=True, text=True)
         self.version = out.stdout.strip().split()[-1] if out.returncode == 0 else "?"
+
+    def connect_again(self):
+        """A new client connection to this server."""
+        if self.wire == "pg":
+            import psycopg
+
+            return psycopg.connect(host="127.0.0.1", port=self.ports["pg"], user="cirro", dbname="cirro",
+                                   password=self.PASSWORD, autocommit=True)
+        import adbc_driver_flightsql.dbapi as flightsql
+
+        return flightsql.connect(f"grpc://127.0.0.1:{self.ports['flight']}",
+                                 db_kwargs={"username": "cirro", "password": self.PASSWORD},
+                                 autocommit=True)
 
     def run(self, sql):
         if self.wire == "pg":

@@ -190,6 +190,43 @@ class CacheStreamReportTest(unittest.TestCase):
         self.assertIn("| q06 | 2.000 | 1.800 | 1.000 |", text)
 
 
+class GpuReportTest(unittest.TestCase):
+    def test_metrics_are_summed_over_the_gpu_operators_only(self):
+        from cirrobench import gpu
+
+        plan = "\n".join([
+            "GpuFilterExec: lo_discount@1 >= 1, metrics=[output_rows=10, gpu_dispatches=3, gpu_blocks=1, "
+            "cpu_blocks=0, gpu_upload_time=1.5ms, gpu_kernel_time=250µs]",
+            "GpuAggregateExec: mode=Partial, metrics=[gpu_dispatches=2, gpu_blocks=2, cpu_blocks=1, "
+            "gpu_upload_time=2s, gpu_kernel_time=3.25ms]",
+            "FilterExec: a > 1, metrics=[gpu_dispatches=100, elapsed_compute=9s]",
+        ])
+        sums = gpu._metric_sums(plan)
+        self.assertEqual((sums["gpu_dispatches"], sums["gpu_blocks"], sums["cpu_blocks"]), (5, 3, 1))
+        self.assertAlmostEqual(sums["gpu_upload_ms"], 2001.5)
+        self.assertAlmostEqual(sums["gpu_kernel_ms"], 3.5)
+
+    def test_report_shows_each_query_and_each_policy(self):
+        from cirrobench import gpu
+
+        metrics = {"gpu_upload_ms": 12.0, "gpu_kernel_ms": 30.0, "gpu_dispatches": 6, "gpu_blocks": 2,
+                   "cpu_blocks": 0}
+        results = {
+            "config": {"sf": 0.1, "threads": 2, "runs": 3, "wire": "flight"},
+            "device": {"device": "llvmpipe (LLVM 19, 256 bits)", "software": True},
+            "queries": {"q1.1": {"off": {"median_s": 0.1}, "force": {"median_s": 0.3},
+                                 "ratio_gpu_over_cpu": 3.0, "force_metrics": metrics, "same_answer": True}},
+            "co_runs": {"gpu_memory": "32MB", "pairs": ["q1.1+q2.1"], "policies": {
+                "cdr": {"total_wall_s": 1.0, "total_alone_s": 1.5, "throughput_vs_alone": 1.5,
+                        "waiting_max": 1, "device": {"evictions": 4, "written_back": 0, "loaded": 2 ** 21}}}},
+            "machine": {"cpus": 2},
+        }
+        text = gpu.report(results)
+        self.assertIn("not a speed claim", text)
+        self.assertIn("| q1.1 | 0.100 | 0.300 | 3.00 | 12.0 | 30.0 | 6 | 2 | 0 | yes |", text)
+        self.assertIn("| cdr | 1.00 | 1.50 | 1.50 | 1 | 4 | 0.0 | 2.0 |", text)
+
+
 class SettingsTest(unittest.TestCase):
     def test_set_takes_plain_words_only(self):
         args = cli.parse(["tpch", "--set", "jit=off", "--set", "Adaptive_Aggregation = force"])

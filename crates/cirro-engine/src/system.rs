@@ -12,6 +12,10 @@
 //! - `cirro.queries`: the statements of the cluster's sessions (every
 //!   node's), queued, running and the last ended ones (see `queries.rs`);
 //!   empty in a session without a server (`cirro sql`).
+//! - `cirro.gpu`: the GPU operators' device on this node, one row: its
+//!   name (NULL without one), its memory manager's budget, policy and
+//!   counters, the kernels' dispatches and bytes moved, the statements the
+//!   scheduler runs and keeps waiting (see `docs/gpu.md`).
 
 use std::sync::Arc;
 
@@ -28,7 +32,7 @@ use crate::pg_compat::memory_table;
 /// The system schema's name (reserved: CREATE SCHEMA refuses it).
 pub const SYSTEM_SCHEMA: &str = "cirro";
 
-const TABLES: &[&str] = &["nodes", "cache", "statistics", "queries"];
+const TABLES: &[&str] = &["nodes", "cache", "statistics", "queries", "gpu"];
 
 /// The `cirro` schema of a session.
 #[derive(Debug)]
@@ -48,6 +52,7 @@ impl SchemaProvider for SystemSchema {
         match name {
             "nodes" => Ok(Some(nodes_table(&self.nodes())?)),
             "cache" => Ok(Some(cache_table()?)),
+            "gpu" => Ok(Some(gpu_table()?)),
             "statistics" => Ok(Some(statistics_table(&self.catalog)?)),
             "queries" => {
                 let views = match self.backend.get() {
@@ -175,6 +180,90 @@ fn statistics_table(catalog: &Catalog) -> DfResult<Arc<dyn TableProvider>> {
             Arc::new(TimestampMillisecondArray::from(when).with_timezone("UTC")),
         ),
     ])
+}
+
+/// The counters of `cirro.gpu`, after its text columns.
+const GPU_COUNTERS: [&str; 15] = [
+    "memory_budget",
+    "resident",
+    "evictions",
+    "written_back",
+    "loaded",
+    "cache_hits",
+    "cache_misses",
+    "dispatches",
+    "kernels_compiled",
+    "bytes_to_device",
+    "bytes_from_device",
+    "transfer_ms",
+    "kernel_ms",
+    "running",
+    "waiting",
+];
+
+/// The device's name, whether it is a software one, the replacement
+/// policy, and [`GPU_COUNTERS`]; all NULL without a device.
+type GpuStatus = (
+    Option<String>,
+    Option<bool>,
+    Option<String>,
+    [Option<u64>; 15],
+);
+
+fn gpu_status() -> GpuStatus {
+    #[cfg(feature = "gpu")]
+    if let (Some(gpu), Some(memory)) = (cirro_gpu::device(), cirro_gpu::memory()) {
+        let m = memory.stats();
+        let c = gpu.counters.values();
+        let queries = cirro_gpu::scheduler()
+            .map(|s| s.queries())
+            .unwrap_or_default();
+        let running = queries.iter().filter(|q| q.running).count() as u64;
+        let policy = format!("{:?}", memory.policy()).to_ascii_lowercase();
+        return (
+            Some(gpu.name.clone()),
+            Some(gpu.software),
+            Some(policy),
+            [
+                memory.budget(),
+                m.resident,
+                m.evictions,
+                m.written_back,
+                m.loaded,
+                m.hits,
+                m.misses,
+                c.dispatches,
+                c.compiles,
+                c.bytes_to_device,
+                c.bytes_from_device,
+                c.transfer_nanos / 1_000_000,
+                c.kernel_nanos / 1_000_000,
+                running,
+                queries.len() as u64 - running,
+            ]
+            .map(Some),
+        );
+    }
+    (None, None, None, [None; 15])
+}
+
+fn gpu_table() -> DfResult<Arc<dyn TableProvider>> {
+    let (device, software, policy, counters) = gpu_status();
+    let mut columns: Vec<(&str, ArrayRef)> = vec![
+        ("device", Arc::new(StringArray::from(vec![device]))),
+        (
+            "software",
+            Arc::new(arrow::array::BooleanArray::from(vec![software])),
+        ),
+        ("policy", Arc::new(StringArray::from(vec![policy]))),
+    ];
+    for (name, value) in GPU_COUNTERS.iter().zip(counters) {
+        columns.push((
+            name,
+            Arc::new(Int64Array::from(vec![value.map(|v| v as i64)])),
+        ));
+    }
+    memory_table(columns)
 }
 
 fn cache_table() -> DfResult<Arc<dyn TableProvider>> {

@@ -10,22 +10,19 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::buffer::Buffer;
-use arrow::compute::{concat_batches, take_record_batch};
+use arrow::compute::take_record_batch;
 use datafusion::common::Result;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder, batch_filter};
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet, Time,
-};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
-use futures::StreamExt;
 
+use crate::blocks::{self, Metrics};
 use crate::codegen::PredicateKernel;
 use crate::columns::{HostColumn, encode};
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
@@ -111,74 +108,23 @@ impl ExecutionPlan for GpuFilterExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let input = self.twin.input().execute(partition, Arc::clone(&context))?;
-        let schema = self.twin.schema();
-        let batch_size = context.session_config().batch_size().max(1);
-        let partitions = self.partitions();
-        let run = Arc::new(Run {
-            partitions,
+        let run = Run {
+            partitions: self.partitions(),
             kernel: Arc::clone(&self.kernel),
             predicate: Arc::clone(self.twin.predicate()),
             projection: self.twin.projection().as_ref().map(|p| p.to_vec()),
             metrics: Metrics::new(&self.metrics, partition),
-        });
-        let block_rows = self.kernel_block_rows();
-        let input_schema = input.schema();
-        let query = context.session_id();
-        let state = Blocks {
-            input,
-            ended: false,
-            carry: None,
-            ticket: None,
         };
-        let blocks = futures::stream::unfold(state, move |mut state| {
-            let run = Arc::clone(&run);
-            let input_schema = Arc::clone(&input_schema);
-            let query = query.clone();
-            async move {
-                let block = match state.next_block(&input_schema, block_rows).await {
-                    Ok(Some(block)) => block,
-                    Ok(None) => return None,
-                    Err(e) => {
-                        state.ended = true;
-                        state.carry = None;
-                        return Some((Err(e), state));
-                    }
-                };
-                let ticket = state.ticket.take();
-                let work = tokio::task::spawn_blocking(move || {
-                    let mut ticket = ticket;
-                    let filtered = run.block(&block, &query, &mut ticket);
-                    (filtered, ticket)
-                })
-                .await;
-                match work {
-                    Ok((filtered, ticket)) => {
-                        // The last block ends the operator's turn on the device.
-                        if !state.ended || state.carry.is_some() {
-                            state.ticket = ticket;
-                        }
-                        Some((filtered, state))
-                    }
-                    Err(e) => {
-                        state.ended = true;
-                        state.carry = None;
-                        Some((Err(DataFusionError::External(Box::new(e))), state))
-                    }
-                }
-            }
-        });
-        // Blocks come back in the session's batch size.
-        let out = blocks.flat_map(move |block| {
-            let pieces: Vec<Result<RecordBatch>> = match block {
-                Ok(b) => (0..b.num_rows())
-                    .step_by(batch_size)
-                    .map(|o| Ok(b.slice(o, batch_size.min(b.num_rows() - o))))
-                    .collect(),
-                Err(e) => vec![Err(e)],
-            };
-            futures::stream::iter(pieces)
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, out.boxed())))
+        let query = context.session_id();
+        let block_rows =
+            blocks::block_rows(self.block_rows, self.partitions(), per_row(&self.kernel), 8);
+        Ok(blocks::blockwise(
+            input,
+            block_rows,
+            context.session_config().batch_size(),
+            self.twin.schema(),
+            Arc::new(move |block, ticket| run.block(block, &query, ticket)),
+        ))
     }
 }
 
@@ -192,63 +138,6 @@ impl GpuFilterExec {
             .partition_count()
             .max(1)
     }
-
-    /// Rows per block: the configured number, fewer where the blocks of
-    /// all partitions would pass the device-memory budget or a buffer the
-    /// device's largest binding.
-    fn kernel_block_rows(&self) -> usize {
-        let (Some(gpu), Some(memory)) = (crate::device(), crate::memory()) else {
-            return self.block_rows;
-        };
-        // The partitions run at once; a tenth is left to the column cache
-        // and rounding.
-        let share = memory.budget() as f64 * 0.9 / self.partitions() as f64;
-        let by_budget = (share / per_row(&self.kernel)) as usize;
-        let by_binding = (gpu.max_binding / 8) as usize;
-        self.block_rows.min(by_budget).min(by_binding).max(256)
-    }
-}
-
-/// The input cut into blocks of at most `block_rows` rows.
-struct Blocks {
-    input: SendableRecordBatchStream,
-    ended: bool,
-    /// Rows of the last batch read that did not fit in the last block.
-    carry: Option<RecordBatch>,
-    /// The operator's turn on the device, from its first block to its last.
-    ticket: Option<Ticket<'static>>,
-}
-
-impl Blocks {
-    /// The next block: batches gathered until `block_rows`, the rest of the
-    /// last one carried to the next block; None at the end.
-    async fn next_block(
-        &mut self,
-        schema: &arrow::datatypes::SchemaRef,
-        block_rows: usize,
-    ) -> Result<Option<RecordBatch>> {
-        let mut batches: Vec<RecordBatch> = self.carry.take().into_iter().collect();
-        let mut rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        while rows < block_rows && !self.ended {
-            match self.input.next().await {
-                Some(batch) => {
-                    let batch = batch?;
-                    rows += batch.num_rows();
-                    batches.push(batch);
-                }
-                None => self.ended = true,
-            }
-        }
-        if batches.is_empty() {
-            return Ok(None);
-        }
-        let block = concat_batches(schema, &batches)?;
-        if block.num_rows() > block_rows {
-            self.carry = Some(block.slice(block_rows, block.num_rows() - block_rows));
-            return Ok(Some(block.slice(0, block_rows)));
-        }
-        Ok(Some(block))
-    }
 }
 
 /// Device bytes per row of a block: flags, the compacted indices, each
@@ -259,32 +148,6 @@ fn per_row(kernel: &PredicateKernel) -> f64 {
         bytes += b.repr.width() as f64 + if b.nullable { 0.125 } else { 0.0 };
     }
     bytes
-}
-
-/// The metrics EXPLAIN ANALYZE shows.
-struct Metrics {
-    dispatches: Count,
-    gpu_blocks: Count,
-    cpu_blocks: Count,
-    transfer: Time,
-    kernel: Time,
-    wait: Time,
-    /// 1 while a partition waits for the query's turn (`cirro.queries.gpu`).
-    waiting: Gauge,
-}
-
-impl Metrics {
-    fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
-        Self {
-            dispatches: MetricBuilder::new(set).counter("gpu_dispatches", partition),
-            gpu_blocks: MetricBuilder::new(set).counter("gpu_blocks", partition),
-            cpu_blocks: MetricBuilder::new(set).counter("cpu_blocks", partition),
-            transfer: MetricBuilder::new(set).subset_time("gpu_upload_time", partition),
-            kernel: MetricBuilder::new(set).subset_time("gpu_kernel_time", partition),
-            wait: MetricBuilder::new(set).subset_time("gpu_wait_time", partition),
-            waiting: MetricBuilder::new(set).gauge("gpu_waiting", partition),
-        }
-    }
 }
 
 struct Run {
@@ -307,17 +170,11 @@ impl Run {
         query: &str,
         ticket: &mut Option<Ticket<'static>>,
     ) -> Result<RecordBatch> {
-        let on_device = match (crate::device(), crate::memory(), crate::scheduler()) {
-            (Some(gpu), Some(memory), Some(scheduler)) if block.num_rows() > 0 => {
-                if ticket.is_none() {
-                    // The operator's demand: every partition's block.
-                    let demand = self.block_bytes(block.num_rows()) * self.partitions as u64;
-                    self.metrics.waiting.add(1);
-                    let admitted = scheduler.enter(query, block.num_rows() as f64, demand);
-                    self.metrics.waiting.sub(1);
-                    self.metrics.wait.add_duration(admitted.waited);
-                    *ticket = Some(admitted);
-                }
+        let on_device = match (crate::device(), crate::memory()) {
+            (Some(gpu), Some(memory)) if block.num_rows() > 0 => {
+                // The operator's demand: every partition's block.
+                let demand = self.block_bytes(block.num_rows()) * self.partitions as u64;
+                self.metrics.admit(ticket, query, block.num_rows(), demand);
                 match self.on_device(gpu, memory, block) {
                     Ok(indices) => Some(indices),
                     Err(e) => {

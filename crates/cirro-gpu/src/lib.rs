@@ -12,9 +12,13 @@
 //!   device-memory demand;
 //! - `filter`: `GpuFilterExec`;
 //! - `sort`: `GpuSortExec` (radix sort, top-N);
+//! - `aggregate`: `GpuAggregateExec` (hash aggregation, partial);
+//! - `blocks`: the input in blocks, the device's turn, the metrics;
 //! - `rule`: the physical optimizer rule that puts operators on the device
 //!   (`SET gpu = off | on | force`).
 
+pub mod aggregate;
+mod blocks;
 pub mod codegen;
 pub mod columns;
 pub mod device;
@@ -27,6 +31,7 @@ pub mod sort;
 
 use std::sync::OnceLock;
 
+pub use aggregate::GpuAggregateExec;
 pub use device::{Gpu, GpuError, device};
 pub use filter::GpuFilterExec;
 pub use memory::{DeviceMemory, Policy};

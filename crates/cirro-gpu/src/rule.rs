@@ -19,10 +19,12 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
+use crate::aggregate::GpuAggregateExec;
 use crate::codegen::compile_predicate;
 use crate::filter::GpuFilterExec;
 use crate::sort::GpuSortExec;
@@ -69,6 +71,18 @@ impl PhysicalOptimizerRule for GpuOperators {
             _ => None,
         };
         plan.transform_up(|node| {
+            if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
+                if !force && !large(aggregate.input(), options.min_rows) {
+                    return Ok(Transformed::no(node));
+                }
+                let (Some(gpu), Some(_)) = (
+                    GpuAggregateExec::try_new(aggregate, options.block_rows),
+                    usable(),
+                ) else {
+                    return Ok(Transformed::no(node));
+                };
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
             if let Some(sort) = node.downcast_ref::<SortExec>() {
                 if !force && !large(sort.input(), options.min_rows) {
                     return Ok(Transformed::no(node));

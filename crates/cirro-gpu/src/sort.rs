@@ -250,9 +250,11 @@ fn sort(
     all: RecordBatch,
 ) -> Result<RecordBatch> {
     let fetch = twin.fetch();
-    if all.num_rows() > 1
-        && let (Some(gpu), Some(memory)) = (crate::device(), crate::memory())
-    {
+    if all.num_rows() <= 1 {
+        // Nothing to sort, on either side.
+        return Ok(all.slice(0, fetch.map_or(all.num_rows(), |f| f.min(all.num_rows()))));
+    }
+    if let (Some(gpu), Some(memory)) = (crate::device(), crate::memory()) {
         let start = std::time::Instant::now();
         match permutation(gpu, memory, twin, keys, &all, metrics) {
             Ok(mut perm) => {

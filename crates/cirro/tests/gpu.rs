@@ -15,7 +15,12 @@ use common::{DataDir, shared_dir};
 
 /// The sum of the `gpu_dispatches=N` counts in an EXPLAIN ANALYZE.
 fn dispatches(plan: &str) -> u64 {
-    plan.match_indices("gpu_dispatches=")
+    metric(plan, "gpu_dispatches")
+}
+
+/// The sum of the `<name>=N` counts in an EXPLAIN ANALYZE.
+fn metric(plan: &str, name: &str) -> u64 {
+    plan.match_indices(&format!("{name}="))
         .filter_map(|(at, m)| {
             plan[at + m.len()..]
                 .chars()
@@ -149,16 +154,29 @@ fn tpch_and_ssb_answers_with_gpu_forced_and_without_a_device() {
             "{query}\n{plan}"
         );
     }
-    // Sorts and top-N (Q18's LIMIT 100) run on the device too.
-    for query in [
-        "tpch/queries/q01.sql",
-        "tpch/queries/q04.sql",
-        "tpch/queries/q18.sql",
+    // Sorts and top-N (Q18's LIMIT 100) and hash aggregations (Q1's sums
+    // and averages of decimals by two text keys, SSB's sums of products by
+    // year and brand) run on the device too.
+    for (data, query, operators) in [
+        (
+            &tpch,
+            "tpch/queries/q01.sql",
+            &["GpuSortExec", "GpuAggregateExec"][..],
+        ),
+        (&tpch, "tpch/queries/q04.sql", &["GpuSortExec"][..]),
+        (&tpch, "tpch/queries/q18.sql", &["GpuSortExec"][..]),
+        (&ssb, "ssb/queries/q1.1.sql", &["GpuAggregateExec"][..]),
+        (&ssb, "ssb/queries/q2.1.sql", &["GpuAggregateExec"][..]),
     ] {
         let text = std::fs::read_to_string(shared_dir().join(query)).expect("query");
-        let plan = tpch.sql_ok(&format!("SET gpu = force; EXPLAIN ANALYZE {text}"));
-        assert!(plan.contains("GpuSortExec"), "{query}: no GPU sort\n{plan}");
-        assert!(dispatches(&plan) > 0, "{query}: no kernel ran\n{plan}");
+        let plan = data.sql_ok(&format!("SET gpu = force; EXPLAIN ANALYZE {text}"));
+        for operator in operators {
+            assert!(plan.contains(operator), "{query}: no {operator}\n{plan}");
+        }
+        assert!(
+            metric(&plan, "cpu_blocks") == 0 && dispatches(&plan) > 0,
+            "{query}: no kernel ran, or a block fell back to the CPU\n{plan}"
+        );
     }
 }
 
@@ -241,4 +259,11 @@ fn queries_that_oversubscribe_the_device_take_turns_in_cirro_queries() {
          AND query NOT LIKE '%cirro.queries%' AND state = 'finished'",
     );
     assert_eq!(ended.trim(), "used");
+    // `cirro.gpu`: the device, its budget and policy, what it did; nothing
+    // runs or waits any more.
+    let row = server.sql(
+        "SELECT device IS NOT NULL, memory_budget, policy, dispatches > 0, \
+         bytes_to_device > 0, running, waiting FROM cirro.gpu",
+    );
+    assert_eq!(row.trim(), "t|262144|cdr|t|t|0|0", "{row}");
 }

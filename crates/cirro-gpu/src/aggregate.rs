@@ -1,0 +1,873 @@
+//! `GpuAggregateExec`, the twin of DataFusion's partial `AggregateExec`:
+//! `count`, `sum`, `avg`, `min` and `max` of integers, dates and decimals
+//! (as scaled integers), grouped by integer, date, decimal or text keys,
+//! a block of rows at a time. The final aggregation stays on the CPU: it
+//! merges few rows.
+//!
+//! Per block, the host evaluates the keys and arguments (`PhysicalExpr`s)
+//! and packs them row by row into 32-bit words; a NULL key's words are 0
+//! after a 0 validity word, so two rows are in one group exactly when
+//! their words are equal. One kernel then:
+//! 1. hashes a row's key words and inserts the row into an open-addressing
+//!    table of at least twice the block's rows: a compare-exchange claims
+//!    an empty slot for the row, or finds the slot of the first row with
+//!    the same key words (linear probing);
+//! 2. adds the row's arguments into the slot's state with atomics: counts;
+//!    sums into three 32-bit limbs (96 bits, carries propagated from the
+//!    old values the atomic adds return: exact for any block); min and max
+//!    of the high words (order-preserving unsigned encodings, a minimum as
+//!    the maximum of the complement).
+//!
+//! A second kernel (only for `min`/`max`) takes, among a slot's rows whose
+//! high word won, the maximum of the low words: 64-bit extremes from 32-bit
+//! atomics, which every device has (64-bit atomics are optional).
+//!
+//! The table and states come back; each claimed slot is a group, its first
+//! row gives the key values, and its states become the partial
+//! aggregation's state columns (the types DataFusion's accumulators use,
+//! by their state fields), so the final aggregation cannot tell. A block
+//! the device cannot take, or whose decimals do not fit 64 bits, is
+//! aggregated by the twin on the CPU.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch, UInt32Array, UInt64Array,
+};
+use arrow::buffer::Buffer;
+use arrow::compute::{CastOptions, cast, cast_with_options, take};
+use arrow::datatypes::{DataType, Date32Type, Decimal128Type, Int64Type, SchemaRef};
+use datafusion::common::Result;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode, PlanProperties,
+    SendableRecordBatchStream,
+};
+
+use crate::blocks::{self, Metrics};
+use crate::columns::{Repr, encode, repr_of};
+use crate::device::{Gpu, GpuError, GpuResult, Launch};
+use crate::memory::{Access, DeviceMemory, RegionId};
+use crate::scheduler::Ticket;
+
+/// What an aggregate computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Func {
+    Count,
+    Sum,
+    Avg,
+    Min,
+    Max,
+}
+
+impl Func {
+    fn of(name: &str) -> Option<Self> {
+        Some(match name {
+            "count" => Func::Count,
+            "sum" => Func::Sum,
+            "avg" => Func::Avg,
+            "min" => Func::Min,
+            "max" => Func::Max,
+            _ => return None,
+        })
+    }
+
+    /// State words per group: the count of non-NULL arguments, then three
+    /// limbs of a sum or the high and low words of an extreme.
+    fn state_words(self) -> usize {
+        match self {
+            Func::Count => 1,
+            Func::Sum | Func::Avg => 4,
+            Func::Min | Func::Max => 3,
+        }
+    }
+
+    fn reads_value(self) -> bool {
+        self != Func::Count
+    }
+}
+
+/// One aggregate: its function, argument and where its words sit.
+#[derive(Debug)]
+struct Aggregate {
+    func: Func,
+    arg: Arc<dyn PhysicalExpr>,
+    /// The argument's type (its scale for sums).
+    arg_type: DataType,
+    /// The word in a row of `args` that says the argument is not NULL.
+    valid_word: Option<usize>,
+    /// The argument's low and high words in a row of `args`.
+    value_word: Option<usize>,
+    /// The first of its words in a slot's state.
+    state_word: usize,
+    /// The types of its state columns.
+    state_types: Vec<DataType>,
+}
+
+/// One group key.
+#[derive(Debug)]
+struct Key {
+    expr: Arc<dyn PhysicalExpr>,
+    repr: Repr,
+    nullable: bool,
+}
+
+impl Key {
+    fn words(&self) -> usize {
+        usize::from(self.nullable) + if self.repr == Repr::I64 { 2 } else { 1 }
+    }
+}
+
+/// The layout of a block on the device and the kernels that read it.
+#[derive(Debug)]
+struct Layout {
+    keys: Vec<Key>,
+    key_words: usize,
+    aggregates: Vec<Aggregate>,
+    arg_words: usize,
+    state_words: usize,
+    /// Insert and accumulate.
+    accumulate: String,
+    /// The low words of extremes (None without `min`/`max`).
+    extremes: Option<String>,
+}
+
+/// A partial aggregation on the device.
+#[derive(Debug)]
+pub struct GpuAggregateExec {
+    twin: Arc<AggregateExec>,
+    layout: Arc<Layout>,
+    block_rows: usize,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl GpuAggregateExec {
+    /// The twin of `aggregate` where the device can compute it: a partial
+    /// aggregation without grouping sets, DISTINCT, FILTER, order or limit,
+    /// of the functions and types above.
+    pub fn try_new(aggregate: &AggregateExec, block_rows: usize) -> Option<Self> {
+        if *aggregate.mode() != AggregateMode::Partial
+            || !aggregate.group_expr().is_single()
+            || aggregate.limit_options().is_some()
+            || *aggregate.input_order_mode() != InputOrderMode::Linear
+            || aggregate.filter_expr().iter().any(Option::is_some)
+        {
+            return None;
+        }
+        let schema = aggregate.input_schema();
+        let mut keys = Vec::new();
+        for (expr, _) in aggregate.group_expr().expr() {
+            let data_type = expr.data_type(&schema).ok()?;
+            let repr = match (repr_of(&data_type)?, &data_type) {
+                (_, DataType::Float32 | DataType::Float64) | (Repr::Bits, _) => return None,
+                (repr, _) => repr,
+            };
+            keys.push(Key {
+                expr: Arc::clone(expr),
+                repr,
+                nullable: expr.nullable(&schema).ok()?,
+            });
+        }
+        let mut aggregates = Vec::new();
+        // State word 0 of a slot counts its rows (every binding is read).
+        let (mut arg_words, mut state_words) = (0, 1);
+        for aggr in aggregate.aggr_expr() {
+            let func = Func::of(aggr.fun().name())?;
+            let [arg] = aggr.expressions().try_into().ok()?;
+            if aggr.is_distinct() {
+                return None;
+            }
+            let arg_type = arg.data_type(&schema).ok()?;
+            let state_types: Vec<DataType> = aggr
+                .state_fields()
+                .ok()?
+                .iter()
+                .map(|f| f.data_type().clone())
+                .collect();
+            if func.reads_value() && !is_integral(&arg_type) {
+                return None;
+            }
+            let states_fit = match (func, state_types.as_slice()) {
+                (Func::Count, [DataType::Int64]) => true,
+                (Func::Sum, [t]) => matches!(t, DataType::Int64 | DataType::Decimal128(..)),
+                (Func::Avg, [DataType::UInt64, DataType::Decimal128(..)]) => true,
+                (Func::Min | Func::Max, [t]) => *t == arg_type,
+                _ => false,
+            };
+            if !states_fit {
+                return None;
+            }
+            let valid_word = arg.nullable(&schema).ok()?.then(|| {
+                arg_words += 1;
+                arg_words - 1
+            });
+            let value_word = func.reads_value().then(|| {
+                arg_words += 2;
+                arg_words - 2
+            });
+            aggregates.push(Aggregate {
+                func,
+                arg,
+                arg_type,
+                valid_word,
+                value_word,
+                state_word: state_words,
+                state_types,
+            });
+            state_words += func.state_words();
+        }
+        let key_words = keys.iter().map(Key::words).sum();
+        let accumulate = accumulate_source(key_words, arg_words, state_words, &aggregates);
+        let extremes = extremes_source(arg_words, state_words, &aggregates);
+        Some(Self {
+            twin: Arc::new(aggregate.clone()),
+            layout: Arc::new(Layout {
+                keys,
+                key_words,
+                aggregates,
+                arg_words,
+                state_words,
+                accumulate,
+                extremes,
+            }),
+            block_rows: block_rows.max(1),
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    fn partitions(&self) -> usize {
+        self.twin
+            .input()
+            .properties()
+            .output_partitioning()
+            .partition_count()
+            .max(1)
+    }
+}
+
+/// Types whose values the kernels sum and compare as 64-bit integers.
+fn is_integral(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::Date32
+            | DataType::Decimal128(..)
+    )
+}
+
+/// The kernel that inserts each row into the table and accumulates it.
+fn accumulate_source(
+    key_words: usize,
+    arg_words: usize,
+    state_words: usize,
+    aggregates: &[Aggregate],
+) -> String {
+    let mut updates = String::new();
+    for a in aggregates {
+        let s = a.state_word;
+        let mut body = format!("        atomicAdd(&state[base + {s}u], 1u);\n");
+        if let Some(v) = a.value_word {
+            body.push_str(&format!(
+                "        let lo{s} = args[r * AW + {v}u];\n        let hi{s} = args[r * AW + {}u];\n",
+                v + 1
+            ));
+            match a.func {
+                Func::Sum | Func::Avg => {
+                    body.push_str(&format!(
+                        "        add96(base + {}u, lo{s}, hi{s});\n",
+                        s + 1
+                    ));
+                }
+                Func::Min => body.push_str(&format!(
+                    "        atomicMax(&state[base + {}u], ~(hi{s} ^ 0x80000000u));\n",
+                    s + 1
+                )),
+                Func::Max => body.push_str(&format!(
+                    "        atomicMax(&state[base + {}u], hi{s} ^ 0x80000000u);\n",
+                    s + 1
+                )),
+                Func::Count => {}
+            }
+        }
+        match a.valid_word {
+            Some(w) => updates.push_str(&format!(
+                "    if (args[r * AW + {w}u] != 0u) {{\n{body}    }}\n"
+            )),
+            None => updates.push_str(&format!("    {{\n{body}    }}\n")),
+        }
+    }
+    // A binding the kernel never reads is left out of its layout: `args`
+    // is bound only where an aggregate reads it.
+    let args_binding = if arg_words > 0 {
+        "@group(0) @binding(5) var<storage, read> args: array<u32>;\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"
+@group(0) @binding(0) var<storage, read> params: array<u32>;
+@group(0) @binding(1) var<storage, read> keys: array<u32>;
+@group(0) @binding(2) var<storage, read_write> owner: array<atomic<u32>>;
+@group(0) @binding(3) var<storage, read_write> slots: array<u32>;
+@group(0) @binding(4) var<storage, read_write> state: array<atomic<u32>>;
+{args_binding}const KW: u32 = {key_words}u;
+const AW: u32 = {arg_words}u;
+const SW: u32 = {state_words}u;
+
+fn same(a: u32, b: u32) -> bool {{
+    for (var j = 0u; j < KW; j++) {{
+        if (keys[a * KW + j] != keys[b * KW + j]) {{ return false; }}
+    }}
+    return true;
+}}
+
+// Adds a sign-extended 64-bit value to the 96-bit sum at `at`: each limb's
+// carry comes from the old value its atomic add returns.
+fn add96(at: u32, lo: u32, hi: u32) {{
+    let ext = select(0u, 0xffffffffu, (hi & 0x80000000u) != 0u);
+    let old0 = atomicAdd(&state[at], lo);
+    let c0 = select(0u, 1u, old0 + lo < old0);
+    let mid = hi + c0;
+    let c1 = select(0u, 1u, mid < hi);
+    let old1 = atomicAdd(&state[at + 1u], mid);
+    let c2 = select(0u, 1u, old1 + mid < old1);
+    atomicAdd(&state[at + 2u], ext + c1 + c2);
+}}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+    let r = (wid.y * nwg.x + wid.x) * 256u + lid;
+    if (r >= params[0]) {{ return; }}
+    let mask = params[1];
+    var h = 2166136261u;
+    for (var j = 0u; j < KW; j++) {{ h = (h ^ keys[r * KW + j]) * 16777619u; }}
+    h ^= h >> 16u;
+    h *= 0x7feb352du;
+    h ^= h >> 15u;
+    h *= 0x846ca68bu;
+    h ^= h >> 16u;
+    var slot = h & mask;
+    var probes = 0u;
+    loop {{
+        let seen = atomicCompareExchangeWeak(&owner[slot], 0u, r + 1u);
+        if (seen.exchanged) {{ break; }}
+        // 0: a spurious failure of the weak exchange; try the slot again.
+        if (seen.old_value != 0u) {{
+            if (same(seen.old_value - 1u, r)) {{ break; }}
+            slot = (slot + 1u) & mask;
+            probes += 1u;
+            // The table has twice the rows: never full.
+            if (probes > mask) {{ break; }}
+        }}
+    }}
+    slots[r] = slot;
+    let base = slot * SW;
+    atomicAdd(&state[base], 1u);
+{updates}}}
+"#
+    )
+}
+
+/// The kernel that finishes `min`/`max`: the low words of the rows whose
+/// high word won.
+fn extremes_source(
+    arg_words: usize,
+    state_words: usize,
+    aggregates: &[Aggregate],
+) -> Option<String> {
+    let mut updates = String::new();
+    for a in aggregates {
+        let (Some(v), s) = (a.value_word, a.state_word) else {
+            continue;
+        };
+        let (hi, lo) = match a.func {
+            Func::Min => (
+                format!("~(args[r * AW + {}u] ^ 0x80000000u)", v + 1),
+                format!("~args[r * AW + {v}u]"),
+            ),
+            Func::Max => (
+                format!("(args[r * AW + {}u] ^ 0x80000000u)", v + 1),
+                format!("args[r * AW + {v}u]"),
+            ),
+            _ => continue,
+        };
+        let valid = a
+            .valid_word
+            .map_or("true".to_string(), |w| format!("args[r * AW + {w}u] != 0u"));
+        updates.push_str(&format!(
+            "    if ({valid} && {hi} == atomicLoad(&state[base + {}u])) {{\n        atomicMax(&state[base + {}u], {lo});\n    }}\n",
+            s + 1,
+            s + 2
+        ));
+    }
+    if updates.is_empty() {
+        return None;
+    }
+    Some(format!(
+        r#"
+@group(0) @binding(0) var<storage, read> params: array<u32>;
+@group(0) @binding(1) var<storage, read> args: array<u32>;
+@group(0) @binding(2) var<storage, read> slots: array<u32>;
+@group(0) @binding(3) var<storage, read_write> state: array<atomic<u32>>;
+const AW: u32 = {arg_words}u;
+const SW: u32 = {state_words}u;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+    let r = (wid.y * nwg.x + wid.x) * 256u + lid;
+    if (r >= params[0]) {{ return; }}
+    let base = slots[r] * SW;
+{updates}}}
+"#
+    ))
+}
+
+impl DisplayAs for GpuAggregateExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        crate::fmt_twin(self.twin.as_ref(), t, f)
+    }
+}
+
+impl ExecutionPlan for GpuAggregateExec {
+    fn name(&self) -> &str {
+        "GpuAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.twin.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.twin.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.twin.apply_expressions(f)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let twin: Arc<dyn ExecutionPlan> = Arc::clone(&self.twin) as _;
+        let twin = replace_children_if_necessary(twin, children)?;
+        Ok(
+            match twin
+                .downcast_ref::<AggregateExec>()
+                .and_then(|a| GpuAggregateExec::try_new(a, self.block_rows))
+            {
+                Some(gpu) => Arc::new(gpu),
+                None => twin,
+            },
+        )
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let input = self.twin.input().execute(partition, Arc::clone(&context))?;
+        let run = Run {
+            twin: Arc::clone(&self.twin),
+            layout: Arc::clone(&self.layout),
+            partitions: self.partitions(),
+            schema: self.twin.schema(),
+            context: Arc::clone(&context),
+            metrics: Metrics::new(&self.metrics, partition),
+        };
+        let query = context.session_id();
+        let per_row = self.layout.per_row();
+        let widest = 4 * (self.layout.state_words as u64 * 4).max(self.layout.key_words as u64);
+        let block_rows = blocks::block_rows(self.block_rows, self.partitions(), per_row, widest);
+        Ok(blocks::blockwise(
+            input,
+            block_rows,
+            context.session_config().batch_size(),
+            self.twin.schema(),
+            Arc::new(move |block, ticket| run.block(block, &query, ticket)),
+        ))
+    }
+}
+
+impl Layout {
+    /// Slots of the table for `rows` rows: a power of two, at least twice.
+    fn slots(rows: usize) -> usize {
+        (rows * 2).next_power_of_two().max(256)
+    }
+
+    /// Device bytes per row of a block (the table at its largest, four
+    /// slots a row).
+    fn per_row(&self) -> f64 {
+        (4 * (self.key_words + self.arg_words + 1) + 4 * 4 * (self.state_words + 1)) as f64
+    }
+}
+
+struct Run {
+    twin: Arc<AggregateExec>,
+    layout: Arc<Layout>,
+    partitions: usize,
+    schema: SchemaRef,
+    context: Arc<TaskContext>,
+    metrics: Metrics,
+}
+
+/// A block's columns packed for the device.
+struct Packed {
+    keys: Vec<ArrayRef>,
+    key_words: Vec<u32>,
+    arg_words: Vec<u32>,
+}
+
+impl Run {
+    /// One block aggregated: on the device, else on the CPU.
+    fn block(
+        &self,
+        block: &RecordBatch,
+        query: &str,
+        ticket: &mut Option<Ticket<'static>>,
+    ) -> Result<RecordBatch> {
+        let rows = block.num_rows();
+        if rows == 0 {
+            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
+        }
+        if let (Some(gpu), Some(memory)) = (crate::device(), crate::memory()) {
+            let demand = (self.layout.per_row() * rows as f64) as u64 * self.partitions as u64;
+            self.metrics.admit(ticket, query, rows, demand);
+            match self.pack(block) {
+                Ok(Some(packed)) => match self.on_device(gpu, memory, rows, &packed) {
+                    Ok(states) => {
+                        self.metrics.gpu_blocks.add(1);
+                        return self.output(&packed, states);
+                    }
+                    Err(e) => log::debug!("{e}; the block is aggregated on the CPU"),
+                },
+                Ok(None) => log::debug!("values past 64 bits; the block is aggregated on the CPU"),
+                Err(e) => return Err(e),
+            }
+        }
+        self.metrics.cpu_blocks.add(1);
+        self.on_cpu(block)
+    }
+
+    /// The twin over the block alone.
+    fn on_cpu(&self, block: &RecordBatch) -> Result<RecordBatch> {
+        let source =
+            MemorySourceConfig::try_new_exec(&[vec![block.clone()]], block.schema(), None)?;
+        let twin = AggregateExec::try_new(
+            AggregateMode::Partial,
+            self.twin.group_expr().clone(),
+            self.twin.aggr_expr().to_vec(),
+            self.twin.filter_expr().to_vec(),
+            source,
+            block.schema(),
+        )?;
+        let context = Arc::clone(&self.context);
+        let batches = tokio::runtime::Handle::current()
+            .block_on(datafusion::physical_plan::collect(Arc::new(twin), context))?;
+        Ok(arrow::compute::concat_batches(&self.schema, &batches)?)
+    }
+
+    /// The block's keys and arguments as words; None where a decimal does
+    /// not fit 64 bits.
+    fn pack(&self, block: &RecordBatch) -> Result<Option<Packed>> {
+        let rows = block.num_rows();
+        let layout = &self.layout;
+        let mut keys = Vec::with_capacity(layout.keys.len());
+        let mut key_words = vec![0u32; rows * layout.key_words];
+        let mut at = 0;
+        for key in &layout.keys {
+            let array = key.expr.evaluate(block)?.into_array(rows)?;
+            let host = encode(&array).ok_or_else(|| {
+                DataFusionError::Internal(format!("GPU: group key type {}", array.data_type()))
+            })?;
+            let nulls = array.logical_nulls();
+            let values = host.values.as_slice();
+            for r in 0..rows {
+                let row = &mut key_words[r * layout.key_words + at..];
+                let valid = nulls.as_ref().is_none_or(|n| n.is_valid(r));
+                let mut w = 0;
+                if key.nullable {
+                    row[0] = u32::from(valid);
+                    w = 1;
+                }
+                if !valid {
+                    continue;
+                }
+                match host.repr {
+                    Repr::I64 => {
+                        row[w] = word(values, 2 * r);
+                        row[w + 1] = word(values, 2 * r + 1);
+                    }
+                    _ => row[w] = word(values, r),
+                }
+            }
+            at += key.words();
+            keys.push(array);
+        }
+        let mut arg_words = vec![0u32; rows * layout.arg_words];
+        for a in &layout.aggregates {
+            if a.valid_word.is_none() && a.value_word.is_none() {
+                continue;
+            }
+            let array = a.arg.evaluate(block)?.into_array(rows)?;
+            let nulls = array.logical_nulls();
+            if let Some(w) = a.valid_word {
+                for r in 0..rows {
+                    arg_words[r * layout.arg_words + w] =
+                        u32::from(nulls.as_ref().is_none_or(|n| n.is_valid(r)));
+                }
+            }
+            if let Some(w) = a.value_word {
+                let Some(values) = as_i64(&array)? else {
+                    return Ok(None);
+                };
+                for (r, v) in values.iter().enumerate() {
+                    arg_words[r * layout.arg_words + w] = *v as u32;
+                    arg_words[r * layout.arg_words + w + 1] = (*v >> 32) as u32;
+                }
+            }
+        }
+        Ok(Some(Packed {
+            keys,
+            key_words,
+            arg_words,
+        }))
+    }
+
+    /// The table (each slot's first row + 1, 0 if free) and the states.
+    fn on_device(
+        &self,
+        gpu: &Gpu,
+        memory: &DeviceMemory,
+        rows: usize,
+        packed: &Packed,
+    ) -> GpuResult<(Vec<u32>, Vec<u32>)> {
+        if rows as u64 >= u64::from(u32::MAX) / 4 {
+            return Err(GpuError("block too large".into()));
+        }
+        let layout = &self.layout;
+        let slots = Layout::slots(rows);
+        let state_bytes = (slots * layout.state_words * 4) as u64;
+        if state_bytes.max((rows * layout.key_words * 4) as u64) > gpu.max_binding {
+            return Err(GpuError(
+                "a buffer would pass the device's largest binding".into(),
+            ));
+        }
+        let start = std::time::Instant::now();
+        let mut regions: Vec<(RegionId, Access)> = Vec::new();
+        let result = (|| {
+            regions.push((
+                memory.region_with(Buffer::from_slice_ref(&packed.key_words))?,
+                Access::Read,
+            ));
+            regions.push((
+                memory.region_with(Buffer::from_slice_ref(&packed.arg_words))?,
+                Access::Read,
+            ));
+            regions.push((memory.region(slots as u64 * 4)?, Access::Write));
+            regions.push((memory.region(rows as u64 * 4)?, Access::Write));
+            regions.push((memory.region(state_bytes)?, Access::Write));
+            let held: Vec<RegionId> = regions.iter().map(|(r, _)| *r).collect();
+            let buffers = memory.acquire(gpu, &regions)?;
+            let outcome = (|| {
+                let params = gpu.upload(&Buffer::from_vec(vec![rows as u32, (slots - 1) as u32]));
+                let accumulate = gpu.kernel(&layout.accumulate)?;
+                let extremes = match &layout.extremes {
+                    Some(source) => Some(gpu.kernel(source)?),
+                    None => None,
+                };
+                let [keys, args, owner, row_slots, state] =
+                    [0, 1, 2, 3, 4].map(|i| &buffers[i].buffer);
+                self.metrics.transfer.add_duration(start.elapsed());
+                let kernel_start = std::time::Instant::now();
+                let mut bound = vec![&params.buffer, keys, owner, row_slots, state];
+                if layout.arg_words > 0 {
+                    bound.push(args);
+                }
+                let mut launches = vec![Launch {
+                    kernel: &accumulate,
+                    buffers: bound,
+                    threads: rows as u64,
+                }];
+                if let Some(extremes) = &extremes {
+                    launches.push(Launch {
+                        kernel: extremes,
+                        buffers: vec![&params.buffer, args, row_slots, state],
+                        threads: rows as u64,
+                    });
+                }
+                gpu.run(&launches)?;
+                self.metrics.dispatches.add(launches.len());
+                let table = words(&gpu.download(owner, slots as u64 * 4)?);
+                let states = words(&gpu.download(state, state_bytes)?);
+                self.metrics.kernel.add_duration(kernel_start.elapsed());
+                Ok((table, states))
+            })();
+            memory.release(&held);
+            outcome
+        })();
+        memory.free(&regions.iter().map(|(r, _)| *r).collect::<Vec<_>>());
+        result
+    }
+
+    /// The partial aggregation's rows: one per claimed slot.
+    fn output(
+        &self,
+        packed: &Packed,
+        (table, states): (Vec<u32>, Vec<u32>),
+    ) -> Result<RecordBatch> {
+        let layout = &self.layout;
+        let claimed: Vec<usize> = (0..table.len()).filter(|&s| table[s] != 0).collect();
+        let firsts = UInt32Array::from(claimed.iter().map(|&s| table[s] - 1).collect::<Vec<u32>>());
+        let mut columns: Vec<ArrayRef> = Vec::new();
+        for key in &packed.keys {
+            columns.push(take(key.as_ref(), &firsts, None)?);
+        }
+        let strict = CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        for a in &layout.aggregates {
+            let at =
+                |slot: usize, word: usize| states[slot * layout.state_words + a.state_word + word];
+            let counts: Vec<u32> = claimed.iter().map(|&s| at(s, 0)).collect();
+            match a.func {
+                Func::Count => columns.push(Arc::new(Int64Array::from_iter_values(
+                    counts.iter().map(|&c| i64::from(c)),
+                ))),
+                Func::Sum | Func::Avg => {
+                    let scale = match a.arg_type {
+                        DataType::Decimal128(_, s) => s,
+                        _ => 0,
+                    };
+                    let sums = Decimal128Array::from(
+                        claimed
+                            .iter()
+                            .zip(&counts)
+                            .map(|(&s, &c)| (c > 0).then(|| limbs(at(s, 1), at(s, 2), at(s, 3))))
+                            .collect::<Vec<_>>(),
+                    )
+                    .with_precision_and_scale(38, scale)?;
+                    let sum_type = a.state_types.last().unwrap_or(&DataType::Int64);
+                    let sums = cast_with_options(&sums, sum_type, &strict)?;
+                    if a.func == Func::Avg {
+                        columns.push(Arc::new(UInt64Array::from_iter_values(
+                            counts.iter().map(|&c| u64::from(c)),
+                        )));
+                    }
+                    columns.push(sums);
+                }
+                Func::Min | Func::Max => {
+                    let values: Vec<Option<i64>> = claimed
+                        .iter()
+                        .zip(&counts)
+                        .map(|(&s, &c)| {
+                            let (mut hi, mut lo) = (at(s, 1), at(s, 2));
+                            if a.func == Func::Min {
+                                (hi, lo) = (!hi, !lo);
+                            }
+                            (c > 0).then(|| {
+                                ((u64::from(hi ^ 0x8000_0000) << 32) | u64::from(lo)) as i64
+                            })
+                        })
+                        .collect();
+                    columns.push(from_i64(values, &a.arg_type)?);
+                }
+            }
+        }
+        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+    }
+}
+
+/// The `i`th little-endian 32-bit word of `bytes`.
+fn word(bytes: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([
+        bytes[4 * i],
+        bytes[4 * i + 1],
+        bytes[4 * i + 2],
+        bytes[4 * i + 3],
+    ])
+}
+
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A 96-bit two's complement sum from its limbs, low first.
+fn limbs(l0: u32, l1: u32, l2: u32) -> i128 {
+    let v = u128::from(l0) | (u128::from(l1) << 32) | (u128::from(l2) << 64);
+    ((v << 32) as i128) >> 32
+}
+
+/// An argument's values as 64-bit integers (a NULL's value is
+/// unspecified); None where a decimal does not fit.
+fn as_i64(array: &ArrayRef) -> Result<Option<Vec<i64>>> {
+    Ok(Some(match array.data_type() {
+        DataType::Decimal128(..) => {
+            let mut out = Vec::with_capacity(array.len());
+            for v in array.as_primitive::<Decimal128Type>().values().iter() {
+                match i64::try_from(*v) {
+                    Ok(v) => out.push(v),
+                    Err(_) => return Ok(None),
+                }
+            }
+            out
+        }
+        DataType::Date32 => array
+            .as_primitive::<Date32Type>()
+            .values()
+            .iter()
+            .map(|&d| i64::from(d))
+            .collect(),
+        _ => cast(array, &DataType::Int64)?
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec(),
+    }))
+}
+
+/// 64-bit integers as an array of `data_type` (a min or max of it).
+fn from_i64(values: Vec<Option<i64>>, data_type: &DataType) -> Result<ArrayRef> {
+    Ok(match data_type {
+        DataType::Decimal128(p, s) => Arc::new(
+            Decimal128Array::from(
+                values
+                    .into_iter()
+                    .map(|v| v.map(i128::from))
+                    .collect::<Vec<_>>(),
+            )
+            .with_precision_and_scale(*p, *s)?,
+        ),
+        DataType::Date32 => cast(
+            &cast(&Int64Array::from(values), &DataType::Int32)?,
+            data_type,
+        )?,
+        _ => cast(&Int64Array::from(values), data_type)?,
+    })
+}
