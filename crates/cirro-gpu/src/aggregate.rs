@@ -225,7 +225,7 @@ impl GpuAggregateExec {
         }
         let key_words = keys.iter().map(Key::words).sum();
         let accumulate = accumulate_source(key_words, arg_words, state_words, &aggregates);
-        let extremes = extremes_source(arg_words, state_words, &aggregates);
+        let extremes = extremes_source(key_words, arg_words, state_words, &aggregates);
         Some(Self {
             twin: Arc::new(aggregate.clone()),
             layout: Arc::new(Layout {
@@ -268,35 +268,29 @@ fn is_integral(data_type: &DataType) -> bool {
     )
 }
 
-/// The kernel that inserts each row into the table and accumulates it.
-fn accumulate_source(
-    key_words: usize,
-    arg_words: usize,
-    state_words: usize,
-    aggregates: &[Aggregate],
-) -> String {
+/// One row's updates of the states in `array` (`state`, or a workgroup's
+/// `local` copy), at the slot whose first word is `base`.
+fn row_updates(aggregates: &[Aggregate], array: &str) -> String {
     let mut updates = String::new();
     for a in aggregates {
         let s = a.state_word;
-        let mut body = format!("        atomicAdd(&state[base + {s}u], 1u);\n");
+        let mut body = format!("        atomicAdd(&{array}[base + {s}u], 1u);\n");
         if let Some(v) = a.value_word {
             body.push_str(&format!(
                 "        let lo{s} = args[r * AW + {v}u];\n        let hi{s} = args[r * AW + {}u];\n",
                 v + 1
             ));
             match a.func {
-                Func::Sum | Func::Avg => {
-                    body.push_str(&format!(
-                        "        add96(base + {}u, lo{s}, hi{s});\n",
-                        s + 1
-                    ));
-                }
+                Func::Sum | Func::Avg => body.push_str(&format!(
+                    "        add96_{array}(base + {}u, lo{s}, hi{s}, select(0u, 0xffffffffu, (hi{s} & 0x80000000u) != 0u));\n",
+                    s + 1
+                )),
                 Func::Min => body.push_str(&format!(
-                    "        atomicMax(&state[base + {}u], ~(hi{s} ^ 0x80000000u));\n",
+                    "        atomicMax(&{array}[base + {}u], ~(hi{s} ^ 0x80000000u));\n",
                     s + 1
                 )),
                 Func::Max => body.push_str(&format!(
-                    "        atomicMax(&state[base + {}u], hi{s} ^ 0x80000000u);\n",
+                    "        atomicMax(&{array}[base + {}u], hi{s} ^ 0x80000000u);\n",
                     s + 1
                 )),
                 Func::Count => {}
@@ -309,6 +303,43 @@ fn accumulate_source(
             None => updates.push_str(&format!("    {{\n{body}    }}\n")),
         }
     }
+    updates
+}
+
+/// `add96_<array>(at, lo, hi, top)`: adds the 96-bit value `top:hi:lo` to
+/// the sum in three limbs at `at` of `array`; each limb's carry comes from
+/// the old value its atomic add returns.
+fn add96(array: &str) -> String {
+    format!(
+        r#"
+fn add96_{array}(at: u32, lo: u32, hi: u32, top: u32) {{
+    let old0 = atomicAdd(&{array}[at], lo);
+    let c0 = select(0u, 1u, old0 + lo < old0);
+    let mid = hi + c0;
+    let c1 = select(0u, 1u, mid < hi);
+    let old1 = atomicAdd(&{array}[at + 1u], mid);
+    let c2 = select(0u, 1u, old1 + mid < old1);
+    atomicAdd(&{array}[at + 2u], top + c1 + c2);
+}}
+"#
+    )
+}
+
+/// Zeroes a workgroup's `local` states (before its first barrier).
+const LOCAL_ZERO: &str =
+    "    for (var w = lid; w < SW; w += 256u) { atomicStore(&local[w], 0u); }\n";
+
+/// The kernel that inserts each row into the table and accumulates it.
+/// Without group keys every row is in slot 0: each workgroup accumulates
+/// its rows in workgroup memory first and adds that to the slot once
+/// (every row's atomic on one address serialises them: SSB Q1.1 at SF1
+/// spent 1.9 s in kernels on lavapipe that way).
+fn accumulate_source(
+    key_words: usize,
+    arg_words: usize,
+    state_words: usize,
+    aggregates: &[Aggregate],
+) -> String {
     // A binding the kernel never reads is left out of its layout: `args`
     // is bound only where an aggregate reads it.
     let args_binding = if arg_words > 0 {
@@ -316,7 +347,7 @@ fn accumulate_source(
     } else {
         ""
     };
-    format!(
+    let header = format!(
         r#"
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> keys: array<u32>;
@@ -326,25 +357,65 @@ fn accumulate_source(
 {args_binding}const KW: u32 = {key_words}u;
 const AW: u32 = {arg_words}u;
 const SW: u32 = {state_words}u;
-
+{}"#,
+        add96("state")
+    );
+    if key_words == 0 {
+        let mut merge = String::from("        atomicAdd(&state[0], atomicLoad(&local[0]));\n");
+        for a in aggregates {
+            let s = a.state_word;
+            merge.push_str(&format!(
+                "        atomicAdd(&state[{s}u], atomicLoad(&local[{s}u]));\n"
+            ));
+            match a.func {
+                Func::Sum | Func::Avg => merge.push_str(&format!(
+                    "        add96_state({}u, atomicLoad(&local[{}u]), atomicLoad(&local[{}u]), atomicLoad(&local[{}u]));\n",
+                    s + 1,
+                    s + 1,
+                    s + 2,
+                    s + 3
+                )),
+                Func::Min | Func::Max => merge.push_str(&format!(
+                    "        atomicMax(&state[{}u], atomicLoad(&local[{}u]));\n",
+                    s + 1,
+                    s + 1
+                )),
+                Func::Count => {}
+            }
+        }
+        return format!(
+            r#"{header}
+var<workgroup> local: array<atomic<u32>, SW>;
+{}
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+    let r = (wid.y * nwg.x + wid.x) * 256u + lid;
+{LOCAL_ZERO}    workgroupBarrier();
+    // No key words: `keys` is read only to stay in the kernel's layout.
+    _ = arrayLength(&keys);
+    if (r < params[0]) {{
+        if (r == 0u) {{ atomicStore(&owner[0], 1u); }}
+        slots[r] = 0u;
+        let base = 0u;
+        atomicAdd(&local[0], 1u);
+{}    }}
+    workgroupBarrier();
+    if (lid == 0u) {{
+{merge}    }}
+}}
+"#,
+            add96("local"),
+            row_updates(aggregates, "local")
+        );
+    }
+    format!(
+        r#"{header}
 fn same(a: u32, b: u32) -> bool {{
     for (var j = 0u; j < KW; j++) {{
         if (keys[a * KW + j] != keys[b * KW + j]) {{ return false; }}
     }}
     return true;
-}}
-
-// Adds a sign-extended 64-bit value to the 96-bit sum at `at`: each limb's
-// carry comes from the old value its atomic add returns.
-fn add96(at: u32, lo: u32, hi: u32) {{
-    let ext = select(0u, 0xffffffffu, (hi & 0x80000000u) != 0u);
-    let old0 = atomicAdd(&state[at], lo);
-    let c0 = select(0u, 1u, old0 + lo < old0);
-    let mid = hi + c0;
-    let c1 = select(0u, 1u, mid < hi);
-    let old1 = atomicAdd(&state[at + 1u], mid);
-    let c2 = select(0u, 1u, old1 + mid < old1);
-    atomicAdd(&state[at + 2u], ext + c1 + c2);
 }}
 
 @compute @workgroup_size(256)
@@ -377,19 +448,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     slots[r] = slot;
     let base = slot * SW;
     atomicAdd(&state[base], 1u);
-{updates}}}
-"#
+{}}}
+"#,
+        row_updates(aggregates, "state")
     )
 }
 
 /// The kernel that finishes `min`/`max`: the low words of the rows whose
-/// high word won.
+/// high word won (without group keys, through workgroup memory as above).
 fn extremes_source(
+    key_words: usize,
     arg_words: usize,
     state_words: usize,
     aggregates: &[Aggregate],
 ) -> Option<String> {
+    let grouped = key_words > 0;
+    let target = if grouped { "state" } else { "local" };
     let mut updates = String::new();
+    let mut merge = String::new();
     for a in aggregates {
         let (Some(v), s) = (a.value_word, a.state_word) else {
             continue;
@@ -409,15 +485,20 @@ fn extremes_source(
             .valid_word
             .map_or("true".to_string(), |w| format!("args[r * AW + {w}u] != 0u"));
         updates.push_str(&format!(
-            "    if ({valid} && {hi} == atomicLoad(&state[base + {}u])) {{\n        atomicMax(&state[base + {}u], {lo});\n    }}\n",
+            "        if ({valid} && {hi} == atomicLoad(&state[base + {}u])) {{\n            atomicMax(&{target}[base + {}u], {lo});\n        }}\n",
             s + 1,
+            s + 2
+        ));
+        merge.push_str(&format!(
+            "        atomicMax(&state[{}u], atomicLoad(&local[{}u]));\n",
+            s + 2,
             s + 2
         ));
     }
     if updates.is_empty() {
         return None;
     }
-    Some(format!(
+    let header = format!(
         r#"
 @group(0) @binding(0) var<storage, read> params: array<u32>;
 @group(0) @binding(1) var<storage, read> args: array<u32>;
@@ -425,7 +506,11 @@ fn extremes_source(
 @group(0) @binding(3) var<storage, read_write> state: array<atomic<u32>>;
 const AW: u32 = {arg_words}u;
 const SW: u32 = {state_words}u;
-
+"#
+    );
+    if grouped {
+        return Some(format!(
+            r#"{header}
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
@@ -433,6 +518,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (r >= params[0]) {{ return; }}
     let base = slots[r] * SW;
 {updates}}}
+"#
+        ));
+    }
+    Some(format!(
+        r#"{header}
+var<workgroup> local: array<atomic<u32>, SW>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {{
+    let r = (wid.y * nwg.x + wid.x) * 256u + lid;
+{LOCAL_ZERO}    workgroupBarrier();
+    if (r < params[0]) {{
+        let base = slots[r] * SW;
+{updates}    }}
+    workgroupBarrier();
+    if (lid == 0u) {{
+{merge}    }}
+}}
 "#
     ))
 }
