@@ -332,8 +332,7 @@ const LOCAL_ZERO: &str =
 /// The kernel that inserts each row into the table and accumulates it.
 /// Without group keys every row is in slot 0: each workgroup accumulates
 /// its rows in workgroup memory first and adds that to the slot once
-/// (every row's atomic on one address serialises them: SSB Q1.1 at SF1
-/// spent 1.9 s in kernels on lavapipe that way).
+/// (every row's atomic on one address serialises them).
 fn accumulate_source(
     key_words: usize,
     arg_words: usize,
