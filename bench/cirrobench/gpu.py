@@ -25,6 +25,7 @@ overhead measure, not a speed claim).
 
 import json
 import random
+import re
 import statistics
 import sys
 import threading
@@ -49,8 +50,6 @@ def _timed(engine, sql):
 
 def _metric_sums(plan):
     """Sums of the GPU operators' metrics in an EXPLAIN ANALYZE's text."""
-    import re
-
     sums = {"gpu_upload_ms": 0.0, "gpu_kernel_ms": 0.0, "gpu_dispatches": 0, "gpu_blocks": 0, "cpu_blocks": 0}
     units = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1000.0}
     for line in plan.splitlines():
@@ -114,7 +113,7 @@ def gpu_vs_cpu(args, queries, root, cirro_data, tables, results):
         engine.close()
 
 
-def _pair(engines_, sqls):
+def _pair(engines_, sqls, timeout):
     """Both statements at once, one per connection: the wall time."""
     errors = []
 
@@ -129,14 +128,11 @@ def _pair(engines_, sqls):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=args_timeout)
+        t.join(timeout=timeout)
     wall = time.perf_counter() - start
     if any(t.is_alive() for t in threads) or errors:
         raise RuntimeError(f"co-run failed: {errors or 'timeout'}")
     return wall
-
-
-args_timeout = 300.0
 
 
 def _watch(engine, stop, seen):
@@ -161,10 +157,12 @@ def co_runs(args, queries, root, cirro_data, tables, results):
     for policy in POLICIES:
         env = {"CIRRO_GPU_MEMORY": memory, "CIRRO_GPU_POLICY": policy}
         first = _server(args, root, cirro_data, tables, env)
+        clients = []
         try:
-            # A second connection to the same server.
+            # A second connection to the same server, and one that watches.
             second = _second_connection(first)
             watcher = _second_connection(first)
+            clients = [second, watcher]
             for e in (first, second):
                 e.run("SET gpu = force")
             solo = {}
@@ -178,7 +176,7 @@ def co_runs(args, queries, root, cirro_data, tables, results):
             walls = []
             try:
                 for a, b in pairs:
-                    walls.append(_pair([first, second], [a.sql, b.sql]))
+                    walls.append(_pair([first, second], [a.sql, b.sql], args.timeout))
             finally:
                 stop.set()
                 watch.join()
@@ -196,9 +194,9 @@ def co_runs(args, queries, root, cirro_data, tables, results):
             print(f"cirro bench gpu: co-runs {policy}: {rec['total_wall_s']:.2f} s together, "
                   f"{rec['total_alone_s']:.2f} s one at a time, waiting at most {rec['waiting_max']}",
                   file=sys.stderr, flush=True)
-            for e in (second, watcher):
-                e.conn.close()
         finally:
+            for client in clients:
+                client.conn.close()
             first.close()
 
 
@@ -230,8 +228,6 @@ def main(args, out):
     if args.queries:
         wanted = set(args.queries.split(","))
         queries = [q for q in queries if q.id in wanted]
-    global args_timeout
-    args_timeout = args.timeout
     sf_label = f"{args.sf:g}"
     root = args.data_dir / f"ssb-sf{sf_label}"
     cirro_data, tables, facts = data.prepare(suite, make_tables, args.sf, root, args.cirro, args.threads)
