@@ -7,25 +7,11 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use arrow::array::RecordBatch;
-use arrow::util::pretty::pretty_format_batches;
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::SessionContext;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, execute, gpu_metric, schema};
-
-/// The result's lines, sorted (groups come in any order), and the plan.
-async fn run(ctx: &SessionContext, sql: &str) -> (String, Arc<dyn ExecutionPlan>) {
-    let (batches, plan) = execute(ctx, sql).await;
-    let text = pretty_format_batches(&batches).unwrap().to_string();
-    let mut rows: Vec<&str> = text.lines().collect();
-    rows.sort();
-    (rows.join("\n"), plan)
-}
+use common::{batch, context, gpu_metric, run_sorted as run, schema};
 
 const AGGREGATIONS: &[&str] = &[
     "SELECT s, count(*), sum(a), min(b), max(dt) FROM t GROUP BY s",

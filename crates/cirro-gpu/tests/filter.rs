@@ -5,25 +5,11 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use arrow::array::RecordBatch;
-use arrow::util::pretty::pretty_format_batches;
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::SessionContext;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, execute, gpu_metric, schema};
-
-async fn run(ctx: &SessionContext, sql: &str) -> (String, Arc<dyn ExecutionPlan>) {
-    let (batches, plan) = execute(ctx, sql).await;
-    // Two partitions: rows come in either order.
-    let text = pretty_format_batches(&batches).unwrap().to_string();
-    let mut rows: Vec<&str> = text.lines().collect();
-    rows.sort();
-    (rows.join("\n"), plan)
-}
+use common::{batch, context, gpu_metric, run_sorted as run, schema};
 
 /// The first line where two sorted results differ, and their row counts.
 fn difference(got: &str, want: &str) -> String {

@@ -58,6 +58,18 @@ pub async fn execute(
     (batches, plan)
 }
 
+/// `sql` run: its result's lines sorted (two partitions, or groups, give
+/// rows in any order), and its plan.
+pub async fn run_sorted(ctx: &SessionContext, sql: &str) -> (String, Arc<dyn ExecutionPlan>) {
+    let (batches, plan) = execute(ctx, sql).await;
+    let text = arrow::util::pretty::pretty_format_batches(&batches)
+        .expect("format")
+        .to_string();
+    let mut rows: Vec<&str> = text.lines().collect();
+    rows.sort();
+    (rows.join("\n"), plan)
+}
+
 /// The sum of a metric over the plan's GPU operators; None where there is
 /// none.
 pub fn gpu_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<usize> {
