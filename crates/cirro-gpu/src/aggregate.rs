@@ -52,7 +52,7 @@ use datafusion::physical_plan::{
 };
 
 use crate::blocks::{self, Metrics};
-use crate::columns::{Repr, encode, repr_of};
+use crate::columns::{Repr, encode, repr_of, words};
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
 use crate::memory::{Access, DeviceMemory, RegionId};
 use crate::scheduler::Ticket;
@@ -410,6 +410,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     format!(
         r#"{header}
+{}
 fn same(a: u32, b: u32) -> bool {{
     for (var j = 0u; j < KW; j++) {{
         if (keys[a * KW + j] != keys[b * KW + j]) {{ return false; }}
@@ -423,14 +424,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let r = (wid.y * nwg.x + wid.x) * 256u + lid;
     if (r >= params[0]) {{ return; }}
     let mask = params[1];
-    var h = 2166136261u;
-    for (var j = 0u; j < KW; j++) {{ h = (h ^ keys[r * KW + j]) * 16777619u; }}
-    h ^= h >> 16u;
-    h *= 0x7feb352du;
-    h ^= h >> 15u;
-    h *= 0x846ca68bu;
-    h ^= h >> 16u;
-    var slot = h & mask;
+    var slot = hash_keys(r) & mask;
     var probes = 0u;
     loop {{
         let seen = atomicCompareExchangeWeak(&owner[slot], 0u, r + 1u);
@@ -449,6 +443,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     atomicAdd(&state[base], 1u);
 {}}}
 "#,
+        crate::kernels::hash_source("keys"),
         row_updates(aggregates, "state")
     )
 }
@@ -707,7 +702,6 @@ impl Run {
                 DataFusionError::Internal(format!("GPU: group key type {}", array.data_type()))
             })?;
             let nulls = array.logical_nulls();
-            let values = host.values.as_slice();
             for r in 0..rows {
                 let row = &mut key_words[r * layout.key_words + at..];
                 let valid = nulls.as_ref().is_none_or(|n| n.is_valid(r));
@@ -719,12 +713,8 @@ impl Run {
                 if !valid {
                     continue;
                 }
-                match host.repr {
-                    Repr::I64 => {
-                        row[w] = word(values, 2 * r);
-                        row[w + 1] = word(values, 2 * r + 1);
-                    }
-                    _ => row[w] = word(values, r),
+                for (slot, value) in row[w..].iter_mut().zip(words(host.key_words(r))) {
+                    *slot = value;
                 }
             }
             at += key.words();
@@ -824,8 +814,8 @@ impl Run {
                 }
                 gpu.run(&launches)?;
                 self.metrics.dispatches.add(launches.len());
-                let table = words(&gpu.download(owner, slots as u64 * 4)?);
-                let states = words(&gpu.download(state, state_bytes)?);
+                let table = words(&gpu.download(owner, slots as u64 * 4)?).collect();
+                let states = words(&gpu.download(state, state_bytes)?).collect();
                 self.metrics.kernel.add_duration(kernel_start.elapsed());
                 Ok((table, states))
             })();
@@ -903,23 +893,6 @@ impl Run {
         }
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
     }
-}
-
-/// The `i`th little-endian 32-bit word of `bytes`.
-fn word(bytes: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([
-        bytes[4 * i],
-        bytes[4 * i + 1],
-        bytes[4 * i + 2],
-        bytes[4 * i + 3],
-    ])
-}
-
-fn words(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 /// A 96-bit two's complement sum from its limbs, low first.

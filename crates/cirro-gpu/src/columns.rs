@@ -88,6 +88,22 @@ pub struct HostColumn {
     pub dictionary: Vec<String>,
 }
 
+impl HostColumn {
+    /// Row `r`'s value as the 32-bit words of a hash key: one, or two (low
+    /// first) for 64-bit values.
+    pub fn key_words(&self, r: usize) -> &[u8] {
+        let width = if self.repr == Repr::I64 { 8 } else { 4 };
+        &self.values.as_slice()[r * width..(r + 1) * width]
+    }
+}
+
+/// Little-endian bytes as 32-bit words.
+pub fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
 /// `f64::total_cmp`'s key, -0 made +0: an integer in the order in which
 /// DataFusion compares floats.
 pub fn f64_key(x: f64) -> i64 {

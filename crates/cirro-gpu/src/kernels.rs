@@ -105,3 +105,24 @@ pub fn compact(
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
 }
+
+/// WGSL `fn hash_<array>(r: u32) -> u32`: row `r`'s `KW` key words of
+/// `array` hashed (FNV-1a, then a finaliser that spreads the low bits the
+/// hash tables' masks keep). The build and the probe of a join and the
+/// groups of an aggregation hash alike.
+pub(crate) fn hash_source(array: &str) -> String {
+    format!(
+        r#"
+fn hash_{array}(r: u32) -> u32 {{
+    var h = 2166136261u;
+    for (var j = 0u; j < KW; j++) {{ h = (h ^ {array}[r * KW + j]) * 16777619u; }}
+    h ^= h >> 16u;
+    h *= 0x7feb352du;
+    h ^= h >> 15u;
+    h *= 0x846ca68bu;
+    h ^= h >> 16u;
+    return h;
+}}
+"#
+    )
+}

@@ -13,6 +13,7 @@
 //! - `filter`: `GpuFilterExec`;
 //! - `sort`: `GpuSortExec` (radix sort, top-N);
 //! - `aggregate`: `GpuAggregateExec` (hash aggregation, partial);
+//! - `join`: `GpuHashJoinExec` (hash join, probe-side join types);
 //! - `blocks`: the input in blocks, the device's turn, the metrics;
 //! - `rule`: the physical optimizer rule that puts operators on the device
 //!   (`SET gpu = off | on | force`).
@@ -23,6 +24,7 @@ pub mod codegen;
 pub mod columns;
 pub mod device;
 pub mod filter;
+pub mod join;
 pub mod kernels;
 pub mod memory;
 pub mod rule;
@@ -34,6 +36,7 @@ use std::sync::OnceLock;
 pub use aggregate::GpuAggregateExec;
 pub use device::{Gpu, GpuError, device};
 pub use filter::GpuFilterExec;
+pub use join::GpuHashJoinExec;
 pub use memory::{DeviceMemory, Policy};
 pub use rule::{GpuOperators, GpuOptions};
 pub use sort::GpuSortExec;

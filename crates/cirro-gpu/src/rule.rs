@@ -21,12 +21,14 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::aggregate::GpuAggregateExec;
 use crate::codegen::compile_predicate;
 use crate::filter::GpuFilterExec;
+use crate::join::GpuHashJoinExec;
 use crate::sort::GpuSortExec;
 
 datafusion::common::extensions_options! {
@@ -79,6 +81,19 @@ impl PhysicalOptimizerRule for GpuOperators {
                     GpuAggregateExec::try_new(aggregate, options.block_rows),
                     usable(),
                 ) else {
+                    return Ok(Transformed::no(node));
+                };
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+                // The probe side decides the work; the build side is read
+                // once.
+                if !force && !large(join.right(), options.min_rows) {
+                    return Ok(Transformed::no(node));
+                }
+                let (Some(gpu), Some(_)) =
+                    (GpuHashJoinExec::try_new(join, options.block_rows), usable())
+                else {
                     return Ok(Transformed::no(node));
                 };
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
