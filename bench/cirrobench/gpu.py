@@ -277,18 +277,21 @@ def report(results):
             f"{len(co['pairs'])} pairs ({', '.join(co['pairs'])}), both under `force`, at once on two "
             "connections, against the two one after the other (their hot medians).",
             "",
-            "| policy | together s | one at a time s | throughput × | most waiting | evictions | written back MiB | loaded MiB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| policy | together s | one at a time s | throughput × | most waiting | evictions | written back MiB | loaded MiB | column cache hits | misses |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for policy, r in co["policies"].items():
             dev = r["device"]
             lines.append(f"| {policy} | {r['total_wall_s']:.2f} | {r['total_alone_s']:.2f} | "
                          f"{r['throughput_vs_alone']:.2f} | {r['waiting_max']} | {dev.get('evictions', 0)} | "
-                         f"{(dev.get('written_back') or 0) / 2**20:.1f} | {(dev.get('loaded') or 0) / 2**20:.1f} |")
+                         f"{(dev.get('written_back') or 0) / 2**20:.1f} | {(dev.get('loaded') or 0) / 2**20:.1f} | "
+                         f"{dev.get('cache_hits', 0)} | {dev.get('cache_misses', 0)} |")
+        lines += ["", "The counters cover the whole server run (the warm and timed solo runs, then the pairs). "
+                      "The filters' input columns stay on the device between queries (the column cache) "
+                      "until a policy evicts them; loaded MiB is what was uploaded."]
         if all(not r["device"].get("evictions") for r in co["policies"].values()):
-            lines += ["", "No policy evicted anything: every operator frees its blocks' regions when a block "
-                          "is done, so nothing stays resident for a policy to choose (until the column cache "
-                          "keeps scanned columns on the device); the policies' rows differ by noise only."]
+            lines += ["", "No policy evicted anything: everything the queries kept fitted the budget, so "
+                          "the policies' rows differ by noise only."]
     m = results["machine"]
     lines += ["", f"Machine: {m.get('cpu', '?')}, {m.get('cpus')} cores, {m.get('memory_gib')} GiB.", ""]
     return "\n".join(lines)

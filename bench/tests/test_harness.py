@@ -218,13 +218,14 @@ class GpuReportTest(unittest.TestCase):
                                  "ratio_gpu_over_cpu": 3.0, "force_metrics": metrics, "same_answer": True}},
             "co_runs": {"gpu_memory": "32MB", "pairs": ["q1.1+q2.1"], "policies": {
                 "cdr": {"total_wall_s": 1.0, "total_alone_s": 1.5, "throughput_vs_alone": 1.5,
-                        "waiting_max": 1, "device": {"evictions": 4, "written_back": 0, "loaded": 2 ** 21}}}},
+                        "waiting_max": 1, "device": {"evictions": 4, "written_back": 0, "loaded": 2 ** 21,
+                                   "cache_hits": 9, "cache_misses": 3}}}},
             "machine": {"cpus": 2},
         }
         text = gpu.report(results)
         self.assertIn("not a speed claim", text)
         self.assertIn("| q1.1 | 0.100 | 0.300 | 3.00 | 12.0 | 30.0 | 6 | 2 | 0 | yes |", text)
-        self.assertIn("| cdr | 1.00 | 1.50 | 1.50 | 1 | 4 | 0.0 | 2.0 |", text)
+        self.assertIn("| cdr | 1.00 | 1.50 | 1.50 | 1 | 4 | 0.0 | 2.0 | 9 | 3 |", text)
 
 
 class SettingsTest(unittest.TestCase):

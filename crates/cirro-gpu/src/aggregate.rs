@@ -605,7 +605,7 @@ impl ExecutionPlan for GpuAggregateExec {
             block_rows,
             context.session_config().batch_size(),
             self.twin.schema(),
-            Arc::new(move |block, ticket| run.block(block, &query, ticket)),
+            Arc::new(move |block, ticket| run.block(&block.rows, &query, ticket)),
         ))
     }
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
 use arrow::compute::concat_batches;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::Result;
@@ -18,6 +19,46 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
 use crate::scheduler::Ticket;
+
+/// A block of rows, and the input batches (or parts of them) it was cut
+/// from, in order: the column cache names a column by them.
+pub(crate) struct Block {
+    pub rows: RecordBatch,
+    pieces: Vec<RecordBatch>,
+}
+
+impl Block {
+    /// The column cache's key of column `i`, and the host buffers it
+    /// names: each piece's buffers (address and length), offset and length.
+    /// Arrow buffers never change, and the cache keeps the named ones
+    /// alive, so a key names one content for as long as it exists.
+    pub fn column_key(&self, i: usize) -> (String, Vec<Buffer>) {
+        use std::fmt::Write;
+        let mut key = String::new();
+        let mut pins = Vec::new();
+        for piece in &self.pieces {
+            let data = piece.column(i).to_data();
+            let _ = write!(key, "{}+{}", data.offset(), data.len());
+            for b in data.buffers() {
+                let _ = write!(key, ",{:x}/{}", b.as_ptr() as usize, b.len());
+                pins.push(b.clone());
+            }
+            if let Some(n) = data.nulls() {
+                let b = n.buffer();
+                let _ = write!(
+                    key,
+                    ",n{:x}/{}+{}",
+                    b.as_ptr() as usize,
+                    n.offset(),
+                    n.len()
+                );
+                pins.push(b.clone());
+            }
+            key.push(';');
+        }
+        (key, pins)
+    }
+}
 
 /// The input cut into blocks of at most `block_rows` rows.
 struct Blocks {
@@ -32,32 +73,36 @@ struct Blocks {
 impl Blocks {
     /// The next block: batches gathered until `block_rows`, the rest of the
     /// last one carried to the next block; None at the end.
-    async fn next_block(
-        &mut self,
-        schema: &SchemaRef,
-        block_rows: usize,
-    ) -> Result<Option<RecordBatch>> {
-        let mut batches: Vec<RecordBatch> = self.carry.take().into_iter().collect();
-        let mut rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        while rows < block_rows && !self.ended {
-            match self.input.next().await {
-                Some(batch) => {
-                    let batch = batch?;
-                    rows += batch.num_rows();
-                    batches.push(batch);
-                }
-                None => self.ended = true,
+    async fn next_block(&mut self, schema: &SchemaRef, block_rows: usize) -> Result<Option<Block>> {
+        let mut pieces: Vec<RecordBatch> = Vec::new();
+        let mut rows = 0;
+        while rows < block_rows {
+            let batch = match self.carry.take() {
+                Some(batch) => batch,
+                None if self.ended => break,
+                None => match self.input.next().await {
+                    Some(batch) => batch?,
+                    None => {
+                        self.ended = true;
+                        break;
+                    }
+                },
+            };
+            let wanted = block_rows - rows;
+            if batch.num_rows() > wanted {
+                self.carry = Some(batch.slice(wanted, batch.num_rows() - wanted));
+                pieces.push(batch.slice(0, wanted));
+                rows += wanted;
+            } else {
+                rows += batch.num_rows();
+                pieces.push(batch);
             }
         }
-        if batches.is_empty() {
+        if pieces.is_empty() {
             return Ok(None);
         }
-        let block = concat_batches(schema, &batches)?;
-        if block.num_rows() > block_rows {
-            self.carry = Some(block.slice(block_rows, block.num_rows() - block_rows));
-            return Ok(Some(block.slice(0, block_rows)));
-        }
-        Ok(Some(block))
+        let rows = concat_batches(schema, &pieces)?;
+        Ok(Some(Block { rows, pieces }))
     }
 }
 
@@ -65,7 +110,7 @@ impl Blocks {
 /// `ticket` is the operator's turn on the device, None until its first
 /// block takes it (see [`admit`]).
 pub(crate) type Work =
-    dyn Fn(&RecordBatch, &mut Option<Ticket<'static>>) -> Result<RecordBatch> + Send + Sync;
+    dyn Fn(&Block, &mut Option<Ticket<'static>>) -> Result<RecordBatch> + Send + Sync;
 
 /// `input` in blocks of `block_rows`, each passed through `work`, the
 /// results cut to the session's `batch_size` and typed `schema`.

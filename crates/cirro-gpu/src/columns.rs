@@ -184,7 +184,8 @@ fn mapped<T: ArrowPrimitiveType, U: ArrowNativeType>(
     Buffer::from_vec(values.iter().map(|&x| f(x)).collect::<Vec<U>>())
 }
 
-fn validity(array: &ArrayRef) -> Option<Buffer> {
+/// The validity bitmap of `array`; None without NULLs.
+pub fn validity(array: &ArrayRef) -> Option<Buffer> {
     array
         .logical_nulls()
         .filter(|n| n.null_count() > 0)

@@ -2,7 +2,11 @@
 //! batches are gathered into blocks (large transfers pay, small ones do
 //! not), the predicate's kernel flags each row and counts per workgroup,
 //! a prefix sum gives each workgroup its offset, the flagged rows' indices
-//! are compacted, copied back and the rows gathered on the host. A block
+//! are compacted, copied back and the rows gathered on the host. Columns
+//! other than text come from the column cache (`memory.rs`) when the same
+//! input batches were filtered before: a scan of data the host's cache
+//! holds feeds the same buffers to every query, and the device keeps them
+//! between queries. A block
 //! the device cannot take (its memory held by others) is filtered on the
 //! CPU, as `FilterExec` would: the answer never depends on the device.
 
@@ -22,9 +26,9 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
 
-use crate::blocks::{self, Metrics};
+use crate::blocks::{self, Block, Metrics};
 use crate::codegen::PredicateKernel;
-use crate::columns::{HostColumn, encode};
+use crate::columns::{HostColumn, Repr, encode, repr_of, validity};
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
 use crate::kernels;
 use crate::memory::{Access, DeviceMemory, RegionId};
@@ -166,16 +170,17 @@ impl Run {
     /// ticket is kept until the operator ends.
     fn block(
         &self,
-        block: &RecordBatch,
+        whole: &Block,
         query: &str,
         ticket: &mut Option<Ticket<'static>>,
     ) -> Result<RecordBatch> {
+        let block = &whole.rows;
         let on_device = match (crate::device(), crate::memory()) {
             (Some(gpu), Some(memory)) if block.num_rows() > 0 => {
                 // The operator's demand: every partition's block.
                 let demand = self.block_bytes(block.num_rows()) * self.partitions as u64;
                 self.metrics.admit(ticket, query, block.num_rows(), demand);
-                match self.on_device(gpu, memory, block) {
+                match self.on_device(gpu, memory, whole) {
                     Ok(indices) => Some(indices),
                     Err(e) => {
                         log::debug!("{e}; the block is filtered on the CPU");
@@ -207,12 +212,8 @@ impl Run {
     }
 
     /// The indices of the rows the predicate keeps.
-    fn on_device(
-        &self,
-        gpu: &Gpu,
-        memory: &DeviceMemory,
-        block: &RecordBatch,
-    ) -> GpuResult<Vec<u32>> {
+    fn on_device(&self, gpu: &Gpu, memory: &DeviceMemory, whole: &Block) -> GpuResult<Vec<u32>> {
+        let block = &whole.rows;
         let rows = block.num_rows() as u64;
         if rows > u64::from(u32::MAX) / 2 {
             return Err(GpuError("block too large".into()));
@@ -220,26 +221,59 @@ impl Run {
         let start = std::time::Instant::now();
         let mut regions: Vec<(RegionId, Access)> = Vec::new();
         let mut params: Vec<u32> = vec![rows as u32];
-        let columns: Vec<HostColumn> = self
-            .kernel
-            .bindings
-            .iter()
-            .map(|b| {
-                let array: &ArrayRef = block.column(b.column);
-                encode(array).ok_or_else(|| GpuError("column type changed".into()))
-            })
-            .collect::<GpuResult<_>>()?;
+        // Text is coded per block, and its dictionary gives the kernel's
+        // bounds; the other columns are encoded only when the column cache
+        // lacks them.
+        let mut texts: Vec<Option<HostColumn>> = Vec::new();
+        for b in &self.kernel.bindings {
+            let array: &ArrayRef = block.column(b.column);
+            if repr_of(array.data_type()) != Some(b.repr) {
+                return Err(GpuError("column type changed".into()));
+            }
+            texts.push(if b.repr == Repr::Code {
+                encode(array)
+            } else {
+                None
+            });
+        }
         for test in &self.kernel.texts {
-            let (lo, hi) = test.bound.range(&columns[test.binding].dictionary);
+            let dictionary = texts[test.binding]
+                .as_ref()
+                .map(|c| c.dictionary.as_slice());
+            let (lo, hi) = test.bound.range(dictionary.unwrap_or_default());
             params.extend([lo, hi]);
         }
         let all_valid = || Buffer::from_vec(vec![u32::MAX; rows.div_ceil(32) as usize]);
+        // Regions of the column cache: held until released, not freed.
+        let mut cached: Vec<RegionId> = Vec::new();
         let result = (|| {
-            for (binding, column) in self.kernel.bindings.iter().zip(&columns) {
-                regions.push((memory.region_with(column.values.clone())?, Access::Read));
+            for (binding, text) in self.kernel.bindings.iter().zip(&texts) {
+                let array: &ArrayRef = block.column(binding.column);
+                if let Some(column) = text {
+                    regions.push((memory.region_with(column.values.clone())?, Access::Read));
+                    if binding.nullable {
+                        let validity = column.validity.clone().unwrap_or_else(all_valid);
+                        regions.push((memory.region_with(validity)?, Access::Read));
+                    }
+                    continue;
+                }
+                let (key, pins) = whole.column_key(binding.column);
+                let values = memory.cached(
+                    &format!("{}:{key}", array.data_type()),
+                    pins.clone(),
+                    || {
+                        encode(array)
+                            .map_or_else(|| Buffer::from_vec(Vec::<u32>::new()), |c| c.values)
+                    },
+                )?;
+                cached.push(values);
+                regions.push((values, Access::Read));
                 if binding.nullable {
-                    let validity = column.validity.clone().unwrap_or_else(all_valid);
-                    regions.push((memory.region_with(validity)?, Access::Read));
+                    let validity = memory.cached(&format!("valid:{key}"), pins, || {
+                        validity(array).unwrap_or_else(all_valid)
+                    })?;
+                    cached.push(validity);
+                    regions.push((validity, Access::Read));
                 }
             }
             let (flag_bytes, count_bytes) = kernels::flag_bytes(rows);
@@ -280,7 +314,13 @@ impl Run {
             memory.release(&held);
             outcome
         })();
-        memory.free(&regions.iter().map(|(r, _)| *r).collect::<Vec<_>>());
+        memory.release(&cached);
+        let scratch: Vec<RegionId> = regions
+            .iter()
+            .map(|(r, _)| *r)
+            .filter(|r| !cached.contains(r))
+            .collect();
+        memory.free(&scratch);
         result
     }
 }

@@ -611,8 +611,8 @@ impl ExecutionPlan for GpuHashJoinExec {
         let joined = futures::stream::once(async move {
             let build = build.await?;
             let (last, last_build) = (Arc::clone(&run), Arc::clone(&build));
-            let work = move |block: &RecordBatch, ticket: &mut Option<Ticket<'static>>| {
-                run.block(&build, block, &query, ticket)
+            let work = move |block: &blocks::Block, ticket: &mut Option<Ticket<'static>>| {
+                run.block(&build, &block.rows, &query, ticket)
             };
             let blocks = blocks::blockwise(probe, block_rows, batch_size, schema, Arc::new(work));
             // After the last block: the build side's rows, from the last

@@ -16,7 +16,12 @@
 //! LRU, MRU, LFU and RANDOM are there to compare with (`cirro bench gpu`).
 //!
 //! Regions with a cache key form the column cache: hot columns stay
-//! resident between queries and are found by their key.
+//! resident between queries and are found by their key. A key names the
+//! host buffers the column came from (their addresses and lengths), and the
+//! region keeps those buffers alive, so no other data can take their
+//! addresses while the key exists; an evicted cached region is dropped
+//! (its source is still on the host), which bounds what the cache holds to
+//! the device's budget.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -149,6 +154,8 @@ struct Region {
     last_use: u64,
     uses: u64,
     key: Option<String>,
+    /// What a cached region's key names, kept alive (see the module docs).
+    pins: Vec<Buffer>,
 }
 
 impl Region {
@@ -175,6 +182,8 @@ pub struct MemoryStats {
     /// Column-cache lookups that found the column / did not.
     pub hits: u64,
     pub misses: u64,
+    /// Bytes of cached columns on the device now (part of `resident`).
+    pub cached: u64,
 }
 
 struct State {
@@ -251,19 +260,51 @@ impl DeviceMemory {
     }
 
     /// The column cache: the region kept under `key`, or a new one holding
-    /// `load()`'s bytes, kept under it until evicted and freed.
-    pub fn cached(&self, key: &str, load: impl FnOnce() -> Buffer) -> GpuResult<RegionId> {
-        {
-            let mut state = self.lock()?;
-            if let Some(id) = state.keys.get(key).copied() {
-                state.stats.hits += 1;
-                return Ok(id);
-            }
-            state.stats.misses += 1;
+    /// `load()`'s bytes, kept under it until evicted; `pins` are the host
+    /// buffers the key names, kept alive with it. The region is held (not
+    /// evicted) until [`DeviceMemory::release`].
+    pub fn cached(
+        &self,
+        key: &str,
+        pins: Vec<Buffer>,
+        load: impl FnOnce() -> Buffer,
+    ) -> GpuResult<RegionId> {
+        if let Some(id) = self.hold_key(key)? {
+            return Ok(id);
         }
         let data = load();
+        let mut state = self.lock()?;
+        // Another thread may have loaded it meanwhile.
+        if let Some(id) = state.keys.get(key).copied() {
+            if let Some(region) = state.regions.get_mut(&id) {
+                region.holds += 1;
+                return Ok(id);
+            }
+        }
+        state.stats.misses += 1;
+        drop(state);
         let size = (data.len() as u64).next_multiple_of(4).max(16);
-        self.insert(size, Some(data), Some(key.to_string()))
+        let id = self.insert(size, Some(data), Some(key.to_string()))?;
+        let mut state = self.lock()?;
+        if let Some(region) = state.regions.get_mut(&id) {
+            region.pins = pins;
+            region.holds += 1;
+        }
+        Ok(id)
+    }
+
+    /// The region cached under `key`, held; None where there is none.
+    fn hold_key(&self, key: &str) -> GpuResult<Option<RegionId>> {
+        let mut state = self.lock()?;
+        let Some(id) = state.keys.get(key).copied() else {
+            return Ok(None);
+        };
+        let Some(region) = state.regions.get_mut(&id) else {
+            return Ok(None);
+        };
+        region.holds += 1;
+        state.stats.hits += 1;
+        Ok(Some(id))
     }
 
     fn insert(&self, size: u64, host: Option<Buffer>, key: Option<String>) -> GpuResult<RegionId> {
@@ -284,6 +325,7 @@ impl DeviceMemory {
                 last_use: 0,
                 uses: 0,
                 key,
+                pins: Vec::new(),
             },
         );
         Ok(id)
@@ -354,6 +396,9 @@ impl DeviceMemory {
                 };
                 region.device = Some(Arc::new(buffer));
                 state.stats.resident += region.size;
+                if region.key.is_some() {
+                    state.stats.cached += region.size;
+                }
                 region.pages.fill(PageState::Clean);
             }
             if *access == Access::Write {
@@ -387,6 +432,9 @@ impl DeviceMemory {
                 if let Some(r) = state.regions.remove(id) {
                     if r.device.is_some() {
                         state.stats.resident -= r.size;
+                        if r.key.is_some() {
+                            state.stats.cached -= r.size;
+                        }
                     }
                     if let Some(key) = r.key {
                         state.keys.remove(&key);
@@ -420,11 +468,22 @@ impl DeviceMemory {
     }
 }
 
-/// Take a region off the device: dirty pages are copied back first.
+/// Take a region off the device: dirty pages are copied back first; a
+/// clean cached column is dropped (its source is on the host).
 fn evict(gpu: &Gpu, state: &mut State, id: RegionId) -> GpuResult<()> {
     let Some(region) = state.regions.get_mut(&id) else {
         return Ok(());
     };
+    if region.key.is_some() && region.device.is_some() && region.dirty_bytes() == 0 {
+        let size = region.size;
+        if let Some(key) = state.regions.remove(&id).and_then(|r| r.key) {
+            state.keys.remove(&key);
+        }
+        state.stats.resident -= size;
+        state.stats.cached -= size;
+        state.stats.evictions += 1;
+        return Ok(());
+    }
     let Some(device) = region.device.take() else {
         return Ok(());
     };
@@ -436,6 +495,9 @@ fn evict(gpu: &Gpu, state: &mut State, id: RegionId) -> GpuResult<()> {
     }
     region.pages.fill(PageState::Host);
     state.stats.resident -= region.size;
+    if region.key.is_some() {
+        state.stats.cached -= region.size;
+    }
     state.stats.evictions += 1;
     Ok(())
 }

@@ -40,6 +40,9 @@ datafusion::common::extensions_options! {
         pub min_rows: usize, default = 4_000_000
         /// Rows gathered into one block for the device.
         pub block_rows: usize, default = 1 << 20
+        /// Estimated build rows up to which `on` puts a hash join on the
+        /// device: its build side is held in memory and does not spill.
+        pub join_build_rows_max: usize, default = 4_000_000
     }
 }
 
@@ -88,7 +91,10 @@ impl PhysicalOptimizerRule for GpuOperators {
             if let Some(join) = node.downcast_ref::<HashJoinExec>() {
                 // The probe side decides the work; the build side is read
                 // once.
-                if !force && !large(join.right(), options.min_rows) {
+                if !force
+                    && (!large(join.right(), options.min_rows)
+                        || large(join.left(), options.join_build_rows_max.saturating_add(1)))
+                {
                     return Ok(Transformed::no(node));
                 }
                 let (Some(gpu), Some(_)) =

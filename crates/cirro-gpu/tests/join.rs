@@ -154,7 +154,11 @@ async fn gpu_hash_joins_answer_as_datafusion_does() {
     let ranges = metric(&plan, "GpuHashJoinExec", "gpu_pair_ranges").unwrap_or(0);
     assert!(ranges > blocks, "{ranges} ranges, {blocks} blocks");
     let stats = cirro_gpu::memory().expect("memory").stats();
-    assert_eq!(stats.resident, 0, "the joins' tables were freed: {stats:?}");
+    // What stays is the filters' cached input columns.
+    assert_eq!(
+        stats.resident, stats.cached,
+        "the joins' tables were freed: {stats:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

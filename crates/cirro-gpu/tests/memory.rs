@@ -107,13 +107,67 @@ fn holding_more_than_the_budget_is_refused_and_holds_nothing() {
 fn the_column_cache_finds_a_column_again() {
     let memory = DeviceMemory::new(1 << 20, Policy::Cdr, 0.5);
     let load = || Buffer::from_vec(vec![1u32; 100]);
-    let first = memory.cached("lineitem/0/l_quantity", load).unwrap();
+    let first = memory
+        .cached("lineitem/0/l_quantity", Vec::new(), load)
+        .unwrap();
     let again = memory
-        .cached("lineitem/0/l_quantity", || panic!("loaded twice"))
+        .cached("lineitem/0/l_quantity", Vec::new(), || {
+            panic!("loaded twice")
+        })
         .unwrap();
     assert_eq!(first, again);
     assert_eq!((memory.stats().hits, memory.stats().misses), (1, 1));
+    memory.release(&[first, again]);
     memory.free(&[first]);
-    let reloaded = memory.cached("lineitem/0/l_quantity", load).unwrap();
+    let reloaded = memory
+        .cached("lineitem/0/l_quantity", Vec::new(), load)
+        .unwrap();
     assert_ne!(first, reloaded);
+}
+
+#[test]
+fn cached_columns_stay_between_uses_and_leave_under_pressure() {
+    let gpu = cirro_gpu::device().expect("no Vulkan device");
+    let size = 4 * PAGE;
+    let memory = DeviceMemory::new(2 * size, Policy::Cdr, 0.5);
+    let source = Buffer::from_vec(vec![5u32; (size / 4) as usize]);
+    let pinned = source.clone();
+    let column = memory
+        .cached("t/0/a", vec![pinned], || source.clone())
+        .unwrap();
+    memory.acquire(gpu, &[(column, Access::Read)]).unwrap();
+    // Held by the lookup and by the kernel: both released, it stays.
+    memory.release(&[column, column]);
+    assert_eq!(memory.stats().cached, size);
+    let again = memory
+        .cached("t/0/a", Vec::new(), || panic!("on the device already"))
+        .unwrap();
+    assert_eq!(again, column);
+    // Held, it cannot be evicted: two more regions do not fit beside it.
+    let a = memory.region(size).unwrap();
+    let b = memory.region(size).unwrap();
+    assert!(
+        memory
+            .acquire(gpu, &[(a, Access::Write), (b, Access::Write)])
+            .is_err()
+    );
+    memory.release(&[again]);
+    // Released, it is the one to go, and is dropped, not written back.
+    memory
+        .acquire(gpu, &[(a, Access::Write), (b, Access::Write)])
+        .unwrap();
+    let stats = memory.stats();
+    assert_eq!(
+        (stats.cached, stats.evictions, stats.written_back),
+        (0, 1, 0)
+    );
+    let mut loaded = false;
+    let back = memory
+        .cached("t/0/a", Vec::new(), || {
+            loaded = true;
+            source.clone()
+        })
+        .unwrap();
+    assert!(loaded, "an evicted column is loaded again");
+    assert_ne!(back, column);
 }

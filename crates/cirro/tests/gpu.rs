@@ -154,19 +154,29 @@ fn tpch_and_ssb_answers_with_gpu_forced_and_without_a_device() {
             "{query}\n{plan}"
         );
     }
-    // Sorts and top-N (Q18's LIMIT 100) and hash aggregations (Q1's sums
-    // and averages of decimals by two text keys, SSB's sums of products by
-    // year and brand) run on the device too.
+    // Sorts and top-N (Q18's LIMIT 100), hash aggregations (Q1's sums and
+    // averages of decimals by two text keys, SSB's sums of products by
+    // year and brand) and hash joins (Q4's semi join, Q13's outer join with
+    // a residual filter, SSB's star joins) run on the device too.
     for (data, query, operators) in [
         (
             &tpch,
             "tpch/queries/q01.sql",
             &["GpuSortExec", "GpuAggregateExec"][..],
         ),
-        (&tpch, "tpch/queries/q04.sql", &["GpuSortExec"][..]),
+        (
+            &tpch,
+            "tpch/queries/q04.sql",
+            &["GpuSortExec", "GpuHashJoinExec"][..],
+        ),
+        (&tpch, "tpch/queries/q13.sql", &["GpuHashJoinExec"][..]),
         (&tpch, "tpch/queries/q18.sql", &["GpuSortExec"][..]),
         (&ssb, "ssb/queries/q1.1.sql", &["GpuAggregateExec"][..]),
-        (&ssb, "ssb/queries/q2.1.sql", &["GpuAggregateExec"][..]),
+        (
+            &ssb,
+            "ssb/queries/q2.1.sql",
+            &["GpuAggregateExec", "GpuHashJoinExec"][..],
+        ),
     ] {
         let text = std::fs::read_to_string(shared_dir().join(query)).expect("query");
         let plan = data.sql_ok(&format!("SET gpu = force; EXPLAIN ANALYZE {text}"));

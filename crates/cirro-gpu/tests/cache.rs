@@ -1,0 +1,44 @@
+//! The column cache fed by scans: a filter run again over the same input
+//! batches (a scan of data the host holds feeds the same buffers to every
+//! query) finds its columns on the device and uploads nothing, with the
+//! same answer. Alone in its binary: it reads the process's device-memory
+//! counters.
+
+mod common;
+
+use arrow::array::RecordBatch;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use common::{batch, context, gpu_metric, run_sorted as run, schema};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_run_again_finds_its_columns_on_the_device() {
+    let memory = cirro_gpu::memory().expect("no Vulkan device");
+    let mut rng = StdRng::seed_from_u64(9);
+    let batches: Vec<RecordBatch> = [3000, 0, 2500].map(|n| batch(&mut rng, n)).to_vec();
+    let gpu = context("force", 2048, schema(), batches.clone());
+    let cpu = context("off", 2048, schema(), batches);
+    let sql = "SELECT * FROM t WHERE a > 3 AND d < 20.00 AND b > 0";
+    let (want, _) = run(&cpu, sql).await;
+    let before = memory.stats();
+    let (first, plan) = run(&gpu, sql).await;
+    assert_eq!(gpu_metric(&plan, "cpu_blocks"), Some(0));
+    let between = memory.stats();
+    let (second, plan) = run(&gpu, sql).await;
+    assert_eq!(gpu_metric(&plan, "cpu_blocks"), Some(0));
+    let after = memory.stats();
+    assert!(first == want && second == want);
+    assert!(between.loaded > before.loaded, "the first run uploads");
+    assert!(between.cached > 0, "its columns stay on the device");
+    assert_eq!(
+        after.loaded, between.loaded,
+        "the second run uploads nothing"
+    );
+    assert_eq!(after.misses, between.misses);
+    assert!(after.hits > between.hits);
+    // Another predicate over the same columns finds them too.
+    let (_, plan) = run(&gpu, "SELECT a FROM t WHERE b < 0 OR a IS NULL").await;
+    assert!(gpu_metric(&plan, "gpu_dispatches").unwrap_or(0) > 0);
+    assert_eq!(memory.stats().loaded, after.loaded);
+}
