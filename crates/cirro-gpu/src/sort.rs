@@ -12,14 +12,19 @@
 //! digit, which keeps the sort stable. All passes go in one submission.
 //!
 //! Keys are columns of the types `columns.rs` represents (text by its
-//! codes in the partition's sorted dictionary, which keep the order); the
-//! partition must fit in one block of device memory, else the CPU sorts it.
+//! codes in the chunk's sorted dictionary, which keep the order). A
+//! partition larger than what the budget (shared by the partitions) or the
+//! device's largest buffer takes at once is sorted in chunks, each on the
+//! device (a top-N keeps each chunk's first `fetch` rows), and the sorted
+//! chunks are merged on the host by their keys in Arrow's row format. Where
+//! the device cannot take a chunk, the CPU sorts the whole partition.
 
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::buffer::Buffer;
-use arrow::compute::{concat_batches, take_record_batch};
+use arrow::compute::{concat_batches, interleave_record_batch, take_record_batch};
+use arrow::row::{RowConverter, SortField};
 use datafusion::common::Result;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::DataFusionError;
@@ -210,6 +215,7 @@ impl ExecutionPlan for GpuSortExec {
             kernel: MetricBuilder::new(&self.metrics).subset_time("gpu_kernel_time", partition),
         };
         let batch_size = context.session_config().batch_size().max(1);
+        let chunk_rows = self.chunk_rows();
         let sorted = futures::stream::once(async move {
             // All partitions read at once: one read alone could wait on the
             // others (a repartition's buffers).
@@ -221,9 +227,10 @@ impl ExecutionPlan for GpuSortExec {
                 futures::stream::select_all(streams).try_collect().await?;
             let all = concat_batches(&input.schema(), &batches)?;
             drop(batches);
-            let sorted = tokio::task::spawn_blocking(move || sort(&twin, &keys, &metrics, all))
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))??;
+            let sorted =
+                tokio::task::spawn_blocking(move || sort(&twin, &keys, &metrics, all, chunk_rows))
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))??;
             let pieces: Vec<Result<RecordBatch>> = (0..sorted.num_rows())
                 .step_by(batch_size)
                 .map(|o| Ok(sorted.slice(o, batch_size.min(sorted.num_rows() - o))))
@@ -235,6 +242,35 @@ impl ExecutionPlan for GpuSortExec {
     }
 }
 
+impl GpuSortExec {
+    /// Rows the device sorts at once: what the budget, shared by the
+    /// partitions that sort together, and the device's largest buffer
+    /// take (device bytes a row: each key's words and NULL flag, the two
+    /// permutations, the digit counts and their offsets).
+    fn chunk_rows(&self) -> usize {
+        let schema = self.twin.input().schema();
+        let words: u64 = self
+            .keys
+            .iter()
+            .map(|&k| match repr_of(schema.field(k).data_type()) {
+                Some(Repr::I64) => 3,
+                _ => 2,
+            })
+            .sum();
+        let partitions = if self.twin.preserve_partitioning() {
+            self.twin
+                .input()
+                .properties()
+                .output_partitioning()
+                .partition_count()
+        } else {
+            1
+        };
+        let per_row = (4 * words + 16) as f64;
+        crate::blocks::block_rows(usize::MAX, partitions, per_row, 4 * words)
+    }
+}
+
 struct Metrics {
     dispatches: Count,
     gpu_blocks: Count,
@@ -242,34 +278,103 @@ struct Metrics {
     kernel: Time,
 }
 
-/// `all` sorted as `twin` says: on the device, else on the CPU.
+/// `all` sorted as `twin` says: on the device in chunks of `chunk_rows`
+/// merged on the host, else on the CPU.
 fn sort(
     twin: &SortExec,
     keys: &[usize],
     metrics: &Metrics,
     all: RecordBatch,
+    chunk_rows: usize,
 ) -> Result<RecordBatch> {
     let fetch = twin.fetch();
-    if all.num_rows() <= 1 {
+    let rows = all.num_rows();
+    if rows <= 1 {
         // Nothing to sort, on either side.
-        return Ok(all.slice(0, fetch.map_or(all.num_rows(), |f| f.min(all.num_rows()))));
+        return Ok(all.slice(0, fetch.map_or(rows, |f| f.min(rows))));
     }
     if let (Some(gpu), Some(memory)) = (crate::device(), crate::memory()) {
-        let start = std::time::Instant::now();
-        match permutation(gpu, memory, twin, keys, &all, metrics) {
-            Ok(mut perm) => {
-                metrics.kernel.add_duration(start.elapsed());
-                metrics.gpu_blocks.add(1);
-                if let Some(n) = fetch {
-                    perm.truncate(n);
+        let chunk_rows = chunk_rows.max(1);
+        let mut runs = Vec::with_capacity(rows.div_ceil(chunk_rows));
+        for start in (0..rows).step_by(chunk_rows) {
+            let chunk = all.slice(start, chunk_rows.min(rows - start));
+            let timer = std::time::Instant::now();
+            match permutation(gpu, memory, twin, keys, &chunk, metrics) {
+                Ok(mut perm) => {
+                    metrics.kernel.add_duration(timer.elapsed());
+                    metrics.gpu_blocks.add(1);
+                    if let Some(n) = fetch {
+                        perm.truncate(n);
+                    }
+                    runs.push(take_record_batch(&chunk, &UInt32Array::from(perm))?);
                 }
-                return Ok(take_record_batch(&all, &UInt32Array::from(perm))?);
+                Err(e) => {
+                    log::debug!("{e}; the partition is sorted on the CPU");
+                    runs.clear();
+                    break;
+                }
             }
-            Err(e) => log::debug!("{e}; the partition is sorted on the CPU"),
+        }
+        if !runs.is_empty() {
+            return merge(twin, runs, fetch);
         }
     }
     metrics.cpu_blocks.add(1);
     sort_batch(&all, twin.expr(), fetch)
+}
+
+/// Sorted runs merged by the sort's keys (in Arrow's row format, which
+/// compares as the sort orders), the first `fetch` rows for a top-N; ties
+/// keep the runs' order.
+fn merge(twin: &SortExec, mut runs: Vec<RecordBatch>, fetch: Option<usize>) -> Result<RecordBatch> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    if runs.len() == 1 {
+        return Ok(runs.remove(0));
+    }
+    let schema = runs[0].schema();
+    let fields = twin
+        .expr()
+        .iter()
+        .map(|e| {
+            Ok(SortField::new_with_options(
+                e.expr.data_type(&schema)?,
+                e.options,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let converter = RowConverter::new(fields)?;
+    let keyed = runs
+        .iter()
+        .map(|run| {
+            let columns = twin
+                .expr()
+                .iter()
+                .map(|e| e.expr.evaluate(run)?.into_array(run.num_rows()))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(converter.convert_columns(&columns)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let total: usize = runs.iter().map(RecordBatch::num_rows).sum();
+    let wanted = fetch.map_or(total, |f| f.min(total));
+    let mut heap = BinaryHeap::new();
+    for (r, rows) in keyed.iter().enumerate() {
+        if rows.num_rows() > 0 {
+            heap.push(Reverse((rows.row(0), r, 0usize)));
+        }
+    }
+    let mut order: Vec<(usize, usize)> = Vec::with_capacity(wanted);
+    while order.len() < wanted {
+        let Some(Reverse((_, r, i))) = heap.pop() else {
+            break;
+        };
+        order.push((r, i));
+        if i + 1 < keyed[r].num_rows() {
+            heap.push(Reverse((keyed[r].row(i + 1), r, i + 1)));
+        }
+    }
+    let runs: Vec<&RecordBatch> = runs.iter().collect();
+    Ok(interleave_record_batch(&runs, &order)?)
 }
 
 /// The words of one key, `stride` a row, sorted by from word 0 up.
@@ -356,8 +461,8 @@ fn permutation(
     metrics: &Metrics,
 ) -> GpuResult<Vec<u32>> {
     let rows = all.num_rows();
-    if rows as u64 >= u64::from(u32::MAX) / 2 || (rows as u64) * 4 > gpu.max_binding {
-        return Err(GpuError("too many rows for one block".into()));
+    if rows as u64 >= u64::from(u32::MAX) / 2 || (rows as u64) * 8 > gpu.max_binding {
+        return Err(GpuError("too many rows for one chunk".into()));
     }
     let tiles = groups(rows as u64);
     // Least significant key first; per key its value words, then its flag.

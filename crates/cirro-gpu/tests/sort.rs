@@ -1,6 +1,7 @@
 //! GpuSortExec (radix sort and top-N) against DataFusion's SortExec on
 //! random batches: every key type, both directions, NULLS FIRST/LAST,
-//! several keys, LIMIT; the kernels must have run.
+//! several keys, LIMIT; the kernels must have run. The device-memory
+//! budget is small: each partition is sorted in chunks merged on the host.
 
 mod common;
 
@@ -41,6 +42,8 @@ const SORTS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_sorts_answer_as_datafusion_does() {
+    // 256 KiB: a few thousand rows a chunk.
+    cirro_gpu::configure(256 << 10, cirro_gpu::Policy::Cdr);
     assert!(cirro_gpu::device().is_some(), "no Vulkan device");
     let mut rng = StdRng::seed_from_u64(42);
     let sizes = [0, 1, 3000, 9000, 0, 5000];
@@ -55,6 +58,9 @@ async fn gpu_sorts_answer_as_datafusion_does() {
             gpu_metric(&plan, "gpu_dispatches").unwrap_or_else(|| panic!("{sql}: no GpuSortExec"));
         assert!(dispatches > 0, "{sql}: no kernel ran");
         assert_eq!(gpu_metric(&plan, "cpu_blocks"), Some(0), "{sql}");
+        // 17,000 rows in chunks of at most a few thousand.
+        let chunks = gpu_metric(&plan, "gpu_blocks").unwrap_or(0);
+        assert!(chunks >= 3, "{sql}: {chunks} chunks");
     }
     // Empty input: nothing to sort, no failure.
     let empty = context("force", 1 << 20, schema(), vec![batch(&mut rng, 0)]);
