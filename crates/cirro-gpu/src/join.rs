@@ -916,9 +916,10 @@ impl Run {
         result
     }
 
-    /// The output rows of a block from its (build row, probe row) pairs:
-    /// the residual filter applied, the matched build rows marked, then the
-    /// join type's rows.
+    /// The output rows of a block from its (build row, probe row) pairs,
+    /// grouped by probe row in order: the residual filter applied, the
+    /// matched build rows marked, then the join type's rows, in the probe
+    /// side's order (the twin's properties promise it).
     fn output(
         &self,
         build: &Build,
@@ -979,11 +980,25 @@ impl Run {
         let (build_rows, probe_rows): (Vec<Option<u32>>, Vec<u32>) = match join_type {
             JoinType::Inner | JoinType::Left => (left.into_iter().map(Some).collect(), right),
             JoinType::Right | JoinType::Full => {
-                let missing: Vec<u32> = unmatched(&right).collect();
-                let mut build_rows: Vec<Option<u32>> = left.into_iter().map(Some).collect();
-                build_rows.extend(missing.iter().map(|_| None));
-                right.extend(missing);
-                (build_rows, right)
+                // In probe order, as the twin keeps it (the pairs come
+                // grouped by probe row, in order): each row's pairs, or the
+                // row with NULLs for the build side.
+                let mut build_rows = Vec::with_capacity(left.len() + rows);
+                let mut probe_rows = Vec::with_capacity(left.len() + rows);
+                let mut k = 0;
+                for r in 0..rows as u32 {
+                    let first = k;
+                    while k < right.len() && right[k] == r {
+                        build_rows.push(Some(left[k]));
+                        probe_rows.push(r);
+                        k += 1;
+                    }
+                    if k == first {
+                        build_rows.push(None);
+                        probe_rows.push(r);
+                    }
+                }
+                (build_rows, probe_rows)
             }
             JoinType::RightAnti => (Vec::new(), unmatched(&right).collect()),
             JoinType::RightSemi => {

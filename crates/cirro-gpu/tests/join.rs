@@ -207,3 +207,32 @@ async fn joins_the_kernels_cannot_run_stay_on_the_cpu() {
         assert!(!text.contains("GpuHashJoinExec"), "{sql}:\n{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outer_joins_keep_the_probe_sides_order() {
+    let (t, u) = data();
+    let gpu = tables("force", &t, &u);
+    // The probe side comes sorted and the join keeps its order (as
+    // DataFusion's does): the plan has no sort above the join.
+    let sql = "SELECT x.b, t.a FROM t RIGHT JOIN (SELECT * FROM u ORDER BY b) x \
+               ON t.a = x.a AND t.s = x.s ORDER BY x.b";
+    let (batches, plan) = common::execute(&gpu, sql).await;
+    let text = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(false)
+        .to_string();
+    assert!(text.contains("GpuHashJoinExec"), "{text}");
+    let b: Vec<i64> = batches
+        .iter()
+        .flat_map(|batch| {
+            batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .expect("b")
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert!(b.len() >= 1100, "every probe row at least once");
+    assert!(b.windows(2).all(|w| w[0] <= w[1]), "out of order:\n{text}");
+}

@@ -69,6 +69,8 @@ async fn oversubscribed_queries_take_turns_and_both_finish() {
     assert!(waited > 1_000_000, "no query waited: {waited} ns");
     let memory = cirro_gpu::memory().unwrap();
     assert_eq!(memory.budget(), BUDGET);
-    assert_eq!(memory.stats().resident, 0, "every region freed");
+    // What stays is the column cache: the filter's input column.
+    let stats = memory.stats();
+    assert_eq!(stats.resident, stats.cached, "every other region freed");
     assert!(cirro_gpu::scheduler().unwrap().queries().is_empty());
 }
