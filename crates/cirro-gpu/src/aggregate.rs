@@ -410,14 +410,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     format!(
         r#"{header}
-{}
-fn same(a: u32, b: u32) -> bool {{
-    for (var j = 0u; j < KW; j++) {{
-        if (keys[a * KW + j] != keys[b * KW + j]) {{ return false; }}
-    }}
-    return true;
-}}
-
+{}{}
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
@@ -444,6 +437,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 {}}}
 "#,
         crate::kernels::hash_source("keys"),
+        crate::kernels::same_source("keys", "keys"),
         row_updates(aggregates, "state")
     )
 }

@@ -413,14 +413,7 @@ fn build_source(key_words: usize) -> String {
 @group(0) @binding(3) var<storage, read_write> table: array<atomic<u32>>;
 @group(0) @binding(4) var<storage, read_write> next: array<u32>;
 const KW: u32 = {key_words}u;
-{}
-fn same(a: u32, b: u32) -> bool {{
-    for (var j = 0u; j < KW; j++) {{
-        if (keys[a * KW + j] != keys[b * KW + j]) {{ return false; }}
-    }}
-    return true;
-}}
-
+{}{}
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
@@ -444,7 +437,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     next[r] = atomicExchange(&table[2u * slot + 1u], r + 1u);
 }}
 "#,
-        crate::kernels::hash_source("keys")
+        crate::kernels::hash_source("keys"),
+        crate::kernels::same_source("keys", "keys")
     )
 }
 
@@ -461,14 +455,7 @@ fn count_source(key_words: usize) -> String {
 @group(0) @binding(5) var<storage, read> valid: array<u32>;
 @group(0) @binding(6) var<storage, read_write> found: array<u32>;
 const KW: u32 = {key_words}u;
-{}
-fn same(a: u32, b: u32) -> bool {{
-    for (var j = 0u; j < KW; j++) {{
-        if (keys[a * KW + j] != probe[b * KW + j]) {{ return false; }}
-    }}
-    return true;
-}}
-
+{}{}
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {{
@@ -498,7 +485,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }}
 }}
 "#,
-        crate::kernels::hash_source("probe")
+        crate::kernels::hash_source("probe"),
+        crate::kernels::same_source("keys", "probe")
     )
 }
 

@@ -126,3 +126,18 @@ fn hash_{array}(r: u32) -> u32 {{
 "#
     )
 }
+
+/// WGSL `fn same(a: u32, b: u32) -> bool`: whether row `a`'s `KW` key
+/// words of `left` equal row `b`'s of `right` (a hash table's probe).
+pub(crate) fn same_source(left: &str, right: &str) -> String {
+    format!(
+        r#"
+fn same(a: u32, b: u32) -> bool {{
+    for (var j = 0u; j < KW; j++) {{
+        if ({left}[a * KW + j] != {right}[b * KW + j]) {{ return false; }}
+    }}
+    return true;
+}}
+"#
+    )
+}

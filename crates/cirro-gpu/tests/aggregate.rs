@@ -11,7 +11,7 @@ use arrow::array::RecordBatch;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, gpu_metric, run_sorted as run, schema};
+use common::{batch, context, gpu_metric, plan_text, run_sorted as run, schema};
 
 const AGGREGATIONS: &[&str] = &[
     "SELECT s, count(*), sum(a), min(b), max(dt) FROM t GROUP BY s",
@@ -42,9 +42,7 @@ async fn gpu_aggregations_answer_as_datafusion_does() {
         let (want, _) = run(&cpu, sql).await;
         let (got, plan) = run(&gpu, sql).await;
         assert!(got == want, "{sql}:\ngot\n{got}\nwant\n{want}");
-        let text = datafusion::physical_plan::displayable(plan.as_ref())
-            .indent(false)
-            .to_string();
+        let text = plan_text(&plan);
         assert!(
             text.contains("GpuAggregateExec: mode=Partial"),
             "{sql}:\n{text}"
@@ -76,9 +74,7 @@ async fn values_past_64_bits_are_aggregated_on_the_cpu() {
         "SELECT flag, count(*) FROM t GROUP BY flag",
     ] {
         let (_, plan) = run(&gpu, sql).await;
-        let text = datafusion::physical_plan::displayable(plan.as_ref())
-            .indent(false)
-            .to_string();
+        let text = plan_text(&plan);
         assert!(!text.contains("GpuAggregateExec"), "{sql}:\n{text}");
     }
 }

@@ -17,7 +17,7 @@ use datafusion::prelude::SessionContext;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, run_sorted as run, schema};
+use common::{batch, context, plan_text, run_sorted as run, schema};
 
 /// A budget of 1 MiB: the text join's pairs (about half the rows share
 /// one value on each side) pass a quarter of it and are copied back in
@@ -118,9 +118,7 @@ async fn check(gpu: &SessionContext, cpu: &SessionContext, sql: &str, join_type:
     let (want, _) = run(cpu, sql).await;
     let (got, plan) = run(gpu, sql).await;
     assert!(got == want, "{sql}:\ngot\n{got}\nwant\n{want}");
-    let text = datafusion::physical_plan::displayable(plan.as_ref())
-        .indent(false)
-        .to_string();
+    let text = plan_text(&plan);
     assert!(
         text.contains("GpuHashJoinExec: mode=")
             && text.contains(&format!("join_type={join_type},")),
@@ -180,9 +178,7 @@ async fn partitioned_builds_answer_as_datafusion_does() {
     for (sql, join_type) in &JOINS[..3] {
         check(&gpu, &cpu, sql, join_type).await;
         let (_, plan) = run(&gpu, sql).await;
-        let text = datafusion::physical_plan::displayable(plan.as_ref())
-            .indent(false)
-            .to_string();
+        let text = plan_text(&plan);
         assert!(
             text.contains("GpuHashJoinExec: mode=Partitioned"),
             "{sql}:\n{text}"
@@ -201,9 +197,7 @@ async fn joins_the_kernels_cannot_run_stay_on_the_cpu() {
         "SELECT t.a FROM t JOIN u ON t.a IS NOT DISTINCT FROM u.a",
     ] {
         let (_, plan) = run(&gpu, sql).await;
-        let text = datafusion::physical_plan::displayable(plan.as_ref())
-            .indent(false)
-            .to_string();
+        let text = plan_text(&plan);
         assert!(!text.contains("GpuHashJoinExec"), "{sql}:\n{text}");
     }
 }
@@ -217,9 +211,7 @@ async fn outer_joins_keep_the_probe_sides_order() {
     let sql = "SELECT x.b, t.a FROM t RIGHT JOIN (SELECT * FROM u ORDER BY b) x \
                ON t.a = x.a AND t.s = x.s ORDER BY x.b";
     let (batches, plan) = common::execute(&gpu, sql).await;
-    let text = datafusion::physical_plan::displayable(plan.as_ref())
-        .indent(false)
-        .to_string();
+    let text = plan_text(&plan);
     assert!(text.contains("GpuHashJoinExec"), "{text}");
     let b: Vec<i64> = batches
         .iter()

@@ -70,6 +70,13 @@ pub async fn run_sorted(ctx: &SessionContext, sql: &str) -> (String, Arc<dyn Exe
     (rows.join("\n"), plan)
 }
 
+/// The plan as EXPLAIN prints it, one operator a line.
+pub fn plan_text(plan: &Arc<dyn ExecutionPlan>) -> String {
+    datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(false)
+        .to_string()
+}
+
 /// The sum of a metric over the plan's GPU operators; None where there is
 /// none.
 pub fn gpu_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<usize> {
