@@ -163,13 +163,15 @@ fn physical_rules(
     if !distributed {
         // Radix partitions are planned for one node's threads.
         rules.push(Arc::new(cirro_exec::rules::AdaptiveAggregation));
+        // GPU twins of the operators (`SET gpu`), before the rules that
+        // rewrite filters for the CPU (compiled and selective conjuncts),
+        // and before the tier's: a scan under a GPU filter drops no rows
+        // (the device's column cache is keyed by the tier's batches).
+        #[cfg(feature = "gpu")]
+        rules.push(Arc::new(cirro_gpu::GpuOperators));
         rules.push(Arc::new(cirro_storage::cache::CacheScans::new(Arc::clone(
             cirro_storage::cache::global(),
         ))));
-        // GPU twins of the operators (`SET gpu`), before the rules that
-        // rewrite filters for the CPU (compiled and selective conjuncts).
-        #[cfg(feature = "gpu")]
-        rules.push(Arc::new(cirro_gpu::GpuOperators));
         // Last: the compiled expressions keep their interpreted ones as
         // children only, and DataFusion's codec cannot send them.
         rules.push(Arc::new(cirro_exec::rules::CompileExpressions));

@@ -130,6 +130,15 @@ pub struct DeviceBuffer {
     pub bytes: u64,
 }
 
+/// A copy of a buffer's first `bytes` into `to` at byte `at` (both
+/// multiples of 4).
+pub struct Copy<'a> {
+    pub from: &'a wgpu::Buffer,
+    pub to: &'a wgpu::Buffer,
+    pub at: u64,
+    pub bytes: u64,
+}
+
 /// One kernel launch: a pipeline, its buffers bound at 0, 1, … in order,
 /// and the threads it runs (one per row, rounded up to workgroups).
 pub struct Launch<'a> {
@@ -289,10 +298,19 @@ impl Gpu {
 
     /// Run `launches` in order in one submission and wait for them.
     pub fn run(&self, launches: &[Launch<'_>]) -> GpuResult<()> {
+        self.run_after(&[], launches)
+    }
+
+    /// Run `copies` (device to device), then `launches`, in order in one
+    /// submission, and wait for them.
+    pub fn run_after(&self, copies: &[Copy<'_>], launches: &[Launch<'_>]) -> GpuResult<()> {
         let start = Instant::now();
         let mut encoder = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        for copy in copies {
+            encoder.copy_buffer_to_buffer(copy.from, 0, copy.to, copy.at, copy.bytes);
+        }
         let groups: Vec<wgpu::BindGroup> = launches
             .iter()
             .map(|launch| {

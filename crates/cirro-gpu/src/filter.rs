@@ -3,10 +3,12 @@
 //! not), the predicate's kernel flags each row and counts per workgroup,
 //! a prefix sum gives each workgroup its offset, the flagged rows' indices
 //! are compacted, copied back and the rows gathered on the host. Columns
-//! other than text come from the column cache (`memory.rs`) when the same
-//! input batches were filtered before: a scan of data the host's cache
-//! holds feeds the same buffers to every query, and the device keeps them
-//! between queries. A block
+//! other than text come from the column cache (`memory.rs`), one entry per
+//! input batch, when the same batch was filtered before: a scan of data
+//! the host's cache holds feeds the same buffers to every query (the scan
+//! drops no rows under a GPU filter, see `CacheScans`), and the device
+//! keeps them between queries; a block's column is put together from its
+//! batches' entries by copies on the device. A block
 //! the device cannot take (its memory held by others) is filtered on the
 //! CPU, as `FilterExec` would: the answer never depends on the device.
 
@@ -26,7 +28,7 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
 
-use crate::blocks::{self, Block, Metrics};
+use crate::blocks::{self, Assembly, Block, Metrics, Shape};
 use crate::codegen::PredicateKernel;
 use crate::columns::{HostColumn, Repr, encode, repr_of, validity};
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
@@ -145,11 +147,13 @@ impl GpuFilterExec {
 }
 
 /// Device bytes per row of a block: flags, the compacted indices, each
-/// column and its validity bit.
+/// column (twice where cached pieces are put together into the block's)
+/// and its validity bits (three times: cached, staged and packed).
 fn per_row(kernel: &PredicateKernel) -> f64 {
     let mut bytes = 8.0;
     for b in &kernel.bindings {
-        bytes += b.repr.width() as f64 + if b.nullable { 0.125 } else { 0.0 };
+        let copies = if b.repr == Repr::Code { 1.0 } else { 2.0 };
+        bytes += copies * b.repr.width() as f64 + if b.nullable { 0.375 } else { 0.0 };
     }
     bytes
 }
@@ -219,11 +223,9 @@ impl Run {
             return Err(GpuError("block too large".into()));
         }
         let start = std::time::Instant::now();
-        let mut regions: Vec<(RegionId, Access)> = Vec::new();
         let mut params: Vec<u32> = vec![rows as u32];
         // Text is coded per block, and its dictionary gives the kernel's
-        // bounds; the other columns are encoded only when the column cache
-        // lacks them.
+        // bounds; the other columns come from the column cache.
         let mut texts: Vec<Option<HostColumn>> = Vec::new();
         for b in &self.kernel.bindings {
             let array: &ArrayRef = block.column(b.column);
@@ -243,84 +245,87 @@ impl Run {
             let (lo, hi) = test.bound.range(dictionary.unwrap_or_default());
             params.extend([lo, hi]);
         }
-        let all_valid = || Buffer::from_vec(vec![u32::MAX; rows.div_ceil(32) as usize]);
-        // Regions of the column cache: held until released, not freed.
-        let mut cached: Vec<RegionId> = Vec::new();
+        let mut inputs = Assembly::default();
         let result = (|| {
             for (binding, text) in self.kernel.bindings.iter().zip(&texts) {
-                let array: &ArrayRef = block.column(binding.column);
                 if let Some(column) = text {
-                    regions.push((memory.region_with(column.values.clone())?, Access::Read));
+                    inputs.bind(memory, column.values.clone())?;
                     if binding.nullable {
-                        let validity = column.validity.clone().unwrap_or_else(all_valid);
-                        regions.push((memory.region_with(validity)?, Access::Read));
+                        let validity = column
+                            .validity
+                            .clone()
+                            .unwrap_or_else(|| all_valid(rows as usize));
+                        inputs.bind(memory, validity)?;
                     }
                     continue;
                 }
-                let (key, pins) = whole.column_key(binding.column);
-                let values = memory.cached(
-                    &format!("{}:{key}", array.data_type()),
-                    pins.clone(),
-                    || {
-                        encode(array)
-                            .map_or_else(|| Buffer::from_vec(Vec::<u32>::new()), |c| c.values)
-                    },
-                )?;
-                cached.push(values);
-                regions.push((values, Access::Read));
+                let values = |array: &ArrayRef| {
+                    encode(array).map_or_else(|| Buffer::from_vec(Vec::<u32>::new()), |c| c.values)
+                };
+                let shape = match binding.repr {
+                    Repr::Bits => Shape::Bits,
+                    repr => Shape::Words(repr.width()),
+                };
+                inputs.bind_cached(memory, whole, binding.column, "", shape, values)?;
                 if binding.nullable {
-                    let validity = memory.cached(&format!("valid:{key}"), pins, || {
-                        validity(array).unwrap_or_else(all_valid)
-                    })?;
-                    cached.push(validity);
-                    regions.push((validity, Access::Read));
+                    let valid = |array: &ArrayRef| {
+                        validity(array).unwrap_or_else(|| all_valid(array.len()))
+                    };
+                    inputs.bind_cached(
+                        memory,
+                        whole,
+                        binding.column,
+                        "valid:",
+                        Shape::Bits,
+                        valid,
+                    )?;
                 }
             }
             let (flag_bytes, count_bytes) = kernels::flag_bytes(rows);
-            let flags = memory.region(flag_bytes)?;
-            let counts = memory.region(count_bytes)?;
-            let offsets = memory.region(count_bytes)?;
-            let out = memory.region(rows * 4)?;
-            let scratch = [flags, counts, offsets, out];
+            let scratch = [
+                memory.region(flag_bytes)?,
+                memory.region(count_bytes)?,
+                memory.region(count_bytes)?,
+                memory.region(rows * 4)?,
+            ];
+            let first_scratch = inputs.regions.len();
             for r in scratch {
-                regions.push((r, Access::Write));
+                inputs.regions.push((r, Access::Write));
             }
-            let buffers = memory.acquire(gpu, &regions)?;
-            let held: Vec<RegionId> = regions.iter().map(|(r, _)| *r).collect();
+            let buffers = memory.acquire(gpu, &inputs.regions)?;
+            let held: Vec<RegionId> = inputs.regions.iter().map(|(r, _)| *r).collect();
             let outcome = (|| {
                 let params = gpu.upload(&Buffer::from_vec(params.clone()));
                 let kernel = gpu.kernel(&self.kernel.source)?;
-                let n = buffers.len();
-                let (flags, counts, offsets, out) = (
-                    &buffers[n - 4],
-                    &buffers[n - 3],
-                    &buffers[n - 2],
-                    &buffers[n - 1],
-                );
-                let mut bound = vec![&params.buffer, &flags.buffer, &counts.buffer];
-                bound.extend(buffers[..n - 4].iter().map(|b| &b.buffer));
+                let [flags, counts, offsets, out] =
+                    [0, 1, 2, 3].map(|i| &buffers[first_scratch + i]);
+                let mut bindings = vec![&params.buffer, &flags.buffer, &counts.buffer];
+                bindings.extend(inputs.bound.iter().map(|i| &buffers[*i].buffer));
                 self.metrics.transfer.add_duration(start.elapsed());
                 let kernel_start = std::time::Instant::now();
-                gpu.run(&[Launch {
-                    kernel: &kernel,
-                    buffers: bound,
-                    threads: rows,
-                }])?;
+                let dispatches = inputs.run(
+                    gpu,
+                    &buffers,
+                    Launch {
+                        kernel: &kernel,
+                        buffers: bindings,
+                        threads: rows,
+                    },
+                )?;
                 let indices = kernels::compact(gpu, rows, flags, counts, offsets, out);
                 self.metrics.kernel.add_duration(kernel_start.elapsed());
-                self.metrics.dispatches.add(3);
+                self.metrics.dispatches.add(dispatches as usize + 2);
                 indices
             })();
             memory.release(&held);
             outcome
         })();
-        memory.release(&cached);
-        let scratch: Vec<RegionId> = regions
-            .iter()
-            .map(|(r, _)| *r)
-            .filter(|r| !cached.contains(r))
-            .collect();
-        memory.free(&scratch);
+        inputs.finish(memory);
         result
     }
+}
+
+/// All-valid bits of `rows` rows.
+fn all_valid(rows: usize) -> Buffer {
+    Buffer::from_vec(vec![u32::MAX; rows.div_ceil(32)])
 }

@@ -62,6 +62,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 "#;
 
+/// A block's bitmap packed from its input batches' bitmaps, each copied to
+/// a word boundary of `staged`: params are the rows, the parts, then each
+/// part's first row and first word. One thread per word of `dense`.
+pub(crate) const PACK_BITS: &str = r#"
+@group(0) @binding(0) var<storage, read> params: array<u32>;
+@group(0) @binding(1) var<storage, read> staged: array<u32>;
+@group(0) @binding(2) var<storage, read_write> dense: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let w = (wid.y * nwg.x + wid.x) * 256u + lid;
+    let rows = params[0];
+    let parts = params[1];
+    if (w * 32u >= rows) { return; }
+    var out = 0u;
+    for (var b = 0u; b < 32u; b++) {
+        let i = w * 32u + b;
+        if (i >= rows) { break; }
+        var lo = 0u;
+        var hi = parts;
+        while (hi - lo > 1u) {
+            let mid = (lo + hi) / 2u;
+            if (params[2u + 2u * mid] <= i) { lo = mid; } else { hi = mid; }
+        }
+        let src = params[3u + 2u * lo] * 32u + (i - params[2u + 2u * lo]);
+        out |= ((staged[src / 32u] >> (src % 32u)) & 1u) << b;
+    }
+    dense[w] = out;
+}
+"#;
+
 /// Bytes of the flags and counts buffers a kernel over `rows` rows writes
 /// for [`compact`].
 pub fn flag_bytes(rows: u64) -> (u64, u64) {

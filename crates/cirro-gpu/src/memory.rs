@@ -24,7 +24,7 @@
 //! the device's budget.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use arrow::buffer::Buffer;
 
@@ -32,6 +32,10 @@ use crate::device::{DeviceBuffer, Gpu, GpuError, GpuResult};
 
 /// Bytes of one page.
 pub const PAGE: u64 = 64 * 1024;
+
+/// How long a kernel's regions wait for others' kernels to release the
+/// memory they hold before the operator works on the CPU instead.
+pub const HELD_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Which region leaves the device first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,6 +204,8 @@ pub struct DeviceMemory {
     policy: Policy,
     latency: f64,
     state: Mutex<State>,
+    /// Signalled when held regions are released or freed.
+    released: Condvar,
 }
 
 impl std::fmt::Debug for DeviceMemory {
@@ -226,6 +232,7 @@ impl DeviceMemory {
                 next: 0,
                 stats: MemoryStats::default(),
             }),
+            released: Condvar::new(),
         }
     }
 
@@ -333,52 +340,73 @@ impl DeviceMemory {
 
     /// Make `regions` resident for a kernel and hold them there until
     /// [`DeviceMemory::release`]; evicts others, by the policy, while they
-    /// would not fit. Fails (nothing held) when the held regions alone would
-    /// pass the budget: the operator then works in smaller chunks.
+    /// would not fit. Where what is left is held by other kernels (another
+    /// operator of the query, running beside this one), waits for them to
+    /// release it, at most [`HELD_WAIT`]. Fails (nothing held) when the
+    /// held regions would still pass the budget: the operator then works on
+    /// the CPU or in smaller chunks.
     pub fn acquire(
         &self,
         gpu: &Gpu,
         regions: &[(RegionId, Access)],
     ) -> GpuResult<Vec<Arc<DeviceBuffer>>> {
-        let mut state = self.lock()?;
-        let state = &mut *state;
-        let mut needed = 0;
-        for (id, _) in regions {
-            let region = state
-                .regions
-                .get(id)
-                .ok_or_else(|| GpuError("unknown device region".into()))?;
-            if region.device.is_none() {
-                needed += region.size;
-            }
-        }
+        let deadline = std::time::Instant::now() + HELD_WAIT;
         let wanted: Vec<RegionId> = regions.iter().map(|(id, _)| *id).collect();
-        while state.stats.resident + needed > self.budget {
-            let candidates: Vec<(RegionId, Candidate)> = state
-                .regions
-                .iter()
-                .filter(|(id, r)| r.device.is_some() && r.holds == 0 && !wanted.contains(id))
-                .map(|(id, r)| {
-                    (
-                        *id,
-                        Candidate {
-                            size: r.size,
-                            dirty: r.dirty_bytes(),
-                            last_use: r.last_use,
-                            uses: r.uses,
-                        },
-                    )
-                })
-                .collect();
-            let only: Vec<Candidate> = candidates.iter().map(|(_, c)| *c).collect();
-            let Some(victim) = choose(self.policy, &only, self.latency, state.clock) else {
+        let mut guard = self.lock()?;
+        loop {
+            let state = &mut *guard;
+            let mut needed = 0;
+            for (id, _) in regions {
+                let region = state
+                    .regions
+                    .get(id)
+                    .ok_or_else(|| GpuError("unknown device region".into()))?;
+                if region.device.is_none() {
+                    needed += region.size;
+                }
+            }
+            let mut fits = true;
+            while state.stats.resident + needed > self.budget {
+                let candidates: Vec<(RegionId, Candidate)> = state
+                    .regions
+                    .iter()
+                    .filter(|(id, r)| r.device.is_some() && r.holds == 0 && !wanted.contains(id))
+                    .map(|(id, r)| {
+                        (
+                            *id,
+                            Candidate {
+                                size: r.size,
+                                dirty: r.dirty_bytes(),
+                                last_use: r.last_use,
+                                uses: r.uses,
+                            },
+                        )
+                    })
+                    .collect();
+                let only: Vec<Candidate> = candidates.iter().map(|(_, c)| *c).collect();
+                let Some(victim) = choose(self.policy, &only, self.latency, state.clock) else {
+                    fits = false;
+                    break;
+                };
+                evict(gpu, state, candidates[victim].0)?;
+            }
+            if fits {
+                break;
+            }
+            let now = std::time::Instant::now();
+            if needed > self.budget || now >= deadline {
                 return Err(GpuError(format!(
                     "device memory exhausted: {} bytes needed, {} of {} held",
                     needed, state.stats.resident, self.budget
                 )));
-            };
-            evict(gpu, state, candidates[victim].0)?;
+            }
+            guard = self
+                .released
+                .wait_timeout(guard, deadline - now)
+                .map_err(|_| GpuError("device memory lock poisoned".into()))?
+                .0;
         }
+        let state = &mut *guard;
         state.clock += 1;
         let clock = state.clock;
         let mut out = Vec::with_capacity(regions.len());
@@ -423,6 +451,7 @@ impl DeviceMemory {
                 }
             }
         }
+        self.released.notify_all();
     }
 
     /// Forget `regions` (their device and host copies).
@@ -442,6 +471,7 @@ impl DeviceMemory {
                 }
             }
         }
+        self.released.notify_all();
     }
 
     /// The pages' states of a region (tests).

@@ -19,9 +19,11 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::Partitioning;
 use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
@@ -128,6 +130,26 @@ impl PhysicalOptimizerRule for GpuOperators {
             };
             if kernel.buffers() > gpu.max_bindings as usize {
                 return Ok(Transformed::no(node));
+            }
+            // A round-robin repartition under the filter only spreads its
+            // rows over the CPU's threads, and coalesces small batches (a
+            // table's or a row group's last piece) into new ones, whose
+            // buffers differ every query: the device needs no spread, and
+            // its column cache is keyed by the scan's buffers. The filter
+            // goes below it (a filter commutes with a round-robin spread).
+            if let Some(spread) = filter.input().downcast_ref::<RepartitionExec>()
+                && matches!(spread.partitioning(), Partitioning::RoundRobinBatch(_))
+            {
+                let twin = FilterExecBuilder::from(filter)
+                    .with_input(Arc::clone(spread.input()))
+                    .build()?;
+                let gpu = GpuFilterExec::new(Arc::new(twin), kernel, options.block_rows);
+                let mut above =
+                    RepartitionExec::try_new(Arc::new(gpu), spread.partitioning().clone())?;
+                if spread.preserve_order() {
+                    above = above.with_preserve_order();
+                }
+                return Ok(Transformed::yes(Arc::new(above) as Arc<dyn ExecutionPlan>));
             }
             let twin = Arc::new(filter.clone());
             Ok(Transformed::yes(

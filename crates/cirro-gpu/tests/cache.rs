@@ -1,8 +1,9 @@
 //! The column cache fed by scans: a filter run again over the same input
 //! batches (a scan of data the host holds feeds the same buffers to every
 //! query) finds its columns on the device and uploads nothing, with the
-//! same answer. Alone in its binary: it reads the process's device-memory
-//! counters.
+//! same answer, also where the batches are gathered into other blocks (one
+//! entry per input batch, put together on the device). Alone in its
+//! binary: it reads the process's device-memory counters.
 
 mod common;
 
@@ -16,9 +17,10 @@ use common::{batch, context, gpu_metric, run_sorted as run, schema};
 async fn a_filter_run_again_finds_its_columns_on_the_device() {
     let memory = cirro_gpu::memory().expect("no Vulkan device");
     let mut rng = StdRng::seed_from_u64(9);
-    let batches: Vec<RecordBatch> = [3000, 0, 2500].map(|n| batch(&mut rng, n)).to_vec();
+    // Each batch fits a block of 2048 rows, none ends on a word of bits.
+    let batches: Vec<RecordBatch> = [1500, 0, 1201, 1800].map(|n| batch(&mut rng, n)).to_vec();
     let gpu = context("force", 2048, schema(), batches.clone());
-    let cpu = context("off", 2048, schema(), batches);
+    let cpu = context("off", 2048, schema(), batches.clone());
     let sql = "SELECT * FROM t WHERE a > 3 AND d < 20.00 AND b > 0";
     let (want, _) = run(&cpu, sql).await;
     let before = memory.stats();
@@ -41,4 +43,20 @@ async fn a_filter_run_again_finds_its_columns_on_the_device() {
     let (_, plan) = run(&gpu, "SELECT a FROM t WHERE b < 0 OR a IS NULL").await;
     assert!(gpu_metric(&plan, "gpu_dispatches").unwrap_or(0) > 0);
     assert_eq!(memory.stats().loaded, after.loaded);
+    // The same batches in blocks of several: each block's columns (and
+    // their validity bits) are put together from the cached batches.
+    let wide = context("force", 8192, schema(), batches);
+    let before = memory.stats();
+    let (third, plan) = run(&wide, sql).await;
+    assert!(third == want);
+    assert_eq!(gpu_metric(&plan, "cpu_blocks"), Some(0));
+    let blocks = gpu_metric(&plan, "gpu_blocks").unwrap_or(0);
+    assert!(
+        blocks > 0 && blocks < 3,
+        "{blocks} blocks of several batches"
+    );
+    let after = memory.stats();
+    assert_eq!(after.loaded, before.loaded, "nothing uploaded");
+    assert_eq!(after.misses, before.misses);
+    assert!(after.hits > before.hits);
 }

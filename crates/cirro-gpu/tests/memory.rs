@@ -87,19 +87,36 @@ fn holding_more_than_the_budget_is_refused_and_holds_nothing() {
     let memory = DeviceMemory::new(2 * PAGE, Policy::Cdr, 0.5);
     let a = memory.region(2 * PAGE).unwrap();
     let b = memory.region(PAGE).unwrap();
-    memory.acquire(gpu, &[(a, Access::Write)]).unwrap();
-    // A is held: B cannot come in.
-    let refused = memory.acquire(gpu, &[(b, Access::Read)]).unwrap_err();
+    let huge = memory.region(3 * PAGE).unwrap();
+    // More than the whole budget: refused at once.
+    let refused = memory.acquire(gpu, &[(huge, Access::Read)]).unwrap_err();
     assert!(
         refused.to_string().contains("device memory exhausted"),
         "{refused}"
     );
-    memory.release(&[a]);
-    // Released, A may leave (written back: it is dirty) and B comes in.
-    memory.acquire(gpu, &[(b, Access::Read)]).unwrap();
+    memory.acquire(gpu, &[(a, Access::Write)]).unwrap();
+    // A is held by a kernel: B waits until A is released (by another
+    // thread, as another operator's kernel ends), then A may leave
+    // (written back: it is dirty) and B comes in.
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            memory.release(&[a]);
+        });
+        memory.acquire(gpu, &[(b, Access::Read)]).unwrap();
+    });
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
     assert_eq!(memory.stats().resident, PAGE);
     assert_eq!(memory.stats().written_back, 2 * PAGE);
-    memory.free(&[a, b]);
+    memory.release(&[b]);
+    // Held past the wait: refused, holding nothing.
+    memory.acquire(gpu, &[(a, Access::Write)]).unwrap();
+    let refused = memory.acquire(gpu, &[(b, Access::Read)]).unwrap_err();
+    assert!(started.elapsed() >= cirro_gpu::memory::HELD_WAIT);
+    assert!(refused.to_string().contains("device memory exhausted"));
+    memory.release(&[a]);
+    memory.free(&[a, b, huge]);
     assert_eq!(memory.stats().resident, 0);
 }
 

@@ -188,6 +188,36 @@ fn tpch_and_ssb_answers_with_gpu_forced_and_without_a_device() {
             "{query}: no kernel ran, or a block fell back to the CPU\n{plan}"
         );
     }
+    // The device's column cache over the hot-data tier: run again, SSB
+    // Q1.1 finds every column its GPU filters read on the device (a scan
+    // under a GPU filter hands it the tier's batches as they are: the same
+    // buffers every query).
+    let text = std::fs::read_to_string(shared_dir().join("ssb/queries/q1.1.sql")).expect("query");
+    let q = text.trim().trim_end_matches(';');
+    let out = ssb.query_csv(&format!(
+        "SET gpu = force; {q}; SELECT 'first', cache_hits, cache_misses FROM cirro.gpu; \
+         {q}; SELECT 'second', cache_hits, cache_misses FROM cirro.gpu"
+    ));
+    let counts = |tag: &str| -> (u64, u64) {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{tag}|")))
+            .unwrap_or_else(|| panic!("no {tag} counters in\n{out}"));
+        let n: Vec<u64> = line
+            .split('|')
+            .skip(1)
+            .map(|v| v.parse().expect("count"))
+            .collect();
+        (n[0], n[1])
+    };
+    let (hits, misses) = counts("first");
+    let (hits_again, misses_again) = counts("second");
+    assert!(misses > 0, "the first run loads its columns\n{out}");
+    assert_eq!(
+        misses_again, misses,
+        "the second run finds every column\n{out}"
+    );
+    assert!(hits_again > hits, "{out}");
 }
 
 #[test]

@@ -1325,6 +1325,12 @@ impl CacheScans {
     /// hash table's build side, an aggregation or a sort save that work
     /// ([`DynamicRowFilter`]). `shuffled`: those with a hash repartition
     /// between too, which the scan evaluates while it pays.
+    ///
+    /// The GPU twins (`cirro-gpu`, placed before this rule) are known by
+    /// name: a `GpuHashJoinExec` is a join (its build side `Hot`) that fills
+    /// no dynamic filter; under a `GpuFilterExec` the scan drops no rows,
+    /// so the filter gets the batches the cache holds, the same buffers
+    /// every query, which its device-side column cache is keyed by.
     fn rewrite(
         &self,
         plan: Arc<dyn ExecutionPlan>,
@@ -1358,6 +1364,7 @@ impl CacheScans {
         // The build side of a join: its left input.
         let hash_join = plan.downcast_ref::<HashJoinExec>().is_some();
         let joins = hash_join
+            || plan.name() == "GpuHashJoinExec"
             || plan.downcast_ref::<NestedLoopJoinExec>().is_some()
             || plan.downcast_ref::<CrossJoinExec>().is_some();
         let hash_shuffle = plan
