@@ -268,6 +268,14 @@ def report(results):
                      f"{r['ratio_gpu_over_cpu']:.2f} | {m['gpu_upload_ms']:.1f} | {m['gpu_kernel_ms']:.1f} | "
                      f"{m['gpu_dispatches']} | {m['gpu_blocks']} | {m['cpu_blocks']} | "
                      f"{'yes' if r['same_answer'] else 'NO'} |")
+    after = results.get("device_after") or {}
+    lookups = (after.get("cache_hits") or 0) + (after.get("cache_misses") or 0)
+    if lookups:
+        budget = (after.get("memory_budget") or 0) / 2**20
+        lines += ["", f"Column cache on this server ({budget:.0f} MiB of device memory, every run above): "
+                      f"{after['cache_hits']} hits in {lookups} lookups "
+                      f"({100 * after['cache_hits'] / lookups:.0f} %, one per input batch and column), "
+                      f"{after.get('evictions', 0)} evictions."]
     co = results.get("co_runs")
     if co:
         lines += [
