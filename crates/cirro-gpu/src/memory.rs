@@ -365,6 +365,13 @@ impl DeviceMemory {
                     needed += region.size;
                 }
             }
+            if needed > self.budget {
+                // Nothing could make room: the cache is left alone.
+                return Err(GpuError(format!(
+                    "device memory exhausted: {} bytes needed, {} of {} held",
+                    needed, state.stats.resident, self.budget
+                )));
+            }
             let mut fits = true;
             while state.stats.resident + needed > self.budget {
                 let candidates: Vec<(RegionId, Candidate)> = state
@@ -394,7 +401,7 @@ impl DeviceMemory {
                 break;
             }
             let now = std::time::Instant::now();
-            if needed > self.budget || now >= deadline {
+            if now >= deadline {
                 return Err(GpuError(format!(
                     "device memory exhausted: {} bytes needed, {} of {} held",
                     needed, state.stats.resident, self.budget
