@@ -24,6 +24,10 @@ use common::{batch, context, plan_text, run_sorted as run, schema};
 /// ranges of probe rows.
 const BUDGET: u64 = 1 << 20;
 
+/// The tests share the process's device memory, and the first asserts
+/// what is left resident after its joins: they run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Each query, and the join type DataFusion's plan gives it.
 const JOINS: &[(&str, &str)] = &[
     (
@@ -138,6 +142,7 @@ async fn check(gpu: &SessionContext, cpu: &SessionContext, sql: &str, join_type:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_hash_joins_answer_as_datafusion_does() {
+    let _serial = SERIAL.lock().await;
     cirro_gpu::configure(BUDGET, cirro_gpu::Policy::Cdr);
     assert!(cirro_gpu::device().is_some(), "no Vulkan device");
     let (t, u) = data();
@@ -161,6 +166,7 @@ async fn gpu_hash_joins_answer_as_datafusion_does() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_builds_answer_as_datafusion_does() {
+    let _serial = SERIAL.lock().await;
     cirro_gpu::configure(BUDGET, cirro_gpu::Policy::Cdr);
     let (t, u) = data();
     let gpu = tables("force", &t, &u);
@@ -188,6 +194,7 @@ async fn partitioned_builds_answer_as_datafusion_does() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joins_the_kernels_cannot_run_stay_on_the_cpu() {
+    let _serial = SERIAL.lock().await;
     let (t, u) = data();
     let gpu = tables("force", &t, &u);
     for sql in [
@@ -204,6 +211,7 @@ async fn joins_the_kernels_cannot_run_stay_on_the_cpu() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outer_joins_keep_the_probe_sides_order() {
+    let _serial = SERIAL.lock().await;
     let (t, u) = data();
     let gpu = tables("force", &t, &u);
     // The probe side comes sorted and the join keeps its order (as
