@@ -1,8 +1,19 @@
 //! `GpuAggregateExec`, the twin of DataFusion's partial `AggregateExec`:
-//! `count`, `sum`, `avg`, `min` and `max` of integers, dates and decimals
-//! (as scaled integers), grouped by integer, date, decimal or text keys,
-//! a block of rows at a time. The final aggregation stays on the CPU: it
-//! merges few rows.
+//! `count`, `sum`, `avg`, `min` and `max` of integers, dates, decimals (as
+//! scaled integers) and floats, grouped by integer, date, decimal, float
+//! or text keys, a block of rows at a time. The final aggregation stays on
+//! the CPU: it merges few rows.
+//!
+//! Floats: a key is `total_cmp`'s key with -0 made +0 (DataFusion groups
+//! -0 with +0 and each NaN by its bits; a group's first row names it, and
+//! the final aggregation, which groups again, names it +0); a `min`/`max` compares
+//! `total_cmp`'s keys, and a block where one meets a NaN or a -0 goes to
+//! the CPU (DataFusion's grouped extremes compare with `partial_cmp`, so
+//! there its answer depends on the rows' order). A float `sum`/`avg`: the
+//! device groups and counts, and the host adds the values by the slot the
+//! device gave each row, in row order as DataFusion's accumulator adds
+//! them (float atomics would add in a different order on every run, and
+//! WGSL has no 64-bit floats).
 //!
 //! Per block, the host evaluates the keys and arguments (`PhysicalExpr`s)
 //! and packs them row by row into 32-bit words; a NULL key's words are 0
@@ -32,11 +43,14 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, Decimal128Array, Int64Array, RecordBatch, UInt32Array, UInt64Array,
+    Array, ArrayRef, AsArray, Decimal128Array, Float32Array, Float64Array, Int64Array, RecordBatch,
+    UInt32Array, UInt64Array,
 };
 use arrow::buffer::Buffer;
 use arrow::compute::{CastOptions, cast, cast_with_options, take};
-use arrow::datatypes::{DataType, Date32Type, Decimal128Type, Int64Type, SchemaRef};
+use arrow::datatypes::{
+    DataType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int64Type, SchemaRef,
+};
 use datafusion::common::Result;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -52,7 +66,9 @@ use datafusion::physical_plan::{
 };
 
 use crate::blocks::{self, Metrics};
-use crate::columns::{Repr, encode, repr_of, words};
+use crate::columns::{
+    Repr, encode, from_total_key32, from_total_key64, repr_of, total_key32, total_key64, words,
+};
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
 use crate::memory::{Access, DeviceMemory, RegionId};
 use crate::scheduler::Ticket;
@@ -109,6 +125,11 @@ struct Aggregate {
     state_word: usize,
     /// The types of its state columns.
     state_types: Vec<DataType>,
+    /// A sum or average of floats: the device counts the group's values
+    /// and the host adds them, in row order, by the slot the device gave
+    /// each row (float atomics would add in a different order every run,
+    /// and WGSL has no 64-bit floats).
+    host_sum: bool,
 }
 
 /// One group key.
@@ -165,9 +186,11 @@ impl GpuAggregateExec {
         let mut keys = Vec::new();
         for (expr, _) in aggregate.group_expr().expr() {
             let data_type = expr.data_type(&schema).ok()?;
-            let repr = match (repr_of(&data_type)?, &data_type) {
-                (_, DataType::Float32 | DataType::Float64) | (Repr::Bits, _) => return None,
-                (repr, _) => repr,
+            // Float keys group as DataFusion's do: -0 with +0, each NaN
+            // by its bits (`encode`'s key).
+            let repr = match repr_of(&data_type)? {
+                Repr::Bits => return None,
+                repr => repr,
             };
             keys.push(Key {
                 expr: Arc::clone(expr),
@@ -191,13 +214,17 @@ impl GpuAggregateExec {
                 .iter()
                 .map(|f| f.data_type().clone())
                 .collect();
-            if func.reads_value() && !is_integral(&arg_type) {
+            let float = matches!(arg_type, DataType::Float32 | DataType::Float64);
+            if func.reads_value() && !is_integral(&arg_type) && !float {
                 return None;
             }
+            let host_sum = float && matches!(func, Func::Sum | Func::Avg);
             let states_fit = match (func, state_types.as_slice()) {
                 (Func::Count, [DataType::Int64]) => true,
+                (Func::Sum, [DataType::Float64]) => float,
                 (Func::Sum, [t]) => matches!(t, DataType::Int64 | DataType::Decimal128(..)),
-                (Func::Avg, [DataType::UInt64, DataType::Decimal128(..)]) => true,
+                (Func::Avg, [DataType::UInt64, DataType::Float64]) => float,
+                (Func::Avg, [DataType::UInt64, DataType::Decimal128(..)]) => !float,
                 (Func::Min | Func::Max, [t]) => *t == arg_type,
                 _ => false,
             };
@@ -208,7 +235,7 @@ impl GpuAggregateExec {
                 arg_words += 1;
                 arg_words - 1
             });
-            let value_word = func.reads_value().then(|| {
+            let value_word = (func.reads_value() && !host_sum).then(|| {
                 arg_words += 2;
                 arg_words - 2
             });
@@ -220,8 +247,10 @@ impl GpuAggregateExec {
                 value_word,
                 state_word: state_words,
                 state_types,
+                host_sum,
             });
-            state_words += func.state_words();
+            // A host sum's state on the device is its count.
+            state_words += if host_sum { 1 } else { func.state_words() };
         }
         let key_words = keys.iter().map(Key::words).sum();
         let accumulate = accumulate_source(key_words, arg_words, state_words, &aggregates);
@@ -366,6 +395,9 @@ const SW: u32 = {state_words}u;
             merge.push_str(&format!(
                 "        atomicAdd(&state[{s}u], atomicLoad(&local[{s}u]));\n"
             ));
+            if a.value_word.is_none() {
+                continue;
+            }
             match a.func {
                 Func::Sum | Func::Avg => merge.push_str(&format!(
                     "        add96_state({}u, atomicLoad(&local[{}u]), atomicLoad(&local[{}u]), atomicLoad(&local[{}u]));\n",
@@ -631,6 +663,16 @@ struct Packed {
     keys: Vec<ArrayRef>,
     key_words: Vec<u32>,
     arg_words: Vec<u32>,
+    /// Per aggregate, a host sum's argument as Float64 (None otherwise).
+    floats: Vec<Option<ArrayRef>>,
+}
+
+/// What comes back from the device: the table (each slot's first row + 1,
+/// 0 if free), the states, and each row's slot where the host adds floats.
+struct Computed {
+    table: Vec<u32>,
+    states: Vec<u32>,
+    row_slots: Option<Vec<u32>>,
 }
 
 impl Run {
@@ -650,13 +692,15 @@ impl Run {
             self.metrics.admit(ticket, query, rows, demand);
             match self.pack(block) {
                 Ok(Some(packed)) => match self.on_device(gpu, memory, rows, &packed) {
-                    Ok(states) => {
+                    Ok(computed) => {
                         self.metrics.gpu_blocks.add(1);
-                        return self.output(&packed, states);
+                        return self.output(&packed, computed);
                     }
                     Err(e) => log::debug!("{e}; the block is aggregated on the CPU"),
                 },
-                Ok(None) => log::debug!("values past 64 bits; the block is aggregated on the CPU"),
+                Ok(None) => log::debug!(
+                    "a decimal past 64 bits or a NaN or -0 to compare; the block is aggregated on the CPU"
+                ),
                 Err(e) => return Err(e),
             }
         }
@@ -683,7 +727,9 @@ impl Run {
     }
 
     /// The block's keys and arguments as words; None where a decimal does
-    /// not fit 64 bits.
+    /// not fit 64 bits, or a float `min`/`max` meets a NaN or -0 (there
+    /// DataFusion's answer depends on the rows' order: it compares with
+    /// `partial_cmp`, and a NaN or the first of two equal zeros wins).
     fn pack(&self, block: &RecordBatch) -> Result<Option<Packed>> {
         let rows = block.num_rows();
         let layout = &self.layout;
@@ -715,11 +761,18 @@ impl Run {
             keys.push(array);
         }
         let mut arg_words = vec![0u32; rows * layout.arg_words];
+        let mut floats = Vec::with_capacity(layout.aggregates.len());
         for a in &layout.aggregates {
-            if a.valid_word.is_none() && a.value_word.is_none() {
+            floats.push(None);
+            if a.valid_word.is_none() && a.value_word.is_none() && !a.host_sum {
                 continue;
             }
             let array = a.arg.evaluate(block)?.into_array(rows)?;
+            if a.host_sum {
+                if let Some(last) = floats.last_mut() {
+                    *last = Some(cast(&array, &DataType::Float64)?);
+                }
+            }
             let nulls = array.logical_nulls();
             if let Some(w) = a.valid_word {
                 for r in 0..rows {
@@ -741,17 +794,19 @@ impl Run {
             keys,
             key_words,
             arg_words,
+            floats,
         }))
     }
 
-    /// The table (each slot's first row + 1, 0 if free) and the states.
+    /// The table, the states and, where the host adds floats, each row's
+    /// slot.
     fn on_device(
         &self,
         gpu: &Gpu,
         memory: &DeviceMemory,
         rows: usize,
         packed: &Packed,
-    ) -> GpuResult<(Vec<u32>, Vec<u32>)> {
+    ) -> GpuResult<Computed> {
         if rows as u64 >= u64::from(u32::MAX) / 4 {
             return Err(GpuError("block too large".into()));
         }
@@ -810,8 +865,16 @@ impl Run {
                 self.metrics.dispatches.add(launches.len());
                 let table = words(&gpu.download(owner, slots as u64 * 4)?).collect();
                 let states = words(&gpu.download(state, state_bytes)?).collect();
+                let row_slots = match layout.aggregates.iter().any(|a| a.host_sum) {
+                    true => Some(words(&gpu.download(row_slots, rows as u64 * 4)?).collect()),
+                    false => None,
+                };
                 self.metrics.kernel.add_duration(kernel_start.elapsed());
-                Ok((table, states))
+                Ok(Computed {
+                    table,
+                    states,
+                    row_slots,
+                })
             })();
             memory.release(&held);
             outcome
@@ -821,12 +884,13 @@ impl Run {
     }
 
     /// The partial aggregation's rows: one per claimed slot.
-    fn output(
-        &self,
-        packed: &Packed,
-        (table, states): (Vec<u32>, Vec<u32>),
-    ) -> Result<RecordBatch> {
+    fn output(&self, packed: &Packed, computed: Computed) -> Result<RecordBatch> {
         let layout = &self.layout;
+        let Computed {
+            table,
+            states,
+            row_slots,
+        } = computed;
         let claimed: Vec<usize> = (0..table.len()).filter(|&s| table[s] != 0).collect();
         let firsts = UInt32Array::from(claimed.iter().map(|&s| table[s] - 1).collect::<Vec<u32>>());
         let mut columns: Vec<ArrayRef> = Vec::new();
@@ -837,7 +901,7 @@ impl Run {
             safe: false,
             ..Default::default()
         };
-        for a in &layout.aggregates {
+        for (a, floats) in layout.aggregates.iter().zip(&packed.floats) {
             let at =
                 |slot: usize, word: usize| states[slot * layout.state_words + a.state_word + word];
             let counts: Vec<u32> = claimed.iter().map(|&s| at(s, 0)).collect();
@@ -845,6 +909,25 @@ impl Run {
                 Func::Count => columns.push(Arc::new(Int64Array::from_iter_values(
                     counts.iter().map(|&c| i64::from(c)),
                 ))),
+                Func::Sum | Func::Avg if a.host_sum => {
+                    let (Some(floats), Some(row_slots)) = (floats, &row_slots) else {
+                        return Err(DataFusionError::Internal(
+                            "GPU: a float sum without its values".into(),
+                        ));
+                    };
+                    let sums = host_sums(&claimed, table.len(), row_slots, floats);
+                    if a.func == Func::Avg {
+                        columns.push(Arc::new(UInt64Array::from_iter_values(
+                            counts.iter().map(|&c| u64::from(c)),
+                        )));
+                    }
+                    columns.push(Arc::new(Float64Array::from(
+                        sums.into_iter()
+                            .zip(&counts)
+                            .map(|(sum, &c)| (c > 0).then_some(sum))
+                            .collect::<Vec<_>>(),
+                    )));
+                }
                 Func::Sum | Func::Avg => {
                     let scale = match a.arg_type {
                         DataType::Decimal128(_, s) => s,
@@ -889,6 +972,24 @@ impl Run {
     }
 }
 
+/// Each claimed slot's sum of `values` (Float64), added in row order as
+/// DataFusion's accumulator adds them; NULLs skipped.
+fn host_sums(claimed: &[usize], slots: usize, row_slots: &[u32], values: &ArrayRef) -> Vec<f64> {
+    let mut index = vec![usize::MAX; slots];
+    for (i, &s) in claimed.iter().enumerate() {
+        index[s] = i;
+    }
+    let mut sums = vec![0.0f64; claimed.len()];
+    let values = values.as_primitive::<Float64Type>();
+    let nulls = values.logical_nulls();
+    for (r, (&slot, &v)) in row_slots.iter().zip(values.values().iter()).enumerate() {
+        if nulls.as_ref().is_none_or(|n| n.is_valid(r)) {
+            sums[index[slot as usize]] += v;
+        }
+    }
+    sums
+}
+
 /// A 96-bit two's complement sum from its limbs, low first.
 fn limbs(l0: u32, l1: u32, l2: u32) -> i128 {
     let v = u128::from(l0) | (u128::from(l1) << 32) | (u128::from(l2) << 64);
@@ -896,9 +997,27 @@ fn limbs(l0: u32, l1: u32, l2: u32) -> i128 {
 }
 
 /// An argument's values as 64-bit integers (a NULL's value is
-/// unspecified); None where a decimal does not fit.
+/// unspecified): floats as `total_cmp`'s keys; None where a decimal does
+/// not fit, or a float is NaN or -0.
 fn as_i64(array: &ArrayRef) -> Result<Option<Vec<i64>>> {
+    let nulls = array.logical_nulls();
+    let valid = |r: usize| nulls.as_ref().is_none_or(|n| n.is_valid(r));
+    let unordered = |x: f64| x.is_nan() || (x == 0.0 && x.is_sign_negative());
     Ok(Some(match array.data_type() {
+        DataType::Float64 => {
+            let values = array.as_primitive::<Float64Type>().values();
+            if (0..values.len()).any(|r| valid(r) && unordered(values[r])) {
+                return Ok(None);
+            }
+            values.iter().map(|&x| total_key64(x)).collect()
+        }
+        DataType::Float32 => {
+            let values = array.as_primitive::<Float32Type>().values();
+            if (0..values.len()).any(|r| valid(r) && unordered(f64::from(values[r]))) {
+                return Ok(None);
+            }
+            values.iter().map(|&x| i64::from(total_key32(x))).collect()
+        }
         DataType::Decimal128(..) => {
             let mut out = Vec::with_capacity(array.len());
             for v in array.as_primitive::<Decimal128Type>().values().iter() {
@@ -938,6 +1057,18 @@ fn from_i64(values: Vec<Option<i64>>, data_type: &DataType) -> Result<ArrayRef> 
             &cast(&Int64Array::from(values), &DataType::Int32)?,
             data_type,
         )?,
+        DataType::Float64 => Arc::new(Float64Array::from(
+            values
+                .into_iter()
+                .map(|v| v.map(from_total_key64))
+                .collect::<Vec<_>>(),
+        )),
+        DataType::Float32 => Arc::new(Float32Array::from(
+            values
+                .into_iter()
+                .map(|v| v.map(|k| from_total_key32(k as i32)))
+                .collect::<Vec<_>>(),
+        )),
         _ => cast(&Int64Array::from(values), data_type)?,
     })
 }

@@ -116,14 +116,25 @@ pub fn f32_key(x: f32) -> i32 {
 }
 
 /// `f64::total_cmp`'s key: an integer in the same order as the float.
-fn total_key64(x: f64) -> i64 {
+pub fn total_key64(x: f64) -> i64 {
     let bits = x.to_bits() as i64;
     bits ^ ((((bits >> 63) as u64) >> 1) as i64)
 }
 
-fn total_key32(x: f32) -> i32 {
+pub fn total_key32(x: f32) -> i32 {
     let bits = x.to_bits() as i32;
     bits ^ ((((bits >> 31) as u32) >> 1) as i32)
+}
+
+/// The float whose [`total_key64`] is `key` (the mapping keeps the sign
+/// bit, so it is its own inverse).
+pub fn from_total_key64(key: i64) -> f64 {
+    f64::from_bits((key ^ ((((key >> 63) as u64) >> 1) as i64)) as u64)
+}
+
+/// The float whose [`total_key32`] is `key`.
+pub fn from_total_key32(key: i32) -> f32 {
+    f32::from_bits((key ^ ((((key >> 31) as u32) >> 1) as i32)) as u32)
 }
 
 /// `array` encoded as [`repr_of`] its type says, for comparisons (-0 and
@@ -255,5 +266,33 @@ mod tests {
             ys.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             by_key.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn total_keys_come_back_to_their_floats() {
+        for x in [
+            f64::NAN,
+            -f64::NAN,
+            -0.0,
+            0.0,
+            f64::NEG_INFINITY,
+            -1.25,
+            3e300,
+            f64::MIN_POSITIVE,
+        ] {
+            assert_eq!(from_total_key64(total_key64(x)).to_bits(), x.to_bits());
+        }
+        for x in [
+            f32::NAN,
+            -f32::NAN,
+            -0.0,
+            0.0,
+            f32::INFINITY,
+            -2.5,
+            f32::MAX,
+        ] {
+            assert_eq!(from_total_key32(total_key32(x)).to_bits(), x.to_bits());
+        }
+        assert!(total_key64(-0.0) < total_key64(0.0), "min(-0, +0) is -0");
     }
 }
