@@ -52,18 +52,13 @@ use arrow::datatypes::{
     DataType, Date32Type, Decimal128Type, Float32Type, Float64Type, Int64Type, SchemaRef,
 };
 use datafusion::common::Result;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode, PlanProperties,
-    SendableRecordBatchStream,
-};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::{ExecutionPlan, InputOrderMode, SendableRecordBatchStream};
 
 use crate::blocks::{self, Metrics};
 use crate::columns::{
@@ -561,54 +556,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     ))
 }
 
-impl DisplayAs for GpuAggregateExec {
-    fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        crate::fmt_twin(self.twin.as_ref(), t, f)
+twin_plan!(
+    GpuAggregateExec,
+    AggregateExec,
+    |this: &GpuAggregateExec, cpu: &AggregateExec| {
+        GpuAggregateExec::try_new(cpu, this.block_rows)
     }
-}
+);
 
-impl ExecutionPlan for GpuAggregateExec {
-    fn name(&self) -> &str {
-        "GpuAggregateExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.twin.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![self.twin.input()]
-    }
-
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        self.twin.apply_expressions(f)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let twin: Arc<dyn ExecutionPlan> = Arc::clone(&self.twin) as _;
-        let twin = replace_children_if_necessary(twin, children)?;
-        Ok(
-            match twin
-                .downcast_ref::<AggregateExec>()
-                .and_then(|a| GpuAggregateExec::try_new(a, self.block_rows))
-            {
-                Some(gpu) => Arc::new(gpu),
-                None => twin,
-            },
-        )
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn execute(
+impl GpuAggregateExec {
+    /// The operator's stream for `partition` (`ExecutionPlan::execute`).
+    fn start(
         &self,
         partition: usize,
         context: Arc<TaskContext>,

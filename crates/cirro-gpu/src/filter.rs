@@ -18,15 +18,11 @@ use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::buffer::Buffer;
 use arrow::compute::take_record_batch;
 use datafusion::common::Result;
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder, batch_filter};
-use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-};
+use datafusion::physical_plan::filter::{FilterExec, batch_filter};
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 
 use crate::blocks::{self, Assembly, Block, Metrics, Shape};
 use crate::codegen::PredicateKernel;
@@ -58,57 +54,23 @@ impl GpuFilterExec {
     }
 }
 
-impl DisplayAs for GpuFilterExec {
-    fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        crate::fmt_twin(self.twin.as_ref(), t, f)
-    }
-}
-
-impl ExecutionPlan for GpuFilterExec {
-    fn name(&self) -> &str {
-        "GpuFilterExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.twin.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![self.twin.input()]
-    }
-
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        f(self.twin.predicate())
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let [child] = children.as_slice() else {
-            return Err(DataFusionError::Internal(
-                "GpuFilterExec has one child".into(),
-            ));
-        };
-        let twin = FilterExecBuilder::from(self.twin.as_ref())
-            .with_input(Arc::clone(child))
-            .build()?;
-        Ok(Arc::new(Self {
-            twin: Arc::new(twin),
-            kernel: Arc::clone(&self.kernel),
-            block_rows: self.block_rows,
+twin_plan!(
+    GpuFilterExec,
+    FilterExec,
+    |this: &GpuFilterExec, cpu: &FilterExec| {
+        // The predicate is the twin's: its kernel stays.
+        Some(GpuFilterExec {
+            twin: Arc::new(cpu.clone()),
+            kernel: Arc::clone(&this.kernel),
+            block_rows: this.block_rows,
             metrics: ExecutionPlanMetricsSet::new(),
-        }))
+        })
     }
+);
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn execute(
+impl GpuFilterExec {
+    /// The operator's stream for `partition` (`ExecutionPlan::execute`).
+    fn start(
         &self,
         partition: usize,
         context: Arc<TaskContext>,

@@ -35,21 +35,15 @@ use arrow::array::{UInt32Array, new_null_array};
 use arrow::buffer::Buffer;
 use arrow::compute::{cast, concat_batches, filter as filter_array, take};
 use arrow::datatypes::{DataType, SchemaRef, UInt32Type};
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{JoinSide, JoinType, NullEquality, Result};
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
-};
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-};
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
 
@@ -518,60 +512,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 "#;
 
-impl DisplayAs for GpuHashJoinExec {
-    fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        crate::fmt_twin(self.twin.as_ref(), t, f)
-    }
-}
+twin_plan!(
+    GpuHashJoinExec,
+    HashJoinExec,
+    |this: &GpuHashJoinExec, cpu: &HashJoinExec| { GpuHashJoinExec::try_new(cpu, this.block_rows) }
+);
 
-impl ExecutionPlan for GpuHashJoinExec {
-    fn name(&self) -> &str {
-        "GpuHashJoinExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.twin.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![self.twin.left(), self.twin.right()]
-    }
-
-    fn input_distribution_requirements(
-        &self,
-    ) -> datafusion::physical_plan::InputDistributionRequirements {
-        self.twin.input_distribution_requirements()
-    }
-
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        self.twin.apply_expressions(f)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let twin: Arc<dyn ExecutionPlan> = Arc::clone(&self.twin) as _;
-        let twin = replace_children_if_necessary(twin, children)?;
-        Ok(
-            match twin
-                .downcast_ref::<HashJoinExec>()
-                .and_then(|j| GpuHashJoinExec::try_new(j, self.block_rows))
-            {
-                Some(gpu) => Arc::new(gpu),
-                None => twin,
-            },
-        )
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn execute(
+impl GpuHashJoinExec {
+    /// The operator's stream for `partition` (`ExecutionPlan::execute`).
+    fn start(
         &self,
         partition: usize,
         context: Arc<TaskContext>,

@@ -16,7 +16,12 @@
 //! - `join`: `GpuHashJoinExec` (hash join, probe-side join types);
 //! - `blocks`: the input in blocks, the device's turn, the metrics;
 //! - `rule`: the physical optimizer rule that puts operators on the device
-//!   (`SET gpu = off | on | force`).
+//!   (`SET gpu = off | on | force`);
+//! - `twin`: what every operator shares with its CPU twin (EXPLAIN, the
+//!   plan's methods).
+
+#[macro_use]
+mod twin;
 
 pub mod aggregate;
 mod blocks;
@@ -69,23 +74,4 @@ pub fn scheduler() -> Option<&'static scheduler::Scheduler> {
     static SCHEDULER: OnceLock<scheduler::Scheduler> = OnceLock::new();
     let memory = memory()?;
     Some(SCHEDULER.get_or_init(|| scheduler::Scheduler::new(memory.budget())))
-}
-
-/// How a GPU operator shows in EXPLAIN: its CPU twin's line with `Gpu`
-/// before the name (the tree view: the twin's).
-pub(crate) fn fmt_twin(
-    twin: &dyn datafusion::physical_plan::ExecutionPlan,
-    t: datafusion::physical_plan::DisplayFormatType,
-    f: &mut std::fmt::Formatter,
-) -> std::fmt::Result {
-    use datafusion::physical_plan::DisplayFormatType;
-    match t {
-        DisplayFormatType::TreeRender => twin.fmt_as(t, f),
-        _ => {
-            let line = datafusion::physical_plan::displayable(twin)
-                .one_line()
-                .to_string();
-            write!(f, "Gpu{}", line.trim_end())
-        }
-    }
 }

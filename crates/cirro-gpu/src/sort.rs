@@ -26,19 +26,13 @@ use arrow::buffer::Buffer;
 use arrow::compute::{concat_batches, interleave_record_batch, take_record_batch};
 use arrow::row::{RowConverter, SortField};
 use datafusion::common::Result;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
-};
+use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 use datafusion::physical_plan::sorts::sort::{SortExec, sort_batch};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-};
 use futures::TryStreamExt;
 
 use crate::columns::{HostColumn, Repr, encode_for_sort, repr_of};
@@ -134,60 +128,13 @@ impl GpuSortExec {
     }
 }
 
-impl DisplayAs for GpuSortExec {
-    fn fmt_as(&self, t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        crate::fmt_twin(self.twin.as_ref(), t, f)
-    }
-}
+twin_plan!(GpuSortExec, SortExec, |_: &GpuSortExec, cpu: &SortExec| {
+    GpuSortExec::try_new(cpu)
+});
 
-impl ExecutionPlan for GpuSortExec {
-    fn name(&self) -> &str {
-        "GpuSortExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.twin.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![self.twin.input()]
-    }
-
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        for key in self.twin.expr().iter() {
-            if f(&key.expr)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let [child] = children.as_slice() else {
-            return Err(DataFusionError::Internal(
-                "GpuSortExec has one child".into(),
-            ));
-        };
-        let sort = SortExec::new(self.twin.expr().clone(), Arc::clone(child))
-            .with_preserve_partitioning(self.twin.preserve_partitioning())
-            .with_fetch(self.twin.fetch());
-        Ok(match GpuSortExec::try_new(&sort) {
-            Some(gpu) => Arc::new(gpu),
-            None => Arc::new(sort),
-        })
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn execute(
+impl GpuSortExec {
+    /// The operator's stream for `partition` (`ExecutionPlan::execute`).
+    fn start(
         &self,
         partition: usize,
         context: Arc<TaskContext>,
