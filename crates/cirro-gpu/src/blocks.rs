@@ -210,6 +210,33 @@ impl Assembly {
         Ok(launches.len() as u64)
     }
 
+    /// Bind a column of `block` that is not text, as `binding` says: its
+    /// values, and its validity where nullable, both from the column cache.
+    pub fn bind_column(
+        &mut self,
+        memory: &DeviceMemory,
+        block: &Block,
+        binding: &crate::codegen::Binding,
+    ) -> GpuResult<()> {
+        let values = |array: &ArrayRef| {
+            crate::columns::encode(array)
+                .map_or_else(|| Buffer::from_vec(Vec::<u32>::new()), |c| c.values)
+        };
+        let shape = match binding.repr {
+            crate::columns::Repr::Bits => Shape::Bits,
+            repr => Shape::Words(repr.width()),
+        };
+        self.bind_cached(memory, block, binding.column, "", shape, values)?;
+        if binding.nullable {
+            let valid = |array: &ArrayRef| {
+                crate::columns::validity(array)
+                    .unwrap_or_else(|| Buffer::from_vec(vec![u32::MAX; array.len().div_ceil(32)]))
+            };
+            self.bind_cached(memory, block, binding.column, "valid:", Shape::Bits, valid)?;
+        }
+        Ok(())
+    }
+
     /// Release the cached regions, free the others.
     pub fn finish(&self, memory: &DeviceMemory) {
         memory.release(&self.cached);

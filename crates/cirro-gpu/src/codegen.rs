@@ -1,6 +1,8 @@
 //! Code generation: a filter's predicate compiled into a WGSL kernel that
 //! writes one flag per row and the count each workgroup kept (the first
-//! step of a selection: flags → prefix sum → gather, `kernels.rs`).
+//! step of a selection: flags → prefix sum → gather, `kernels.rs`); a
+//! projection's arithmetic compiled into a kernel that writes one 64-bit
+//! column per expression ([`compile_projection`]).
 //!
 //! What compiles: columns of the types `columns.rs` represents, constants,
 //! comparisons (`= <> < <= > >=`) of two values of one type or of text
@@ -18,7 +20,7 @@ use arrow::datatypes::{DataType, Schema};
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr, Literal, NotExpr,
+    BinaryExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr, Literal, NotExpr,
 };
 use datafusion::scalar::ScalarValue;
 
@@ -94,13 +96,7 @@ pub fn compile_predicate(
     predicate: &std::sync::Arc<dyn PhysicalExpr>,
     schema: &Schema,
 ) -> Option<PredicateKernel> {
-    let mut generator = Generator {
-        schema,
-        body: String::new(),
-        next: 0,
-        bindings: Vec::new(),
-        texts: Vec::new(),
-    };
+    let mut generator = Generator::new(schema, false);
     let top = generator.expr(predicate)?;
     if top.ty != Ty::Bool {
         return None;
@@ -111,22 +107,7 @@ pub fn compile_predicate(
          @group(0) @binding(1) var<storage, read_write> flags: array<u32>;\n\
          @group(0) @binding(2) var<storage, read_write> counts: array<u32>;\n",
     );
-    let mut slot = 3;
-    for (k, b) in generator.bindings.iter().enumerate() {
-        let _ = writeln!(
-            source,
-            "@group(0) @binding({slot}) var<storage, read> c{k}: array<{}>;",
-            b.repr.wgsl()
-        );
-        slot += 1;
-        if b.nullable {
-            let _ = writeln!(
-                source,
-                "@group(0) @binding({slot}) var<storage, read> m{k}: array<u32>;"
-            );
-            slot += 1;
-        }
-    }
+    generator.declare_bindings(&mut source, 3);
     let _ = write!(
         source,
         "var<workgroup> kept: atomic<u32>;\n\
@@ -155,11 +136,130 @@ pub fn compile_predicate(
     })
 }
 
+/// A compiled projection: the kernel's source and the columns it binds
+/// (after `params`, `overflow` and one `array<i64>` output per
+/// expression: values, then validity where nullable, per column). The
+/// kernel sets `overflow[0]` where a row whose value is not NULL passes
+/// its type's range (DataFusion's checked arithmetic would fail there:
+/// the block goes to the CPU, which answers as DataFusion does).
+#[derive(Debug, Clone)]
+pub struct ProjectionKernel {
+    pub source: String,
+    pub bindings: Vec<Binding>,
+    /// Each expression's SQL type (its output words are `i64`).
+    pub types: Vec<DataType>,
+}
+
+impl ProjectionKernel {
+    /// Buffers the kernel binds.
+    pub fn buffers(&self) -> usize {
+        2 + self.types.len()
+            + self
+                .bindings
+                .iter()
+                .map(|b| 1 + usize::from(b.nullable))
+                .sum::<usize>()
+    }
+}
+
+/// `exprs` over `schema` compiled into one kernel, or None where one of
+/// them cannot run on the device: columns, constants, `+`, `-`, `*` and
+/// casts of signed integers and decimals (≤ 18 digits in, values within
+/// 64 bits out), NULLs propagated.
+pub fn compile_projection(
+    exprs: &[std::sync::Arc<dyn PhysicalExpr>],
+    schema: &Schema,
+) -> Option<ProjectionKernel> {
+    let mut generator = Generator::new(schema, true);
+    let mut outputs = Vec::new();
+    for e in exprs {
+        let data_type = e.data_type(schema).ok()?;
+        scale_of(&data_type)?;
+        let v = generator.expr(e)?;
+        match &v.ty {
+            Ty::Word(t) | Ty::Wide(t) if *t == data_type => {}
+            _ => return None,
+        }
+        outputs.push((v, data_type));
+    }
+    let mut source = String::from(
+        "@group(0) @binding(0) var<storage, read> params: array<u32>;\n\
+         @group(0) @binding(1) var<storage, read_write> overflow: array<atomic<u32>>;\n",
+    );
+    for j in 0..outputs.len() {
+        let _ = writeln!(
+            source,
+            "@group(0) @binding({}) var<storage, read_write> out{j}: array<i64>;",
+            2 + j
+        );
+    }
+    generator.declare_bindings(&mut source, 2 + outputs.len());
+    let mut stores = String::new();
+    for (j, (v, _)) in outputs.iter().enumerate() {
+        let _ = writeln!(stores, "out{j}[row] = i64({});", v.v);
+    }
+    let bad = match generator.checks.is_empty() {
+        true => "false".to_string(),
+        false => generator.checks.join(" || "),
+    };
+    let _ = write!(
+        source,
+        "@compute @workgroup_size(256)\n\
+         fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, \
+         @builtin(local_invocation_index) lid: u32) {{\n\
+         let row = (wid.y * nwg.x + wid.x) * 256u + lid;\n\
+         if (row >= params[0]) {{ return; }}\n{}{stores}\
+         if ({bad}) {{ atomicOr(&overflow[0], 1u); }}\n\
+         }}\n",
+        generator.body
+    );
+    Some(ProjectionKernel {
+        source,
+        bindings: generator.bindings,
+        types: outputs.into_iter().map(|(_, t)| t).collect(),
+    })
+}
+
+/// The decimal scale of an integer or decimal type the arithmetic takes
+/// (integers: 0); None for other types.
+fn scale_of(data_type: &DataType) -> Option<u32> {
+    match data_type {
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Some(0),
+        DataType::Decimal128(_, s) if *s >= 0 => Some(*s as u32),
+        _ => None,
+    }
+}
+
+/// The WGSL condition under which the `i64` value `v` is outside
+/// `data_type`'s range (a decimal: its precision, where that is below 19
+/// digits); None where every `i64` fits.
+fn out_of_range(v: &str, data_type: &DataType) -> Option<String> {
+    let bound = |lo: i64, hi: i64| {
+        Some(format!(
+            "({v} < {} || {v} > {})",
+            i64_literal(lo),
+            i64_literal(hi)
+        ))
+    };
+    match data_type {
+        DataType::Int8 => bound(i8::MIN.into(), i8::MAX.into()),
+        DataType::Int16 => bound(i16::MIN.into(), i16::MAX.into()),
+        DataType::Int32 => bound(i32::MIN.into(), i32::MAX.into()),
+        DataType::Decimal128(p, _) if *p <= 18 => {
+            let max = 10i64.pow(u32::from(*p)) - 1;
+            bound(-max, max)
+        }
+        _ => None,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 enum Ty {
     Bool,
     /// An integer word (`i32`/`i64`) of this SQL type.
     Word(DataType),
+    /// An `i64` value of this SQL type (arithmetic's result).
+    Wide(DataType),
     /// Text codes of binding k (only compared with constants).
     Code(usize),
     /// A text constant (only compared with codes).
@@ -179,9 +279,148 @@ struct Generator<'a> {
     next: usize,
     bindings: Vec<Binding>,
     texts: Vec<TextTest>,
+    /// Whether `+ - *` and casts compile (a projection's kernel).
+    arithmetic: bool,
+    /// Conditions under which a row's arithmetic overflows.
+    checks: Vec<String>,
 }
 
-impl Generator<'_> {
+impl<'a> Generator<'a> {
+    fn new(schema: &'a Schema, arithmetic: bool) -> Self {
+        Self {
+            schema,
+            body: String::new(),
+            next: 0,
+            bindings: Vec::new(),
+            texts: Vec::new(),
+            arithmetic,
+            checks: Vec::new(),
+        }
+    }
+
+    /// The bound columns' declarations, from binding `slot` on.
+    fn declare_bindings(&self, source: &mut String, mut slot: usize) {
+        for (k, b) in self.bindings.iter().enumerate() {
+            let _ = writeln!(
+                source,
+                "@group(0) @binding({slot}) var<storage, read> c{k}: array<{}>;",
+                b.repr.wgsl()
+            );
+            slot += 1;
+            if b.nullable {
+                let _ = writeln!(
+                    source,
+                    "@group(0) @binding({slot}) var<storage, read> m{k}: array<u32>;"
+                );
+                slot += 1;
+            }
+        }
+    }
+
+    /// `a` as an `i64` of `scale` (its own scale or more): multiplied by
+    /// the power of ten between, the product checked.
+    fn widen(&mut self, a: &Val, from: u32, scale: u32) -> Option<String> {
+        let wide = format!("i64({})", a.v);
+        if scale == from {
+            return Some(wide);
+        }
+        let factor = 10i64.checked_pow(scale.checked_sub(from)?)?;
+        let product = self.let_(
+            format!("{wide} * {}", i64_literal(factor)),
+            "false".into(),
+            Ty::Wide(DataType::Int64),
+        );
+        let limit = i64::MAX / factor;
+        self.check(
+            &a.n,
+            format!(
+                "({wide} > {} || {wide} < {})",
+                i64_literal(limit),
+                i64_literal(-limit)
+            ),
+        );
+        Some(product.v)
+    }
+
+    /// An overflow where the value (NULL where `null`) is not NULL.
+    fn check(&mut self, null: &str, condition: String) {
+        match null {
+            "true" => {}
+            "false" => self.checks.push(condition),
+            n => self.checks.push(format!("(!{n} && {condition})")),
+        }
+    }
+
+    /// `a op b` (`+ - *`) of integers and decimals, in `i64`, overflow
+    /// and the result type's range checked.
+    fn arith(&mut self, op: Operator, a: Val, b: Val, result: DataType) -> Option<Val> {
+        // A NULL constant: left to the CPU (the host derives a result's
+        // validity from its columns').
+        if a.n == "true" || b.n == "true" {
+            return None;
+        }
+        let (Ty::Word(ta) | Ty::Wide(ta)) = &a.ty else {
+            return None;
+        };
+        let (Ty::Word(tb) | Ty::Wide(tb)) = &b.ty else {
+            return None;
+        };
+        let (sa, sb, sr) = (scale_of(ta)?, scale_of(tb)?, scale_of(&result)?);
+        let null = or_null(&a.n, &b.n);
+        let (x, y, value) = match op {
+            Operator::Plus | Operator::Minus => {
+                let (x, y) = (self.widen(&a, sa, sr)?, self.widen(&b, sb, sr)?);
+                let sign = if op == Operator::Plus { "+" } else { "-" };
+                let r = format!("{x} {sign} {y}");
+                (x, y, r)
+            }
+            Operator::Multiply if sr == sa + sb => {
+                let (x, y) = (format!("i64({})", a.v), format!("i64({})", b.v));
+                let r = format!("{x} * {y}");
+                (x, y, r)
+            }
+            _ => return None,
+        };
+        let r = self.let_(value, null.clone(), Ty::Wide(result.clone()));
+        let small = |v: &str| format!("({v} <= 2147483647li && {v} >= -2147483647li)");
+        let overflow = match op {
+            Operator::Plus => format!("((({x}) ^ {r}) & (({y}) ^ {r})) < 0li", r = r.v),
+            Operator::Minus => format!("((({x}) ^ ({y})) & (({x}) ^ {r})) < 0li", r = r.v),
+            // Factors within 31 bits cannot overflow; otherwise the
+            // quotient tells.
+            _ => format!(
+                "!({} && {}) && (({x}) != 0li && ({r} / ({x}) != ({y}) || (({x}) == -1li && ({y}) == {})))",
+                small(&x),
+                small(&y),
+                i64_literal(i64::MIN),
+                r = r.v
+            ),
+        };
+        self.check(&null, overflow);
+        if let Some(range) = out_of_range(&r.v, &result) {
+            self.check(&null, range);
+        }
+        Some(r)
+    }
+
+    /// A cast between integers and decimals that keeps every value (a
+    /// wider type, or a larger scale; a narrower range checked).
+    fn cast(&mut self, a: Val, to: DataType) -> Option<Val> {
+        if a.n == "true" {
+            return None;
+        }
+        let (Ty::Word(from) | Ty::Wide(from)) = &a.ty else {
+            return None;
+        };
+        let (sa, sr) = (scale_of(from)?, scale_of(&to)?);
+        let v = self.widen(&a, sa, sr)?;
+        let r = self.let_(v, a.n.clone(), Ty::Wide(to.clone()));
+        if let Some(range) = out_of_range(&r.v, &to) {
+            self.check(&a.n, range);
+        }
+        Some(r)
+    }
+
     /// A fresh `let` of `value` (and of `null`, unless it is a constant).
     fn let_(&mut self, value: String, null: String, ty: Ty) -> Val {
         let id = self.next;
@@ -220,7 +459,25 @@ impl Generator<'_> {
             return self.literal(l.value());
         }
         if let Some(b) = e.downcast_ref::<BinaryExpr>() {
+            if self.arithmetic
+                && matches!(
+                    b.op(),
+                    Operator::Plus | Operator::Minus | Operator::Multiply
+                )
+            {
+                let result = e.data_type(self.schema).ok()?;
+                let x = self.expr(b.left())?;
+                let y = self.expr(b.right())?;
+                return self.arith(*b.op(), x, y, result);
+            }
             return self.binary(b.op(), b.left(), b.right());
+        }
+        if let Some(c) = e.downcast_ref::<CastExpr>() {
+            if !self.arithmetic {
+                return None;
+            }
+            let a = self.expr(c.expr())?;
+            return self.cast(a, c.cast_type().clone());
         }
         if let Some(n) = e.downcast_ref::<NotExpr>() {
             let a = self.expr(n.arg())?;

@@ -24,9 +24,9 @@ use datafusion::physical_plan::filter::{FilterExec, batch_filter};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 
-use crate::blocks::{self, Assembly, Block, Metrics, Shape};
+use crate::blocks::{self, Assembly, Block, Metrics};
 use crate::codegen::PredicateKernel;
-use crate::columns::{HostColumn, Repr, encode, repr_of, validity};
+use crate::columns::{HostColumn, Repr, encode, repr_of};
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
 use crate::kernels;
 use crate::memory::{Access, DeviceMemory, RegionId};
@@ -221,27 +221,7 @@ impl Run {
                     }
                     continue;
                 }
-                let values = |array: &ArrayRef| {
-                    encode(array).map_or_else(|| Buffer::from_vec(Vec::<u32>::new()), |c| c.values)
-                };
-                let shape = match binding.repr {
-                    Repr::Bits => Shape::Bits,
-                    repr => Shape::Words(repr.width()),
-                };
-                inputs.bind_cached(memory, whole, binding.column, "", shape, values)?;
-                if binding.nullable {
-                    let valid = |array: &ArrayRef| {
-                        validity(array).unwrap_or_else(|| all_valid(array.len()))
-                    };
-                    inputs.bind_cached(
-                        memory,
-                        whole,
-                        binding.column,
-                        "valid:",
-                        Shape::Bits,
-                        valid,
-                    )?;
-                }
+                inputs.bind_column(memory, whole, binding)?;
             }
             let (flag_bytes, count_bytes) = kernels::flag_bytes(rows);
             let scratch = [

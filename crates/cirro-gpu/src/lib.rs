@@ -14,6 +14,7 @@
 //! - `sort`: `GpuSortExec` (radix sort, top-N);
 //! - `aggregate`: `GpuAggregateExec` (hash aggregation, partial);
 //! - `join`: `GpuHashJoinExec` (hash join, probe-side join types);
+//! - `projection`: `GpuProjectionExec` (arithmetic compiled into WGSL);
 //! - `blocks`: the input in blocks, the device's turn, the metrics;
 //! - `rule`: the physical optimizer rule that puts operators on the device
 //!   (`SET gpu = off | on | force`);
@@ -32,6 +33,7 @@ pub mod filter;
 pub mod join;
 pub mod kernels;
 pub mod memory;
+pub mod projection;
 pub mod rule;
 pub mod scheduler;
 pub mod sort;
@@ -43,6 +45,7 @@ pub use device::{Gpu, GpuError, device};
 pub use filter::GpuFilterExec;
 pub use join::GpuHashJoinExec;
 pub use memory::{DeviceMemory, Policy};
+pub use projection::GpuProjectionExec;
 pub use rule::{GpuOperators, GpuOptions};
 pub use sort::GpuSortExec;
 

@@ -23,6 +23,7 @@ use datafusion::physical_plan::Partitioning;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
@@ -31,6 +32,7 @@ use crate::aggregate::GpuAggregateExec;
 use crate::codegen::compile_predicate;
 use crate::filter::GpuFilterExec;
 use crate::join::GpuHashJoinExec;
+use crate::projection::GpuProjectionExec;
 use crate::sort::GpuSortExec;
 
 datafusion::common::extensions_options! {
@@ -104,6 +106,21 @@ impl PhysicalOptimizerRule for GpuOperators {
                 else {
                     return Ok(Transformed::no(node));
                 };
+                return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
+            }
+            if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+                if !force && !large(projection.input(), options.min_rows) {
+                    return Ok(Transformed::no(node));
+                }
+                let (Some(gpu), Some(device)) = (
+                    GpuProjectionExec::try_new(projection, options.block_rows),
+                    usable(),
+                ) else {
+                    return Ok(Transformed::no(node));
+                };
+                if gpu.buffers() > device.max_bindings as usize {
+                    return Ok(Transformed::no(node));
+                }
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
             }
             if let Some(sort) = node.downcast_ref::<SortExec>() {

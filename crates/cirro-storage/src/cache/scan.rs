@@ -1328,7 +1328,8 @@ impl CacheScans {
     ///
     /// The GPU twins (`cirro-gpu`, placed before this rule) are known by
     /// name: a `GpuHashJoinExec` is a join (its build side `Hot`) that fills
-    /// no dynamic filter; under a `GpuFilterExec` the scan drops no rows,
+    /// no dynamic filter, a `GpuProjectionExec` works row by row as a
+    /// `ProjectionExec` does; under a `GpuFilterExec` the scan drops no rows,
     /// so the filter gets the batches the cache holds, the same buffers
     /// every query, which its device-side column cache is keyed by.
     fn rewrite(
@@ -1378,6 +1379,7 @@ impl CacheScans {
         };
         let row_wise = filters
             || plan.downcast_ref::<ProjectionExec>().is_some()
+            || plan.name() == "GpuProjectionExec"
             || (plan.downcast_ref::<RepartitionExec>().is_some() && !hash_shuffle)
             || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
             || plan.downcast_ref::<CooperativeExec>().is_some();
