@@ -529,6 +529,19 @@ impl<'a> Generator<'a> {
 
     fn literal(&mut self, value: &ScalarValue) -> Option<Val> {
         let data_type = value.data_type();
+        // Arithmetic reads a NUMERIC constant wider than 18 digits (an
+        // integer constant is coerced to DECIMAL(20, 0)) whose value fits
+        // 64 bits.
+        if let ScalarValue::Decimal128(Some(x), p, _) = value
+            && self.arithmetic
+            && *p > 18
+        {
+            return Some(Val {
+                v: i64_literal(i64::try_from(*x).ok()?),
+                n: "false".into(),
+                ty: Ty::Word(data_type),
+            });
+        }
         if let ScalarValue::Utf8(s) | ScalarValue::LargeUtf8(s) | ScalarValue::Utf8View(s) = value {
             return Some(Val {
                 v: String::new(),

@@ -21,6 +21,8 @@ const PROJECTIONS: &[&str] = &[
     "SELECT d * CAST(b AS DECIMAL(18, 0)), d - CAST(7 AS DECIMAL(5, 1)), CAST(a AS DECIMAL(12, 2)) FROM t",
     "SELECT a * 2, b FROM t WHERE a > 3",
     "SELECT CAST(a AS BIGINT) - b, -3 * b FROM t",
+    // TPC-H's `l_extendedprice * (1 - l_discount)`: 1 is DECIMAL(20, 0).
+    "SELECT d * (1 - d), s FROM t",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
