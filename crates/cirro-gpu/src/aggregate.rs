@@ -267,12 +267,7 @@ impl GpuAggregateExec {
     }
 
     fn partitions(&self) -> usize {
-        self.twin
-            .input()
-            .properties()
-            .output_partitioning()
-            .partition_count()
-            .max(1)
+        blocks::partitions(self.twin.input())
     }
 }
 

@@ -461,6 +461,16 @@ impl Metrics {
     }
 }
 
+/// The partitions of `input` (an operator's input: they run at once, and
+/// the operator's device-memory demand is all of theirs), at least one.
+pub(crate) fn partitions(input: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) -> usize {
+    input
+        .properties()
+        .output_partitioning()
+        .partition_count()
+        .max(1)
+}
+
 /// Rows per block: `wanted`, fewer where the blocks of all `partitions`
 /// would pass the device-memory budget at `per_row` bytes a row, or one
 /// buffer of `widest` bytes a row the device's largest binding.

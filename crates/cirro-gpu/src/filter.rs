@@ -99,12 +99,7 @@ impl GpuFilterExec {
 impl GpuFilterExec {
     /// Partitions that run at once.
     fn partitions(&self) -> usize {
-        self.twin
-            .input()
-            .properties()
-            .output_partitioning()
-            .partition_count()
-            .max(1)
+        blocks::partitions(self.twin.input())
     }
 }
 

@@ -179,12 +179,7 @@ impl GpuHashJoinExec {
     }
 
     fn partitions(&self) -> usize {
-        self.twin
-            .right()
-            .properties()
-            .output_partitioning()
-            .partition_count()
-            .max(1)
+        blocks::partitions(self.twin.right())
     }
 
     /// The build side of `partition` (`CollectLeft`: the one all share).

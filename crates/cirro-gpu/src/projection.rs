@@ -93,12 +93,7 @@ impl GpuProjectionExec {
     }
 
     fn partitions(&self) -> usize {
-        self.twin
-            .input()
-            .properties()
-            .output_partitioning()
-            .partition_count()
-            .max(1)
+        blocks::partitions(self.twin.input())
     }
 }
 
