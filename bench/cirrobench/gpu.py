@@ -50,7 +50,8 @@ def _timed(engine, sql):
 
 def _metric_sums(plan):
     """Sums of the GPU operators' metrics in an EXPLAIN ANALYZE's text."""
-    sums = {"gpu_upload_ms": 0.0, "gpu_kernel_ms": 0.0, "gpu_dispatches": 0, "gpu_blocks": 0, "cpu_blocks": 0}
+    sums = {"gpu_upload_ms": 0.0, "gpu_kernel_ms": 0.0, "gpu_dispatches": 0, "gpu_blocks": 0, "cpu_blocks": 0,
+            "gpu_overlapped_blocks": 0}
     units = {"ns": 1e-6, "µs": 1e-3, "us": 1e-3, "ms": 1.0, "s": 1000.0}
     for line in plan.splitlines():
         if "Gpu" not in line:
@@ -59,7 +60,7 @@ def _metric_sums(plan):
             m = re.search(name + r"=([0-9.]+)(ns|µs|us|ms|s)\b", line)
             if m:
                 sums[key] += float(m.group(1)) * units[m.group(2)]
-        for key in ("gpu_dispatches", "gpu_blocks", "cpu_blocks"):
+        for key in ("gpu_dispatches", "gpu_blocks", "cpu_blocks", "gpu_overlapped_blocks"):
             m = re.search(key + r"=([0-9]+)", line)
             if m:
                 sums[key] += int(m.group(1))
@@ -259,14 +260,15 @@ def report(results):
         f"Device: {name}{soft}. {c['threads']} threads, medians of {c['runs']} hot runs, "
         f"Cirro over the {'PostgreSQL' if c['wire'] == 'pg' else 'Flight SQL'} wire.",
         "",
-        "| query | CPU s | GPU s | GPU/CPU | upload ms | kernels ms | dispatches | device blocks | CPU blocks | same answer |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| query | CPU s | GPU s | GPU/CPU | upload ms | kernels ms | dispatches | device blocks | overlapped | CPU blocks | same answer |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for qid, r in results["queries"].items():
         m = r["force_metrics"]
         lines.append(f"| {qid} | {r['off']['median_s']:.3f} | {r['force']['median_s']:.3f} | "
                      f"{r['ratio_gpu_over_cpu']:.2f} | {m['gpu_upload_ms']:.1f} | {m['gpu_kernel_ms']:.1f} | "
-                     f"{m['gpu_dispatches']} | {m['gpu_blocks']} | {m['cpu_blocks']} | "
+                     f"{m['gpu_dispatches']} | {m['gpu_blocks']} | {m.get('gpu_overlapped_blocks', 0)} | "
+                     f"{m['cpu_blocks']} | "
                      f"{'yes' if r['same_answer'] else 'NO'} |")
     after = results.get("device_after") or {}
     lookups = (after.get("cache_hits") or 0) + (after.get("cache_misses") or 0)

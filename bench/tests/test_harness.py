@@ -196,13 +196,14 @@ class GpuReportTest(unittest.TestCase):
 
         plan = "\n".join([
             "GpuFilterExec: lo_discount@1 >= 1, metrics=[output_rows=10, gpu_dispatches=3, gpu_blocks=1, "
-            "cpu_blocks=0, gpu_upload_time=1.5ms, gpu_kernel_time=250µs]",
+            "cpu_blocks=0, gpu_upload_time=1.5ms, gpu_kernel_time=250µs, gpu_overlapped_blocks=4]",
             "GpuAggregateExec: mode=Partial, metrics=[gpu_dispatches=2, gpu_blocks=2, cpu_blocks=1, "
             "gpu_upload_time=2s, gpu_kernel_time=3.25ms]",
             "FilterExec: a > 1, metrics=[gpu_dispatches=100, elapsed_compute=9s]",
         ])
         sums = gpu._metric_sums(plan)
         self.assertEqual((sums["gpu_dispatches"], sums["gpu_blocks"], sums["cpu_blocks"]), (5, 3, 1))
+        self.assertEqual(sums["gpu_overlapped_blocks"], 4)
         self.assertAlmostEqual(sums["gpu_upload_ms"], 2001.5)
         self.assertAlmostEqual(sums["gpu_kernel_ms"], 3.5)
 
@@ -210,7 +211,7 @@ class GpuReportTest(unittest.TestCase):
         from cirrobench import gpu
 
         metrics = {"gpu_upload_ms": 12.0, "gpu_kernel_ms": 30.0, "gpu_dispatches": 6, "gpu_blocks": 2,
-                   "cpu_blocks": 0}
+                   "cpu_blocks": 0, "gpu_overlapped_blocks": 1}
         results = {
             "config": {"sf": 0.1, "threads": 2, "runs": 3, "wire": "flight"},
             "device": {"device": "llvmpipe (LLVM 19, 256 bits)", "software": True},
@@ -224,7 +225,7 @@ class GpuReportTest(unittest.TestCase):
         }
         text = gpu.report(results)
         self.assertIn("not a speed claim", text)
-        self.assertIn("| q1.1 | 0.100 | 0.300 | 3.00 | 12.0 | 30.0 | 6 | 2 | 0 | yes |", text)
+        self.assertIn("| q1.1 | 0.100 | 0.300 | 3.00 | 12.0 | 30.0 | 6 | 2 | 1 | 0 | yes |", text)
         self.assertIn("| cdr | 1.00 | 1.50 | 1.50 | 1 | 4 | 0.0 | 2.0 | 9 | 3 |", text)
 
 

@@ -60,13 +60,12 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{ExecutionPlan, InputOrderMode, SendableRecordBatchStream};
 
-use crate::blocks::{self, Metrics};
+use crate::blocks::{self, Metrics, Turn};
 use crate::columns::{
     Repr, encode, from_total_key32, from_total_key64, repr_of, total_key32, total_key64, words,
 };
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
 use crate::memory::{Access, DeviceMemory, RegionId};
-use crate::scheduler::Ticket;
 
 /// What an aggregate computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,8 +265,9 @@ impl GpuAggregateExec {
         })
     }
 
-    fn partitions(&self) -> usize {
-        blocks::partitions(self.twin.input())
+    /// Blocks on the device at once: every partition's in flight.
+    fn at_once(&self) -> usize {
+        blocks::partitions(self.twin.input()) * blocks::IN_FLIGHT
     }
 }
 
@@ -570,7 +570,7 @@ impl GpuAggregateExec {
         let run = Run {
             twin: Arc::clone(&self.twin),
             layout: Arc::clone(&self.layout),
-            partitions: self.partitions(),
+            at_once: self.at_once(),
             schema: self.twin.schema(),
             context: Arc::clone(&context),
             metrics: Metrics::new(&self.metrics, partition),
@@ -578,13 +578,13 @@ impl GpuAggregateExec {
         let query = context.session_id();
         let per_row = self.layout.per_row();
         let widest = 4 * (self.layout.state_words as u64 * 4).max(self.layout.key_words as u64);
-        let block_rows = blocks::block_rows(self.block_rows, self.partitions(), per_row, widest);
+        let block_rows = blocks::block_rows(self.block_rows, self.at_once(), per_row, widest);
         Ok(blocks::blockwise(
             input,
             block_rows,
             context.session_config().batch_size(),
             self.twin.schema(),
-            Arc::new(move |block, ticket| run.block(&block.rows, &query, ticket)),
+            Arc::new(move |block, turn| run.block(&block.rows, &query, turn)),
         ))
     }
 }
@@ -605,7 +605,8 @@ impl Layout {
 struct Run {
     twin: Arc<AggregateExec>,
     layout: Arc<Layout>,
-    partitions: usize,
+    /// Blocks of the operator on the device at once.
+    at_once: usize,
     schema: SchemaRef,
     context: Arc<TaskContext>,
     metrics: Metrics,
@@ -630,33 +631,35 @@ struct Computed {
 
 impl Run {
     /// One block aggregated: on the device, else on the CPU.
-    fn block(
-        &self,
-        block: &RecordBatch,
-        query: &str,
-        ticket: &mut Option<Ticket<'static>>,
-    ) -> Result<RecordBatch> {
+    fn block(&self, block: &RecordBatch, query: &str, turn: &Turn) -> Result<RecordBatch> {
         let rows = block.num_rows();
         if rows == 0 {
             return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
         }
         if let (Some(gpu), Some(memory)) = (crate::device(), crate::memory()) {
-            let demand = (self.layout.per_row() * rows as f64) as u64 * self.partitions as u64;
-            self.metrics.admit(ticket, query, rows, demand);
-            match self.pack(block) {
-                Ok(Some(packed)) => match self.on_device(gpu, memory, rows, &packed) {
-                    Ok(computed) => {
-                        self.metrics.gpu_blocks.add(1);
-                        return self.output(&packed, computed);
+            // Packed before the block's turn: the host's work overlaps the
+            // kernels of the block before.
+            match self.pack(block)? {
+                Some(packed) => {
+                    let demand = (self.layout.per_row() * rows as f64) as u64 * self.at_once as u64;
+                    turn.admit(&self.metrics, query, rows, demand);
+                    let computed = self.on_device(gpu, memory, rows, &packed, turn);
+                    turn.acquired();
+                    match computed {
+                        Ok(computed) => {
+                            self.metrics.gpu_blocks.add(1);
+                            return self.output(&packed, computed);
+                        }
+                        Err(e) => log::debug!("{e}; the block is aggregated on the CPU"),
                     }
-                    Err(e) => log::debug!("{e}; the block is aggregated on the CPU"),
-                },
-                Ok(None) => log::debug!(
+                }
+                None => log::debug!(
                     "a decimal past 64 bits or a NaN or -0 to compare; the block is aggregated on the CPU"
                 ),
-                Err(e) => return Err(e),
             }
         }
+        // On the CPU the block holds no device memory: the next may go on.
+        turn.acquired();
         self.metrics.cpu_blocks.add(1);
         self.on_cpu(block)
     }
@@ -759,6 +762,7 @@ impl Run {
         memory: &DeviceMemory,
         rows: usize,
         packed: &Packed,
+        turn: &Turn,
     ) -> GpuResult<Computed> {
         if rows as u64 >= u64::from(u32::MAX) / 4 {
             return Err(GpuError("block too large".into()));
@@ -786,7 +790,9 @@ impl Run {
             regions.push((memory.region(rows as u64 * 4)?, Access::Write));
             regions.push((memory.region(state_bytes)?, Access::Write));
             let held: Vec<RegionId> = regions.iter().map(|(r, _)| *r).collect();
-            let buffers = memory.acquire(gpu, &regions)?;
+            let buffers = memory.acquire(gpu, &regions);
+            turn.acquired();
+            let buffers = buffers?;
             let outcome = (|| {
                 let params = gpu.upload(&Buffer::from_vec(vec![rows as u32, (slots - 1) as u32]));
                 let accumulate = gpu.kernel(&layout.accumulate)?;

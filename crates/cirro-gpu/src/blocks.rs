@@ -1,9 +1,11 @@
 //! What the block-at-a-time GPU operators share: their input gathered into
-//! blocks (large transfers pay, small ones do not), each block worked on a
-//! blocking thread while the next is gathered, the operator's turn on the device (`scheduler.rs`) held
-//! from its first block to its last, and the metrics EXPLAIN ANALYZE shows.
+//! blocks (large transfers pay, small ones do not), two blocks worked on at
+//! once on blocking threads (one's uploads and host work overlap the
+//! other's kernels) while the next is gathered, the operator's turn on the
+//! device (`scheduler.rs`) held from its first block to its last, and the
+//! metrics EXPLAIN ANALYZE shows.
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::buffer::Buffer;
@@ -318,27 +320,101 @@ fn gather(mut blocks: Blocks) -> Gathering {
     })
 }
 
-/// The blocks in flight: the next one gathered while the device works on
-/// this one.
-struct Pipeline {
+/// The blocks read: the next one gathered while this one is worked on.
+struct Reading {
     /// The reader until the first block is asked for (nothing is spawned
     /// before the stream is polled).
     start: Option<Blocks>,
     next: Option<Gathering>,
-    /// The operator's turn on the device, from its first block to its last.
-    ticket: Option<Ticket<'static>>,
 }
 
-/// What one block becomes: `work(block, ticket)`, on a blocking thread;
-/// `ticket` is the operator's turn on the device, None until its first
-/// block takes it (see [`admit`]).
-pub(crate) type Work =
-    dyn Fn(&Block, &mut Option<Ticket<'static>>) -> Result<RecordBatch> + Send + Sync;
+/// Blocks of one partition of an operator worked on at once: while one
+/// block's kernels run, the next block's columns are encoded and uploaded
+/// (its regions acquired), and the host gathers the rows of the one before.
+/// The operators size their blocks and their demand for all of them.
+pub(crate) const IN_FLIGHT: usize = 2;
+
+/// What a block tells the next block of its partition: that it holds its
+/// device memory (the next may take its own), and that its work ended.
+#[derive(Default)]
+struct Gate {
+    /// (acquired, ended)
+    state: Mutex<(bool, bool)>,
+    changed: Condvar,
+}
+
+impl Gate {
+    fn set(&self, ended: bool) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.0 = true;
+        state.1 |= ended;
+        self.changed.notify_all();
+    }
+
+    /// Wait until the block has acquired its memory; whether its work had
+    /// ended by then.
+    fn wait(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while !state.0 {
+            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        state.1
+    }
+}
+
+/// One block's turn on the device: the operator's turn (`scheduler.rs`),
+/// taken by its first block and kept until its last ends, and the block's
+/// place after the one before it. Of two blocks in flight the earlier
+/// acquires its device memory first: were each to hold a part of what it
+/// needs, both would wait for the other (up to `HELD_WAIT`) and fall back.
+pub(crate) struct Turn {
+    ticket: Arc<Mutex<Option<Ticket<'static>>>>,
+    previous: Arc<Gate>,
+    mine: Arc<Gate>,
+}
+
+impl Turn {
+    /// Before the block takes device memory: the first block waits for the
+    /// query's turn (`scheduler.rs`) with `demand` bytes of device memory
+    /// (all the operator's blocks in flight) over `rows` rows; then the
+    /// block waits until the one before it has acquired its memory.
+    pub fn admit(&self, metrics: &Metrics, query: &str, rows: usize, demand: u64) {
+        if let Some(scheduler) = crate::scheduler() {
+            let mut ticket = self.ticket.lock().unwrap_or_else(|p| p.into_inner());
+            if ticket.is_none() {
+                metrics.waiting.add(1);
+                let admitted = scheduler.enter(query, rows as f64, demand);
+                metrics.waiting.sub(1);
+                metrics.wait.add_duration(admitted.waited);
+                *ticket = Some(admitted);
+            }
+        }
+        if !self.previous.wait() {
+            metrics.overlapped.add(1);
+        }
+    }
+
+    /// The block holds what it needs of device memory, or gave up on the
+    /// device: the next block may take its own. Called again, nothing.
+    pub fn acquired(&self) {
+        self.mine.set(false);
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.mine.set(true);
+    }
+}
+
+/// What one block becomes: `work(block, turn)`, on a blocking thread.
+pub(crate) type Work = dyn Fn(&Block, &Turn) -> Result<RecordBatch> + Send + Sync;
 
 /// `input` in blocks of `block_rows`, each passed through `work`, the
-/// results cut to the session's `batch_size` and typed `schema`. While a
-/// block is worked on, the next is read from the input and gathered (the
-/// input's own work, a scan's decoding, overlaps the device's).
+/// results in the input's order, cut to the session's `batch_size` and
+/// typed `schema`. [`IN_FLIGHT`] blocks are worked on at once, and while
+/// they are, the next is read from the input and gathered (the input's own
+/// work, a scan's decoding, overlaps the device's).
 pub(crate) fn blockwise(
     input: SendableRecordBatchStream,
     block_rows: usize,
@@ -353,54 +429,63 @@ pub(crate) fn blockwise(
         ended: false,
         carry: None,
     };
-    let pipeline = Pipeline {
+    let reading = Reading {
         start: Some(reader),
         next: None,
-        ticket: None,
     };
-    let blocks = futures::stream::unfold(pipeline, move |mut state| {
-        let work = Arc::clone(&work);
-        async move {
-            if let Some(reader) = state.start.take() {
-                state.next = Some(gather(reader));
-            }
-            let (reader, block) = match state.next.take()?.join().await {
-                Ok(done) => done,
-                Err(e) => return Some((Err(DataFusionError::External(Box::new(e))), state)),
-            };
-            let block = match block {
-                Ok(Some(block)) => block,
-                Ok(None) => return None,
-                Err(e) => return Some((Err(e), state)),
-            };
-            let last = reader.done();
-            if !last {
-                state.next = Some(gather(reader));
-            }
-            let ticket = state.ticket.take();
-            let done = tokio::task::spawn_blocking(move || {
-                let mut ticket = ticket;
-                let out = work(&block, &mut ticket);
-                (out, ticket)
-            })
-            .await;
-            match done {
-                Ok((out, ticket)) => {
-                    // The last block ends the operator's turn on the device.
-                    if !last {
-                        state.ticket = ticket;
-                    }
-                    Some((out, state))
+    let blocks = futures::stream::unfold(reading, |mut state| async move {
+        if let Some(reader) = state.start.take() {
+            state.next = Some(gather(reader));
+        }
+        let (reader, block) = match state.next.take()?.join().await {
+            Ok(done) => done,
+            Err(e) => return Some((Err(DataFusionError::External(Box::new(e))), state)),
+        };
+        match block {
+            Ok(Some(block)) => {
+                let last = reader.done();
+                if !last {
+                    state.next = Some(gather(reader));
                 }
-                Err(e) => {
-                    state.next = None;
-                    Some((Err(DataFusionError::External(Box::new(e))), state))
-                }
+                Some((Ok((block, last)), state))
             }
+            Ok(None) => None,
+            Err(e) => Some((Err(e), state)),
         }
     });
+    let ticket: Arc<Mutex<Option<Ticket<'static>>>> = Arc::default();
+    let ended = Arc::clone(&ticket);
+    // The first block has no block before it.
+    let mut previous = Arc::new(Gate::default());
+    previous.set(true);
+    let worked = blocks
+        .map(move |read| {
+            let gate = Arc::new(Gate::default());
+            let turn = Turn {
+                ticket: Arc::clone(&ticket),
+                previous: std::mem::replace(&mut previous, Arc::clone(&gate)),
+                mine: gate,
+            };
+            let work = Arc::clone(&work);
+            async move {
+                let (block, last) = read?;
+                let out = tokio::task::spawn_blocking(move || work(&block, &turn))
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                Ok::<_, DataFusionError>((out?, last))
+            }
+        })
+        .buffered(IN_FLIGHT)
+        .map(move |done| {
+            let (out, last) = done?;
+            if last {
+                // The last block ends the operator's turn on the device.
+                drop(ended.lock().unwrap_or_else(|p| p.into_inner()).take());
+            }
+            Ok(out)
+        });
     let batch_size = batch_size.max(1);
-    let out = blocks.flat_map(move |block| {
+    let out = worked.flat_map(move |block: Result<RecordBatch>| {
         let pieces: Vec<Result<RecordBatch>> = match block {
             Ok(b) => (0..b.num_rows())
                 .step_by(batch_size)
@@ -423,6 +508,9 @@ pub(crate) struct Metrics {
     pub wait: Time,
     /// 1 while a partition waits for the query's turn (`cirro.queries.gpu`).
     pub waiting: Gauge,
+    /// Blocks that took their device memory while the block before them
+    /// was still worked on ([`IN_FLIGHT`]).
+    pub overlapped: Count,
 }
 
 impl Metrics {
@@ -435,28 +523,7 @@ impl Metrics {
             kernel: MetricBuilder::new(set).subset_time("gpu_kernel_time", partition),
             wait: MetricBuilder::new(set).subset_time("gpu_wait_time", partition),
             waiting: MetricBuilder::new(set).gauge("gpu_waiting", partition),
-        }
-    }
-
-    /// The operator's turn on the device: the first block waits for the
-    /// query's turn (`scheduler.rs`) with `demand` bytes of device memory
-    /// over `rows` rows; the ticket is kept until the operator ends.
-    pub fn admit(
-        &self,
-        ticket: &mut Option<Ticket<'static>>,
-        query: &str,
-        rows: usize,
-        demand: u64,
-    ) {
-        let Some(scheduler) = crate::scheduler() else {
-            return;
-        };
-        if ticket.is_none() {
-            self.waiting.add(1);
-            let admitted = scheduler.enter(query, rows as f64, demand);
-            self.waiting.sub(1);
-            self.wait.add_duration(admitted.waited);
-            *ticket = Some(admitted);
+            overlapped: MetricBuilder::new(set).counter("gpu_overlapped_blocks", partition),
         }
     }
 }
@@ -471,16 +538,16 @@ pub(crate) fn partitions(input: &Arc<dyn datafusion::physical_plan::ExecutionPla
         .max(1)
 }
 
-/// Rows per block: `wanted`, fewer where the blocks of all `partitions`
-/// would pass the device-memory budget at `per_row` bytes a row, or one
-/// buffer of `widest` bytes a row the device's largest binding.
-pub(crate) fn block_rows(wanted: usize, partitions: usize, per_row: f64, widest: u64) -> usize {
+/// Rows per block: `wanted`, fewer where `at_once` blocks (all partitions',
+/// [`IN_FLIGHT`] each for [`blockwise`]) would pass the device-memory
+/// budget at `per_row` bytes a row, or one buffer of `widest` bytes a row
+/// the device's largest binding.
+pub(crate) fn block_rows(wanted: usize, at_once: usize, per_row: f64, widest: u64) -> usize {
     let (Some(gpu), Some(memory)) = (crate::device(), crate::memory()) else {
         return wanted;
     };
-    // The partitions run at once; a tenth is left to the column cache and
-    // rounding.
-    let share = memory.budget() as f64 * 0.9 / partitions.max(1) as f64;
+    // A tenth is left to the column cache and rounding.
+    let share = memory.budget() as f64 * 0.9 / at_once.max(1) as f64;
     let by_budget = (share / per_row) as usize;
     let by_binding = (gpu.max_binding / widest.max(1)) as usize;
     wanted.min(by_budget).min(by_binding).max(256)

@@ -24,13 +24,12 @@ use datafusion::physical_plan::filter::{FilterExec, batch_filter};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 
-use crate::blocks::{self, Assembly, Block, Metrics};
+use crate::blocks::{self, Assembly, Block, Metrics, Turn};
 use crate::codegen::PredicateKernel;
 use crate::columns::{HostColumn, Repr, encode, repr_of};
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
 use crate::kernels;
 use crate::memory::{Access, DeviceMemory, RegionId};
-use crate::scheduler::Ticket;
 
 /// A filter whose predicate runs on the device.
 #[derive(Debug)]
@@ -77,7 +76,7 @@ impl GpuFilterExec {
     ) -> Result<SendableRecordBatchStream> {
         let input = self.twin.input().execute(partition, Arc::clone(&context))?;
         let run = Run {
-            partitions: self.partitions(),
+            at_once: self.at_once(),
             kernel: Arc::clone(&self.kernel),
             predicate: Arc::clone(self.twin.predicate()),
             projection: self.twin.projection().as_ref().map(|p| p.to_vec()),
@@ -85,21 +84,21 @@ impl GpuFilterExec {
         };
         let query = context.session_id();
         let block_rows =
-            blocks::block_rows(self.block_rows, self.partitions(), per_row(&self.kernel), 8);
+            blocks::block_rows(self.block_rows, self.at_once(), per_row(&self.kernel), 8);
         Ok(blocks::blockwise(
             input,
             block_rows,
             context.session_config().batch_size(),
             self.twin.schema(),
-            Arc::new(move |block, ticket| run.block(block, &query, ticket)),
+            Arc::new(move |block, turn| run.block(block, &query, turn)),
         ))
     }
 }
 
 impl GpuFilterExec {
-    /// Partitions that run at once.
-    fn partitions(&self) -> usize {
-        blocks::partitions(self.twin.input())
+    /// Blocks on the device at once: every partition's in flight.
+    fn at_once(&self) -> usize {
+        blocks::partitions(self.twin.input()) * blocks::IN_FLIGHT
     }
 }
 
@@ -116,8 +115,9 @@ fn per_row(kernel: &PredicateKernel) -> f64 {
 }
 
 struct Run {
-    /// Partitions of the operator (its demand is all of theirs).
-    partitions: usize,
+    /// Blocks of the operator on the device at once (its demand is all of
+    /// theirs).
+    at_once: usize,
     kernel: Arc<PredicateKernel>,
     predicate: Arc<dyn PhysicalExpr>,
     projection: Option<Vec<usize>>,
@@ -129,19 +129,16 @@ impl Run {
     /// The first block on the device waits for the query's turn
     /// (`scheduler.rs`), with the block's device memory as its demand; the
     /// ticket is kept until the operator ends.
-    fn block(
-        &self,
-        whole: &Block,
-        query: &str,
-        ticket: &mut Option<Ticket<'static>>,
-    ) -> Result<RecordBatch> {
+    fn block(&self, whole: &Block, query: &str, turn: &Turn) -> Result<RecordBatch> {
         let block = &whole.rows;
         let on_device = match (crate::device(), crate::memory()) {
             (Some(gpu), Some(memory)) if block.num_rows() > 0 => {
-                // The operator's demand: every partition's block.
-                let demand = self.block_bytes(block.num_rows()) * self.partitions as u64;
-                self.metrics.admit(ticket, query, block.num_rows(), demand);
-                match self.on_device(gpu, memory, whole) {
+                // The operator's demand: every block on the device at once.
+                let demand = self.block_bytes(block.num_rows()) * self.at_once as u64;
+                turn.admit(&self.metrics, query, block.num_rows(), demand);
+                let indices = self.on_device(gpu, memory, whole, turn);
+                turn.acquired();
+                match indices {
                     Ok(indices) => Some(indices),
                     Err(e) => {
                         log::debug!("{e}; the block is filtered on the CPU");
@@ -173,7 +170,13 @@ impl Run {
     }
 
     /// The indices of the rows the predicate keeps.
-    fn on_device(&self, gpu: &Gpu, memory: &DeviceMemory, whole: &Block) -> GpuResult<Vec<u32>> {
+    fn on_device(
+        &self,
+        gpu: &Gpu,
+        memory: &DeviceMemory,
+        whole: &Block,
+        turn: &Turn,
+    ) -> GpuResult<Vec<u32>> {
         let block = &whole.rows;
         let rows = block.num_rows() as u64;
         if rows > u64::from(u32::MAX) / 2 {
@@ -229,7 +232,9 @@ impl Run {
             for r in scratch {
                 inputs.regions.push((r, Access::Write));
             }
-            let buffers = memory.acquire(gpu, &inputs.regions)?;
+            let buffers = memory.acquire(gpu, &inputs.regions);
+            turn.acquired();
+            let buffers = buffers?;
             let held: Vec<RegionId> = inputs.regions.iter().map(|(r, _)| *r).collect();
             let outcome = (|| {
                 let params = gpu.upload(&Buffer::from_vec(params.clone()));

@@ -47,11 +47,10 @@ use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
 
-use crate::blocks::{self, Metrics};
+use crate::blocks::{self, Metrics, Turn};
 use crate::columns::{Repr, encode, repr_of, words};
 use crate::device::{Gpu, GpuError, GpuResult, Launch, WORKGROUP};
 use crate::memory::{Access, DeviceMemory, RegionId};
-use crate::scheduler::Ticket;
 
 /// How a key's values become words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -525,7 +524,7 @@ impl GpuHashJoinExec {
         let run = Arc::new(Run {
             twin: Arc::clone(&self.twin),
             layout: Arc::clone(&self.layout),
-            partitions: self.partitions(),
+            at_once: self.partitions() * blocks::IN_FLIGHT,
             schema: self.twin.schema(),
             metrics: Metrics::new(&self.metrics, partition),
             ranges: MetricBuilder::new(&self.metrics).counter("gpu_pair_ranges", partition),
@@ -534,7 +533,7 @@ impl GpuHashJoinExec {
         let widest = 4 * self.layout.words.max(2) as u64;
         let block_rows = blocks::block_rows(
             self.block_rows,
-            self.partitions(),
+            self.partitions() * blocks::IN_FLIGHT,
             self.layout.per_row(),
             widest,
         );
@@ -543,8 +542,8 @@ impl GpuHashJoinExec {
         let joined = futures::stream::once(async move {
             let build = build.await?;
             let (last, last_build) = (Arc::clone(&run), Arc::clone(&build));
-            let work = move |block: &blocks::Block, ticket: &mut Option<Ticket<'static>>| {
-                run.block(&build, &block.rows, &query, ticket)
+            let work = move |block: &blocks::Block, turn: &Turn| {
+                run.block(&build, &block.rows, &query, turn)
             };
             let blocks = blocks::blockwise(probe, block_rows, batch_size, schema, Arc::new(work));
             // After the last block: the build side's rows, from the last
@@ -564,7 +563,8 @@ impl GpuHashJoinExec {
 struct Run {
     twin: Arc<HashJoinExec>,
     layout: Arc<Layout>,
-    partitions: usize,
+    /// Probe blocks of the operator on the device at once.
+    at_once: usize,
     schema: SchemaRef,
     metrics: Metrics,
     /// Copies of pairs back from the device (more than the blocks where a
@@ -580,7 +580,7 @@ impl Run {
         build: &Build,
         block: &RecordBatch,
         query: &str,
-        ticket: &mut Option<Ticket<'static>>,
+        turn: &Turn,
     ) -> Result<RecordBatch> {
         let rows = block.num_rows();
         if rows == 0 {
@@ -600,7 +600,12 @@ impl Run {
             self.metrics.gpu_blocks.add(1);
             return self.output(build, block, Vec::new());
         }
-        if let Some(pairs) = self.pairs_on_device(build, rows, &words, &valid, query, ticket) {
+        let pairs = self.pairs_on_device(build, rows, &words, &valid, query, turn);
+        // The block's pairs are back (and its write ranges, which it
+        // acquires while holding its probe's regions, done): the next
+        // block may take its device memory.
+        turn.acquired();
+        if let Some(pairs) = pairs {
             self.metrics.gpu_blocks.add(1);
             return self.output(build, block, pairs);
         }
@@ -617,17 +622,17 @@ impl Run {
         words: &[u32],
         valid: &[u32],
         query: &str,
-        ticket: &mut Option<Ticket<'static>>,
+        turn: &Turn,
     ) -> Option<Vec<(u32, u32)>> {
         let (gpu, memory) = (crate::device()?, crate::memory()?);
         let block_bytes = (self.layout.per_row() * rows as f64) as u64;
         let table_bytes =
             (build.words.len() * 4 + Layout::slots(build.batch.num_rows()) * 8) as u64;
-        self.metrics.admit(
-            ticket,
+        turn.admit(
+            &self.metrics,
             query,
             rows,
-            table_bytes + block_bytes * self.partitions as u64,
+            table_bytes + block_bytes * self.at_once as u64,
         );
         let table = build
             .table

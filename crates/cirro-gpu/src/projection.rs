@@ -27,12 +27,11 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 
-use crate::blocks::{self, Assembly, Block, Metrics};
+use crate::blocks::{self, Assembly, Block, Metrics, Turn};
 use crate::codegen::{ProjectionKernel, compile_projection};
 use crate::columns::words;
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
 use crate::memory::{Access, DeviceMemory, RegionId};
-use crate::scheduler::Ticket;
 
 /// Where an output column comes from.
 #[derive(Debug, Clone)]
@@ -92,8 +91,9 @@ impl GpuProjectionExec {
         self.kernel.buffers()
     }
 
-    fn partitions(&self) -> usize {
-        blocks::partitions(self.twin.input())
+    /// Blocks on the device at once: every partition's in flight.
+    fn at_once(&self) -> usize {
+        blocks::partitions(self.twin.input()) * blocks::IN_FLIGHT
     }
 }
 
@@ -117,17 +117,17 @@ impl GpuProjectionExec {
             twin: Arc::clone(&self.twin),
             kernel: Arc::clone(&self.kernel),
             outputs: Arc::clone(&self.outputs),
-            partitions: self.partitions(),
+            at_once: self.at_once(),
             metrics: Metrics::new(&self.metrics, partition),
         };
         let query = context.session_id();
-        let block_rows = blocks::block_rows(self.block_rows, self.partitions(), run.per_row(), 8);
+        let block_rows = blocks::block_rows(self.block_rows, self.at_once(), run.per_row(), 8);
         Ok(blocks::blockwise(
             input,
             block_rows,
             context.session_config().batch_size(),
             self.twin.schema(),
-            Arc::new(move |block, ticket| run.block(block, &query, ticket)),
+            Arc::new(move |block, turn| run.block(block, &query, turn)),
         ))
     }
 }
@@ -136,7 +136,8 @@ struct Run {
     twin: Arc<ProjectionExec>,
     kernel: Arc<ProjectionKernel>,
     outputs: Arc<Vec<Output>>,
-    partitions: usize,
+    /// Blocks of the operator on the device at once.
+    at_once: usize,
     metrics: Metrics,
 }
 
@@ -154,19 +155,16 @@ impl Run {
     }
 
     /// One block projected: on the device, else on the CPU.
-    fn block(
-        &self,
-        whole: &Block,
-        query: &str,
-        ticket: &mut Option<Ticket<'static>>,
-    ) -> Result<RecordBatch> {
+    fn block(&self, whole: &Block, query: &str, turn: &Turn) -> Result<RecordBatch> {
         let rows = whole.rows.num_rows();
         if let (Some(gpu), Some(memory)) = (crate::device(), crate::memory())
             && rows > 0
         {
-            let demand = (self.per_row() * rows as f64) as u64 * self.partitions as u64;
-            self.metrics.admit(ticket, query, rows, demand);
-            match self.on_device(gpu, memory, whole) {
+            let demand = (self.per_row() * rows as f64) as u64 * self.at_once as u64;
+            turn.admit(&self.metrics, query, rows, demand);
+            let values = self.on_device(gpu, memory, whole, turn);
+            turn.acquired();
+            match values {
                 Ok(Some(values)) => {
                     self.metrics.gpu_blocks.add(1);
                     return self.output(&whole.rows, values);
@@ -193,6 +191,7 @@ impl Run {
         gpu: &Gpu,
         memory: &DeviceMemory,
         whole: &Block,
+        turn: &Turn,
     ) -> GpuResult<Option<Vec<Vec<i64>>>> {
         let rows = whole.rows.num_rows() as u64;
         if rows > u64::from(u32::MAX) / 2 {
@@ -215,7 +214,9 @@ impl Run {
                     .regions
                     .push((memory.region(rows * 8)?, Access::Write));
             }
-            let buffers = memory.acquire(gpu, &inputs.regions)?;
+            let buffers = memory.acquire(gpu, &inputs.regions);
+            turn.acquired();
+            let buffers = buffers?;
             let held: Vec<RegionId> = inputs.regions.iter().map(|(r, _)| *r).collect();
             let outcome = (|| {
                 let params = gpu.upload(&Buffer::from_vec(vec![rows as u32]));

@@ -9,7 +9,7 @@ use arrow::array::RecordBatch;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, gpu_metric, run_sorted as run, schema};
+use common::{batch, context, context_in, execute, gpu_metric, run_sorted as run, schema};
 
 /// The first line where two sorted results differ, and their row counts.
 fn difference(got: &str, want: &str) -> String {
@@ -101,4 +101,35 @@ async fn predicates_the_kernels_cannot_run_stay_on_the_cpu() {
     let on = context("on", 1024, schema(), vec![batch(&mut rng, 500)]);
     let (_, plan) = run(&on, "SELECT * FROM t WHERE a > 1").await;
     assert!(gpu_metric(&plan, "gpu_dispatches").is_none());
+}
+
+/// Two blocks of a partition worked on at once (one's columns uploaded
+/// while the other's kernels run): the rows still come out in the input's
+/// order, and blocks took their device memory while the block before them
+/// was still worked on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_in_flight_keep_the_input_order() {
+    let mut rng = StdRng::seed_from_u64(23);
+    // 40 batches of 1000 rows: 20 blocks of 2048 rows in one partition.
+    let batches: Vec<RecordBatch> = (0..40).map(|_| batch(&mut rng, 1000)).collect();
+    let gpu = context_in("force", 2048, 1, schema(), batches.clone());
+    let cpu = context_in("off", 2048, 1, schema(), batches);
+    let text = |batches: &[RecordBatch]| {
+        arrow::util::pretty::pretty_format_batches(batches)
+            .expect("format")
+            .to_string()
+    };
+    for sql in [
+        "SELECT * FROM t WHERE a > 10 OR s = 'AAA'",
+        "SELECT a, d * d, s FROM t WHERE d IS NOT NULL",
+    ] {
+        let (want, _) = execute(&cpu, sql).await;
+        let (got, plan) = execute(&gpu, sql).await;
+        let (got, want) = (text(&got), text(&want));
+        assert!(got == want, "{sql}: {}", difference(&got, &want));
+        assert_eq!(gpu_metric(&plan, "cpu_blocks"), Some(0), "{sql}");
+        assert!(gpu_metric(&plan, "gpu_blocks").unwrap_or(0) >= 20, "{sql}");
+        let overlapped = gpu_metric(&plan, "gpu_overlapped_blocks").unwrap_or(0);
+        assert!(overlapped > 0, "{sql}: no block overlapped the one before");
+    }
 }

@@ -19,9 +19,9 @@ fn metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     gpu_metric(plan, name).unwrap_or(0)
 }
 
-/// 256 kB of device memory: the blocks of this filter's two partitions
-/// (16 bytes a row: the column, a flag, an index) hold 90 % of it, ~7,000
-/// rows each; two queries cannot run at once.
+/// 256 kB of device memory: the blocks of this filter's two partitions,
+/// two in flight each (16 bytes a row: the column, a flag, an index), hold
+/// 90 % of it, ~3,500 rows each; two queries cannot run at once.
 const BUDGET: u64 = 256 * 1024;
 
 async fn count(ctx: &SessionContext, sql: &str) -> (i64, Arc<dyn ExecutionPlan>) {

@@ -28,11 +28,22 @@ pub fn context(
     schema: Arc<Schema>,
     batches: Vec<RecordBatch>,
 ) -> SessionContext {
+    context_in(mode, block_rows, 2, schema, batches)
+}
+
+/// [`context`] with `partitions` partitions.
+pub fn context_in(
+    mode: &str,
+    block_rows: usize,
+    partitions: usize,
+    schema: Arc<Schema>,
+    batches: Vec<RecordBatch>,
+) -> SessionContext {
     let mut options = GpuOptions::default();
     options.mode = mode.to_string();
     options.block_rows = block_rows;
     let config = SessionConfig::new()
-        .with_target_partitions(2)
+        .with_target_partitions(partitions)
         .with_option_extension(options);
     let state = SessionStateBuilder::new()
         .with_config(config)
