@@ -113,7 +113,7 @@ async fn blocks_in_flight_keep_the_input_order() {
     // 40 batches of 1000 rows: 20 blocks of 2048 rows in one partition.
     let batches: Vec<RecordBatch> = (0..40).map(|_| batch(&mut rng, 1000)).collect();
     let gpu = context_in("force", 2048, 1, schema(), batches.clone());
-    let cpu = context_in("off", 2048, 1, schema(), batches);
+    let cpu = context_in("off", 2048, 1, schema(), batches.clone());
     let text = |batches: &[RecordBatch]| {
         arrow::util::pretty::pretty_format_batches(batches)
             .expect("format")
@@ -132,4 +132,18 @@ async fn blocks_in_flight_keep_the_input_order() {
         let overlapped = gpu_metric(&plan, "gpu_overlapped_blocks").unwrap_or(0);
         assert!(overlapped > 0, "{sql}: no block overlapped the one before");
     }
+    // The aggregation's blocks too (in two partitions: with one, DataFusion
+    // aggregates in a single step, which stays on the CPU; its groups come
+    // in any order).
+    let gpu = context("force", 2048, schema(), batches.clone());
+    let cpu = context("off", 2048, schema(), batches);
+    let sql = "SELECT s, count(*), sum(a), min(b) FROM t GROUP BY s";
+    let (want, _) = run(&cpu, sql).await;
+    let (got, plan) = run(&gpu, sql).await;
+    assert!(got == want, "{sql}: {}", difference(&got, &want));
+    assert_eq!(gpu_metric(&plan, "cpu_blocks"), Some(0), "{sql}");
+    assert!(
+        gpu_metric(&plan, "gpu_overlapped_blocks").unwrap_or(0) > 0,
+        "{sql}"
+    );
 }
