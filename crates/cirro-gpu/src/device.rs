@@ -10,12 +10,16 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::ThreadId;
 use std::time::Instant;
 
 use wgpu::util::DeviceExt;
 
 /// Threads of one workgroup in every kernel.
 pub const WORKGROUP: u32 = 256;
+
+/// Device errors kept for threads that have not waited yet.
+const MAX_ERRORS: usize = 64;
 
 /// Workgroups along one dimension of a dispatch (WebGPU's and Vulkan's
 /// guaranteed minimum); larger dispatches spread over y.
@@ -95,8 +99,9 @@ pub struct Gpu {
     /// A software device (lavapipe): it runs on the CPU's cores.
     pub software: bool,
     kernels: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
-    /// Errors the device reported outside an error scope.
-    errors: Arc<Mutex<Vec<String>>>,
+    /// Errors the device reported outside an error scope, with the thread
+    /// whose call caused each (wgpu reports an error on the calling thread).
+    errors: Arc<Mutex<Vec<(ThreadId, String)>>>,
     pub counters: Counters,
 }
 
@@ -195,7 +200,11 @@ impl Gpu {
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             log::error!("GPU error: {e}");
             if let Ok(mut errors) = sink.lock() {
-                errors.push(e.to_string());
+                // Those of threads that never waited again go first.
+                if errors.len() >= MAX_ERRORS {
+                    errors.remove(0);
+                }
+                errors.push((std::thread::current().id(), e.to_string()));
             }
         }));
         Ok(Self {
@@ -411,9 +420,15 @@ impl Gpu {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| GpuError(format!("device lost: {e}")))?;
+        // Only this thread's: another thread's error is its block's, which
+        // that thread's own wait fails (two blocks, or two partitions, work
+        // at once).
         let mut errors = self.errors.lock().map_err(poisoned)?;
-        if let Some(e) = errors.pop() {
-            errors.clear();
+        let me = std::thread::current().id();
+        let first = errors.iter().position(|(thread, _)| *thread == me);
+        if let Some(at) = first {
+            let e = errors.remove(at).1;
+            errors.retain(|(thread, _)| *thread != me);
             return Err(GpuError(e));
         }
         Ok(())
@@ -437,4 +452,39 @@ pub fn groups(threads: u64) -> u64 {
 
 fn poisoned<T>(_: T) -> GpuError {
     GpuError("a lock was poisoned".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error the device reports outside any error scope fails the wait
+    /// of the thread whose call caused it, not another thread's (whose
+    /// block would otherwise fail, and the guilty block's results count).
+    #[test]
+    fn a_device_error_fails_only_the_thread_that_caused_it() {
+        let gpu = device().expect("no Vulkan device");
+        let provoke = || {
+            // MAP_READ goes with COPY_DST only: a validation error.
+            let _ = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("invalid on purpose"),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            });
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                provoke();
+                let other = std::thread::spawn(|| device().expect("device").wait().is_ok());
+                assert!(
+                    other.join().unwrap(),
+                    "another thread's wait took the error"
+                );
+                let mine = gpu.wait();
+                assert!(mine.is_err(), "the causing thread's wait missed its error");
+                assert!(gpu.wait().is_ok(), "the error is reported once");
+            });
+        });
+    }
 }
