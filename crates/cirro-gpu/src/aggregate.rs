@@ -789,11 +789,8 @@ impl Run {
             regions.push((memory.region(slots as u64 * 4)?, Access::Write));
             regions.push((memory.region(rows as u64 * 4)?, Access::Write));
             regions.push((memory.region(state_bytes)?, Access::Write));
-            let held: Vec<RegionId> = regions.iter().map(|(r, _)| *r).collect();
-            let buffers = memory.acquire(gpu, &regions);
-            turn.acquired();
-            let buffers = buffers?;
-            let outcome = (|| {
+            memory.holding(gpu, &regions, |buffers| {
+                turn.acquired();
                 let params = gpu.upload(&Buffer::from_vec(vec![rows as u32, (slots - 1) as u32]));
                 let accumulate = gpu.kernel(&layout.accumulate)?;
                 let extremes = match &layout.extremes {
@@ -834,9 +831,7 @@ impl Run {
                     states,
                     row_slots,
                 })
-            })();
-            memory.release(&held);
-            outcome
+            })
         })();
         memory.free(&regions.iter().map(|(r, _)| *r).collect::<Vec<_>>());
         result

@@ -29,7 +29,7 @@ use crate::codegen::PredicateKernel;
 use crate::columns::{HostColumn, Repr, encode, repr_of};
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
 use crate::kernels;
-use crate::memory::{Access, DeviceMemory, RegionId};
+use crate::memory::{Access, DeviceMemory};
 
 /// A filter whose predicate runs on the device.
 #[derive(Debug)]
@@ -232,11 +232,8 @@ impl Run {
             for r in scratch {
                 inputs.regions.push((r, Access::Write));
             }
-            let buffers = memory.acquire(gpu, &inputs.regions);
-            turn.acquired();
-            let buffers = buffers?;
-            let held: Vec<RegionId> = inputs.regions.iter().map(|(r, _)| *r).collect();
-            let outcome = (|| {
+            memory.holding(gpu, &inputs.regions, |buffers| {
+                turn.acquired();
                 let params = gpu.upload(&Buffer::from_vec(params.clone()));
                 let kernel = gpu.kernel(&self.kernel.source)?;
                 let [flags, counts, offsets, out] =
@@ -258,9 +255,7 @@ impl Run {
                 self.metrics.kernel.add_duration(kernel_start.elapsed());
                 self.metrics.dispatches.add(dispatches as usize + 2);
                 indices
-            })();
-            memory.release(&held);
-            outcome
+            })
         })();
         inputs.finish(memory);
         result

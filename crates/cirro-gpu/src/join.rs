@@ -672,16 +672,13 @@ impl Run {
             regions.push(memory.region(rows as u64 * 4)?);
             regions.push(memory.region_with(Buffer::from_slice_ref(&build.valid))?);
             let [keys, table, next, valid] = [regions[0], regions[1], regions[2], regions[3]];
-            let buffers = memory.acquire(
-                gpu,
-                &[
-                    (keys, Access::Read),
-                    (table, Access::Write),
-                    (next, Access::Write),
-                    (valid, Access::Read),
-                ],
-            )?;
-            let outcome = (|| {
+            let declared = [
+                (keys, Access::Read),
+                (table, Access::Write),
+                (next, Access::Write),
+                (valid, Access::Read),
+            ];
+            memory.holding(gpu, &declared, |buffers| {
                 let params = gpu.upload(&Buffer::from_vec(vec![rows as u32, (slots - 1) as u32]));
                 let kernel = gpu.kernel(&self.layout.build)?;
                 self.metrics.transfer.add_duration(start.elapsed());
@@ -700,9 +697,7 @@ impl Run {
                 self.metrics.kernel.add_duration(kernel_start.elapsed());
                 self.metrics.dispatches.add(1);
                 Ok(())
-            })();
-            memory.release(&[keys, table, next, valid]);
-            outcome?;
+            })?;
             // The validity was for the build only.
             memory.free(&[valid]);
             Ok(Table {
@@ -750,9 +745,7 @@ impl Run {
                 (found, Access::Write),
                 (offsets, Access::Write),
             ];
-            let held: Vec<RegionId> = declared.iter().map(|(r, _)| *r).collect();
-            let buffers = memory.acquire(gpu, &declared)?;
-            let outcome = (|| {
+            memory.holding(gpu, &declared, |buffers| {
                 let [keys, slots, next, probe, probe_valid, found, offsets] =
                     [0, 1, 2, 3, 4, 5, 6].map(|i| &buffers[i].buffer);
                 let params = gpu.upload(&Buffer::from_vec(vec![rows as u32, table.mask]));
@@ -802,9 +795,7 @@ impl Run {
                     return Err(GpuError("the join's pairs were miscounted".into()));
                 }
                 Ok(pairs)
-            })();
-            memory.release(&held);
-            outcome
+            })
         })();
         memory.free(&regions);
         result
@@ -825,8 +816,7 @@ impl Run {
         let count = u64::from(starts[0] - base);
         let out = memory.region(count * 8)?;
         let result = (|| {
-            let buffers = memory.acquire(gpu, &[(out, Access::Write)])?;
-            let outcome = (|| {
+            memory.holding(gpu, &[(out, Access::Write)], |buffers| {
                 let params = gpu.upload(&Buffer::from_vec(params.to_vec()));
                 gpu.run(&[Launch {
                     kernel: write,
@@ -845,9 +835,7 @@ impl Run {
                 let written = words_of(&gpu.download(&buffers[0].buffer, count * 8)?);
                 pairs.extend(written.chunks_exact(2).map(|p| (p[0], p[1])));
                 Ok(())
-            })();
-            memory.release(&[out]);
-            outcome
+            })
         })();
         memory.free(&[out]);
         result

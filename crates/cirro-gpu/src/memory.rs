@@ -449,6 +449,21 @@ impl DeviceMemory {
         Ok(out)
     }
 
+    /// `work` over `regions` made resident and held ([`DeviceMemory::acquire`]),
+    /// released after it, whatever it returns.
+    pub fn holding<T>(
+        &self,
+        gpu: &Gpu,
+        regions: &[(RegionId, Access)],
+        work: impl FnOnce(&[Arc<DeviceBuffer>]) -> GpuResult<T>,
+    ) -> GpuResult<T> {
+        let buffers = self.acquire(gpu, regions)?;
+        let out = work(&buffers);
+        let held: Vec<RegionId> = regions.iter().map(|(r, _)| *r).collect();
+        self.release(&held);
+        out
+    }
+
     /// Let `regions` be evicted again.
     pub fn release(&self, regions: &[RegionId]) {
         if let Ok(mut state) = self.state.lock() {

@@ -31,7 +31,7 @@ use crate::blocks::{self, Assembly, Block, Metrics, Turn};
 use crate::codegen::{ProjectionKernel, compile_projection};
 use crate::columns::words;
 use crate::device::{Gpu, GpuError, GpuResult, Launch};
-use crate::memory::{Access, DeviceMemory, RegionId};
+use crate::memory::{Access, DeviceMemory};
 
 /// Where an output column comes from.
 #[derive(Debug, Clone)]
@@ -214,11 +214,8 @@ impl Run {
                     .regions
                     .push((memory.region(rows * 8)?, Access::Write));
             }
-            let buffers = memory.acquire(gpu, &inputs.regions);
-            turn.acquired();
-            let buffers = buffers?;
-            let held: Vec<RegionId> = inputs.regions.iter().map(|(r, _)| *r).collect();
-            let outcome = (|| {
+            memory.holding(gpu, &inputs.regions, |buffers| {
+                turn.acquired();
                 let params = gpu.upload(&Buffer::from_vec(vec![rows as u32]));
                 let kernel = gpu.kernel(&self.kernel.source)?;
                 let mut bindings = vec![&params.buffer];
@@ -254,9 +251,7 @@ impl Run {
                 };
                 self.metrics.kernel.add_duration(kernel_start.elapsed());
                 Ok(out)
-            })();
-            memory.release(&held);
-            outcome
+            })
         })();
         inputs.finish(memory);
         result

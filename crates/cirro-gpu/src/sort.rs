@@ -443,9 +443,7 @@ fn permutation(
         let cells = 256 * tiles;
         regions.push((memory.region(cells * 4)?, Access::Write));
         regions.push((memory.region((cells + 1) * 4)?, Access::Write));
-        let held: Vec<RegionId> = regions.iter().map(|(r, _)| *r).collect();
-        let buffers = memory.acquire(gpu, &regions)?;
-        let outcome = (|| {
+        memory.holding(gpu, &regions, |buffers| {
             let n = buffers.len();
             let (a, b, counts, offsets) = (
                 &buffers[n - 4],
@@ -493,9 +491,7 @@ fn permutation(
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect())
-        })();
-        memory.release(&held);
-        outcome
+        })
     })();
     memory.free(&regions.iter().map(|(r, _)| *r).collect::<Vec<_>>());
     result
