@@ -60,6 +60,10 @@ fn relations(kind: Option<&str>) -> String {
     )
 }
 
+/// Files `\i` may nest (a file that includes itself stops here, with an
+/// error, instead of exhausting the stack).
+const INCLUDE_DEPTH_MAX: usize = 32;
+
 /// Run one backslash command line.
 pub(crate) async fn run(engine: &Engine, shell: &mut Shell, line: &str) -> Result<()> {
     let mut words = line.split_whitespace();
@@ -114,8 +118,19 @@ pub(crate) async fn run(engine: &Engine, shell: &mut Shell, line: &str) -> Resul
         }
         "i" | "include" => {
             let path = argument.ok_or_else(|| invalid("\\i: missing required argument"))?;
+            if shell.include_depth >= INCLUDE_DEPTH_MAX {
+                return Err(CirroError::new(
+                    SqlState::STATEMENT_TOO_COMPLEX,
+                    format!(
+                        "\\i {path}: files include each other more than {INCLUDE_DEPTH_MAX} deep"
+                    ),
+                ));
+            }
             let text = read_file(path)?;
-            run_script(engine, shell, &text).await?;
+            shell.include_depth += 1;
+            let result = run_script(engine, shell, &text).await;
+            shell.include_depth -= 1;
+            result?;
         }
         "d" => match argument {
             None => run_statement(engine, shell, &relations(None)).await?,

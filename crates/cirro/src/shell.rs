@@ -36,6 +36,8 @@ pub(crate) struct Shell {
     pub(crate) output: Option<std::fs::File>,
     /// `\q` was given.
     pub(crate) quit: bool,
+    /// Files `\i` is running now, one inside the other.
+    pub(crate) include_depth: usize,
 }
 
 pub async fn run(engine: &Engine, args: SqlArgs) -> Result<ExitCode> {
@@ -44,6 +46,7 @@ pub async fn run(engine: &Engine, args: SqlArgs) -> Result<ExitCode> {
         timing: true,
         output: None,
         quit: false,
+        include_depth: 0,
     };
     if !args.commands.is_empty() || !args.files.is_empty() {
         for command in &args.commands {

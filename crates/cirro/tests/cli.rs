@@ -375,6 +375,20 @@ fn statement_timeout_stops_a_long_statement_in_the_shell() {
     assert!(out.contains('0'), "{out}");
 }
 
+/// A file that includes itself ends in an error (54001), not a crash.
+#[test]
+fn a_file_that_includes_itself_is_an_error() {
+    let data = DataDir::new();
+    let looped = data.path().join("loop.sql");
+    std::fs::write(&looped, format!("SELECT 1;\n\\i {}\n", looped.display())).expect("write");
+    let out = data.sql_output(&format!("\\i {}", looped.display()), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // An error exit (a crash has no exit code: it is a signal).
+    assert!(matches!(out.status.code(), Some(c) if c != 0), "{stderr}");
+    assert!(stderr.contains("SQLSTATE 54001"), "{stderr}");
+    assert!(stderr.contains("more than 32 deep"), "{stderr}");
+}
+
 /// psql's backslash commands, in a script on stdin: each runs at once, and an
 /// unknown one is an error (never the start of a multi-line statement).
 #[test]
