@@ -7,6 +7,9 @@ when every check passed, raises otherwise.
     flight_client.py basics URI PASSWORD
     flight_client.py tls URI PASSWORD CERT_PEM
     flight_client.py activity URI USER PASSWORD
+    flight_client.py query URI USER PASSWORD SQL
+
+`query` prints each row of SQL's result on a line, its values joined by |.
 
 `activity` runs a long query twice: the test cancels the first with
 pg_cancel_backend and terminates the session during the second with
@@ -154,6 +157,15 @@ def tls(uri, password, cert):
     print("ok")
 
 
+def query(uri, user, password, sql):
+    conn = connect(uri, user, password)
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        for row in cur.fetchall():
+            print("|".join("" if v is None else str(v) for v in row))
+    conn.close()
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
     if what == "basics":
@@ -162,5 +174,7 @@ if __name__ == "__main__":
         tls(sys.argv[2], sys.argv[3], sys.argv[4])
     elif what == "activity":
         activity(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif what == "query":
+        query(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     else:
         raise SystemExit(f"unknown check {what}")

@@ -20,7 +20,7 @@ use datafusion::logical_expr::{LogicalPlan, TableType};
 
 use cirro_storage::CirroTable;
 
-use crate::state::{Catalog, ViewEntry};
+use crate::state::{Catalog, CatalogState, ViewEntry};
 
 /// The tables a session has pinned while a transaction is open. In a
 /// transaction every table is read at the version the transaction first saw
@@ -33,12 +33,70 @@ pub struct SessionTables {
     /// Past versions of tables one statement reads (time travel), by the
     /// temporary name the statement's text was rewritten to use.
     versions: Mutex<HashMap<String, CirroTable>>,
+    /// The catalog as an open transaction's DDL left it (None: no DDL, the
+    /// shared catalog's current state): what this session sees until
+    /// COMMIT publishes it.
+    overlay: Mutex<Option<Arc<CatalogState>>>,
+}
+
+/// A stored view whose query no longer plans (a table or column it reads is
+/// gone, as a release without dependency checks allowed): it has no columns,
+/// and reading it fails with 42P17 saying why, so that it never breaks the
+/// listing of the other relations.
+#[derive(Debug)]
+struct InvalidView {
+    name: String,
+    reason: String,
+}
+
+#[async_trait]
+impl TableProvider for InvalidView {
+    fn schema(&self) -> arrow::datatypes::SchemaRef {
+        Arc::new(arrow::datatypes::Schema::empty())
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn datafusion::catalog::Session,
+        _projection: Option<&Vec<usize>>,
+        _filters: &[datafusion::logical_expr::Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        Err(CirroError::new(
+            cirro_common::SqlState::INVALID_OBJECT_DEFINITION,
+            format!(
+                "view \"{}\" is invalid: {} (drop it, or create it again)",
+                self.name, self.reason
+            ),
+        )
+        .into_datafusion())
+    }
 }
 
 /// Prefix of the temporary names under which past table versions are read.
 pub const PAST_VERSION_PREFIX: &str = "__cirro_version_";
 
 impl SessionTables {
+    /// The catalog state this session sees: its transaction's DDL applied,
+    /// or `catalog`'s current one.
+    pub fn state(&self, catalog: &Catalog) -> Arc<CatalogState> {
+        match self.overlay.lock().ok().and_then(|o| o.clone()) {
+            Some(state) => state,
+            None => catalog.snapshot(),
+        }
+    }
+
+    /// Set (or with None, end) what the session's transaction's DDL made.
+    pub fn set_overlay(&self, state: Option<Arc<CatalogState>>) {
+        if let Ok(mut overlay) = self.overlay.lock() {
+            *overlay = state;
+        }
+    }
+
     /// Make a past version of a table readable under `name` (which starts
     /// with [`PAST_VERSION_PREFIX`]) until [`Self::clear_versions`].
     pub fn add_version(&self, name: &str, table: CirroTable) {
@@ -149,11 +207,11 @@ impl CatalogProviderList for CirroCatalogList {
     }
 
     fn catalog_names(&self) -> Vec<String> {
-        self.catalog.snapshot().databases.keys().cloned().collect()
+        self.session.state(&self.catalog).databases.keys().cloned().collect()
     }
 
     fn catalog(&self, name: &str) -> Option<Arc<dyn CatalogProvider>> {
-        if !self.catalog.snapshot().databases.contains_key(name) {
+        if !self.session.state(&self.catalog).databases.contains_key(name) {
             return None;
         }
         Some(Arc::new(DatabaseProvider {
@@ -178,8 +236,8 @@ struct DatabaseProvider {
 impl CatalogProvider for DatabaseProvider {
     fn schema_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
-            .catalog
-            .snapshot()
+            .session
+            .state(&self.catalog)
             .databases
             .get(&self.db)
             .map(|d| d.schemas.keys().cloned().collect())
@@ -207,8 +265,8 @@ impl CatalogProvider for DatabaseProvider {
             return Some(schema);
         }
         let exists = self
-            .catalog
-            .snapshot()
+            .session
+            .state(&self.catalog)
             .databases
             .get(&self.db)
             .is_some_and(|d| d.schemas.contains_key(name));
@@ -237,7 +295,7 @@ pub struct CirroSchemaProvider {
 #[async_trait]
 impl SchemaProvider for CirroSchemaProvider {
     fn table_names(&self) -> Vec<String> {
-        let snapshot = self.catalog.snapshot();
+        let snapshot = self.session.state(&self.catalog);
         match snapshot.schema(&self.db, &self.schema) {
             Ok(s) => s.tables.keys().chain(s.views.keys()).cloned().collect(),
             Err(_) => Vec::new(),
@@ -251,7 +309,7 @@ impl SchemaProvider for CirroSchemaProvider {
                 .version(name)
                 .map(|t| Arc::new(t) as Arc<dyn TableProvider>));
         }
-        let snapshot = self.catalog.snapshot();
+        let snapshot = self.session.state(&self.catalog);
         if let Some(entry) = snapshot.table(&self.db, &self.schema, name) {
             if let Some(pinned) = self.session.get(&entry.location) {
                 return Ok(Some(Arc::new(pinned)));
@@ -271,14 +329,21 @@ impl SchemaProvider for CirroSchemaProvider {
                     "views cannot be planned before the session exists".into(),
                 )
             })?;
-            let plan = planner.plan_view(&self.db, &self.schema, view).await?;
-            return Ok(Some(Arc::new(ViewTable::new(plan, Some(view.sql.clone())))));
+            return Ok(Some(match planner.plan_view(&self.db, &self.schema, view).await {
+                Ok(plan) => Arc::new(ViewTable::new(plan, Some(view.sql.clone()))),
+                // Listed (information_schema, \dt) without columns; read, it
+                // says why. Dependency checks keep new views from this.
+                Err(e) => Arc::new(InvalidView {
+                    name: name.to_string(),
+                    reason: CirroError::from(e).message,
+                }),
+            }));
         }
         Ok(None)
     }
 
     async fn table_type(&self, name: &str) -> DfResult<Option<TableType>> {
-        let snapshot = self.catalog.snapshot();
+        let snapshot = self.session.state(&self.catalog);
         if snapshot.table(&self.db, &self.schema, name).is_some() {
             Ok(Some(TableType::Base))
         } else if snapshot.view(&self.db, &self.schema, name).is_some() {
@@ -292,7 +357,7 @@ impl SchemaProvider for CirroSchemaProvider {
         if name.starts_with(PAST_VERSION_PREFIX) {
             return self.session.version(name).is_some();
         }
-        let snapshot = self.catalog.snapshot();
+        let snapshot = self.session.state(&self.catalog);
         snapshot.table(&self.db, &self.schema, name).is_some()
             || snapshot.view(&self.db, &self.schema, name).is_some()
     }

@@ -32,7 +32,18 @@ pub struct UserEntry {
     /// `memory_limit`, `priority`, `statement_timeout`, …
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub settings: std::collections::BTreeMap<String, String>,
+    /// The predefined roles granted to the user ([`PREDEFINED_ROLES`]).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub roles: BTreeSet<String>,
 }
+
+/// Sees the text of every session's statements (as PostgreSQL's role of
+/// that name), with literals shown as `$n` in statements naming tables the
+/// user may not SELECT.
+pub const READ_ALL_STATS: &str = "pg_read_all_stats";
+
+/// The roles `GRANT role TO user` accepts.
+pub const PREDEFINED_ROLES: &[&str] = &[READ_ALL_STATS];
 
 pub use cirro_common::Privilege;
 

@@ -19,6 +19,12 @@ impl SqlState {
     pub const FEATURE_NOT_SUPPORTED: SqlState = SqlState("0A000");
     pub const CARDINALITY_VIOLATION: SqlState = SqlState("21000");
     pub const DATA_EXCEPTION: SqlState = SqlState("22000");
+    pub const STRING_DATA_RIGHT_TRUNCATION: SqlState = SqlState("22001");
+    pub const INVALID_ARGUMENT_FOR_LOGARITHM: SqlState = SqlState("2201E");
+    pub const INVALID_ARGUMENT_FOR_POWER_FUNCTION: SqlState = SqlState("2201F");
+    pub const INVALID_ROW_COUNT_IN_LIMIT_CLAUSE: SqlState = SqlState("2201W");
+    pub const INVALID_ROW_COUNT_IN_RESULT_OFFSET_CLAUSE: SqlState = SqlState("2201X");
+    pub const DATETIME_FIELD_OVERFLOW: SqlState = SqlState("22008");
     pub const NUMERIC_VALUE_OUT_OF_RANGE: SqlState = SqlState("22003");
     pub const INVALID_DATETIME_FORMAT: SqlState = SqlState("22007");
     pub const DIVISION_BY_ZERO: SqlState = SqlState("22012");
@@ -110,6 +116,11 @@ impl CirroError {
 
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(SqlState::INTERNAL_ERROR, message)
+    }
+
+    /// Its SQLSTATE code (`22012`).
+    pub fn code(&self) -> &'static str {
+        self.state.code()
     }
 
     /// An I/O failure: 53100 when the disk (or quota) is full, else 58030.
@@ -407,6 +418,14 @@ fn classify_message(msg: &str) -> SqlState {
         SqlState::NOT_NULL_VIOLATION
     } else if has("divide by zero") || has("division by zero") {
         SqlState::DIVISION_BY_ZERO
+    } else if has("square root of a negative") {
+        SqlState::INVALID_ARGUMENT_FOR_POWER_FUNCTION
+    } else if has("logarithm of") && (has("negative") || has("zero")) {
+        SqlState::INVALID_ARGUMENT_FOR_LOGARITHM
+    } else if has("limit must be >= 0") || has("limit must not be negative") {
+        SqlState::INVALID_ROW_COUNT_IN_LIMIT_CLAUSE
+    } else if has("offset must be >= 0") || has("offset must not be negative") {
+        SqlState::INVALID_ROW_COUNT_IN_RESULT_OFFSET_CLAUSE
     } else if has("negative count not allowed") {
         // substr with a negative length, as PostgreSQL classes it
         SqlState::SUBSTRING_ERROR
@@ -488,7 +507,72 @@ fn clean_message(msg: &str) -> String {
             text = rest;
         }
     }
-    out_of_range(text).unwrap_or_else(|| text.to_string())
+    out_of_range(text).unwrap_or_else(|| sql_type_names(text))
+}
+
+/// `text` with Arrow's type names (`Decimal128(15, 2)`, `Utf8View`,
+/// `Int64`) as SQL names them (`numeric(15,2)`, `text`, `bigint`): a user
+/// wrote SQL types, and errors should speak of those.
+pub fn sql_type_names(text: &str) -> String {
+    const WORDS: &[(&str, &str)] = &[
+        ("LargeUtf8", "text"),
+        ("Utf8View", "text"),
+        ("Utf8", "text"),
+        ("Int8", "smallint"),
+        ("Int16", "smallint"),
+        ("Int32", "integer"),
+        ("Int64", "bigint"),
+        ("Float32", "real"),
+        ("Float64", "double precision"),
+        ("Boolean", "boolean"),
+        ("Date32", "date"),
+        ("Date64", "date"),
+        ("BinaryView", "bytea"),
+        ("LargeBinary", "bytea"),
+        ("Binary", "bytea"),
+    ];
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    let mut previous: Option<char> = None;
+    while let Some(c) = rest.chars().next() {
+        let at_word = c.is_ascii_alphabetic()
+            && !previous.is_some_and(|p| p.is_ascii_alphanumeric() || p == '_');
+        if at_word {
+            let word_len = rest
+                .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                .unwrap_or(rest.len());
+            let word = &rest[..word_len];
+            let after = &rest[word_len..];
+            if (word == "Decimal128" || word == "Timestamp") && after.starts_with('(') {
+                if let Some(close) = after.find(')') {
+                    let inside = &after[1..close];
+                    let name = if word == "Decimal128" {
+                        format!("numeric({})", inside.replace(' ', ""))
+                    } else if inside.contains("UTC") || inside.contains("Some(") || inside.contains('"') {
+                        "timestamp with time zone".to_string()
+                    } else {
+                        "timestamp".to_string()
+                    };
+                    out.push_str(&name);
+                    rest = &after[close + 1..];
+                    previous = Some(')');
+                    continue;
+                }
+            }
+            if let Some((_, sql)) = WORDS.iter().find(|(arrow, _)| *arrow == word) {
+                out.push_str(sql);
+            } else {
+                out.push_str(word);
+            }
+            previous = word.chars().last();
+            rest = after;
+            continue;
+        }
+        out.push(c);
+        previous = Some(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out
 }
 
 /// Arrow's "Can't cast value 40000 to type Int16" as PostgreSQL says it:
@@ -541,6 +625,19 @@ mod tests {
         for (err, code) in cases {
             assert_eq!(CirroError::from(err).state.code(), code);
         }
+    }
+
+    #[test]
+    fn messages_name_sql_types() {
+        assert_eq!(
+            sql_type_names("Decimal128(1, 2) cannot be used as Decimal128(15, 2)"),
+            "numeric(1,2) cannot be used as numeric(15,2)"
+        );
+        assert_eq!(
+            sql_type_names("Cannot cast Utf8View to Int64; Timestamp(µs, \"UTC\") vs Timestamp(µs)"),
+            "Cannot cast text to bigint; timestamp with time zone vs timestamp"
+        );
+        assert_eq!(sql_type_names("column Int64x and my_Int32"), "column Int64x and my_Int32");
     }
 
     #[test]

@@ -20,7 +20,9 @@
 
 use std::sync::Arc;
 
-use cirro_catalog::users::{Privilege, ScramVerifier, UserEntry, undefined_user};
+use cirro_catalog::users::{
+    PREDEFINED_ROLES, Privilege, ScramVerifier, UserEntry, undefined_user,
+};
 use cirro_catalog::{Catalog, TableEntry};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_sql::AccessStatement;
@@ -95,6 +97,16 @@ impl SuperuserCheck {
     }
 }
 
+/// Whether `user` holds `privilege` on a table by ownership or grant
+/// (superusers aside).
+pub(crate) fn user_holds(user: &str, entry: &TableEntry, privilege: Privilege) -> bool {
+    entry.owner.as_deref() == Some(user)
+        || entry
+            .grants
+            .get(user)
+            .is_some_and(|granted| granted.contains(&privilege))
+}
+
 impl Engine {
     /// The user this session runs as (None: the local shell, unrestricted).
     pub fn user(&self) -> Option<&str> {
@@ -117,12 +129,7 @@ impl Engine {
         let Some(user) = &self.user else {
             return true;
         };
-        entry.owner.as_deref() == Some(user.as_str())
-            || entry
-                .grants
-                .get(user)
-                .is_some_and(|granted| granted.contains(&privilege))
-            || self.is_superuser()
+        user_holds(user, entry, privilege) || self.is_superuser()
     }
 
     /// Fail with 42501 unless the session may use `privilege` on table
@@ -134,7 +141,7 @@ impl Engine {
         name: &str,
         privilege: Privilege,
     ) -> Result<()> {
-        let snapshot = self.catalog.snapshot();
+        let snapshot = self.snapshot();
         match snapshot.table(db, schema, name) {
             Some(entry) if !self.holds(entry, privilege) => Err(CirroError::new(
                 SqlState::INSUFFICIENT_PRIVILEGE,
@@ -149,7 +156,7 @@ impl Engine {
         let Some(user) = &self.user else {
             return Ok(());
         };
-        let snapshot = self.catalog.snapshot();
+        let snapshot = self.snapshot();
         match snapshot.table(db, schema, name) {
             Some(entry)
                 if entry.owner.as_deref() != Some(user.as_str()) && !self.is_superuser() =>
@@ -168,7 +175,7 @@ impl Engine {
         let Some(user) = &self.user else {
             return Ok(());
         };
-        let snapshot = self.catalog.snapshot();
+        let snapshot = self.snapshot();
         match snapshot.view(db, schema, name) {
             Some(view) if view.owner.as_deref() != Some(user.as_str()) && !self.is_superuser() => {
                 Err(CirroError::new(
@@ -240,7 +247,7 @@ impl Engine {
         target: Option<&(String, String, String)>,
     ) -> Result<()> {
         let (db, schema, name) = self.resolve(reference);
-        let snapshot = self.catalog.snapshot();
+        let snapshot = self.snapshot();
         if snapshot.table(&db, &schema, &name).is_some() {
             if target.is_some_and(|t| *t == (db.clone(), schema.clone(), name.clone())) {
                 return Ok(());
@@ -287,6 +294,7 @@ impl Engine {
                                 superuser,
                                 created_ms: cirro_catalog::state::now_ms(),
                                 settings: Default::default(),
+                                roles: Default::default(),
                             },
                         );
                         Ok(())
@@ -447,6 +455,44 @@ impl Engine {
                     .await?;
                 Ok(Outcome::command(what))
             }
+            AccessStatement::GrantRole {
+                roles,
+                users,
+                revoke,
+            } => {
+                let what = if revoke { "REVOKE" } else { "GRANT" };
+                self.require_superuser(&format!("{what} of a role"))?;
+                for role in &roles {
+                    if !PREDEFINED_ROLES.contains(&role.as_str()) {
+                        return Err(CirroError::new(
+                            SqlState::UNDEFINED_OBJECT,
+                            format!(
+                                "role \"{role}\" does not exist (the roles that can be granted: {})",
+                                PREDEFINED_ROLES.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                self.catalog
+                    .commit(|state| {
+                        for name in &users {
+                            let user = state
+                                .users
+                                .get_mut(name)
+                                .ok_or_else(|| undefined_user(name))?;
+                            for role in &roles {
+                                if revoke {
+                                    user.roles.remove(role);
+                                } else {
+                                    user.roles.insert(role.clone());
+                                }
+                            }
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                Ok(Outcome::command(if revoke { "REVOKE ROLE" } else { "GRANT ROLE" }))
+            }
         }
     }
 }
@@ -471,6 +517,7 @@ pub async fn bootstrap_superuser(
                         superuser: true,
                         created_ms: cirro_catalog::state::now_ms(),
                         settings: Default::default(),
+                        roles: Default::default(),
                     },
                 );
             }

@@ -167,6 +167,9 @@ pub struct QueryRecord {
     pub id: i64,
     pub pid: i32,
     pub user: String,
+    /// The database the session names tables in.
+    pub database: String,
+    /// Its text, passwords redacted.
     pub query: String,
     /// Microseconds since the epoch.
     pub submitted: i64,
@@ -189,6 +192,9 @@ pub struct QueryView {
     pub pid: i32,
     pub node: u32,
     pub user: String,
+    /// The database the session names tables in.
+    #[serde(default)]
+    pub database: String,
     pub query: String,
     pub state: QueryState,
     pub submitted: i64,
@@ -299,6 +305,7 @@ impl QueryRecord {
             pid: self.pid,
             node,
             user: self.user.clone(),
+            database: self.database.clone(),
             query: self.query.clone(),
             state: progress.state,
             submitted: self.submitted,
@@ -422,6 +429,7 @@ fn without_plan(view: &QueryView) -> QueryView {
         pid: view.pid,
         node: view.node,
         user: view.user.clone(),
+        database: view.database.clone(),
         query: view.query.clone(),
         state: view.state,
         submitted: view.submitted,
@@ -709,11 +717,17 @@ impl Backend {
         let n = activity.next_query.fetch_add(1, Ordering::Relaxed) & ((1 << QUERY_NODE_SHIFT) - 1);
         let id = ((activity.node as i64) << QUERY_NODE_SHIFT) | n as i64;
         // The text the client sent (as pg_stat_activity shows it).
-        let (user, query) = {
+        let (user, database, query) = {
             let backends = activity.backends.lock().unwrap_or_else(|e| e.into_inner());
             backends
                 .get(&self.pid)
-                .map(|e| (e.info.user.clone(), e.info.query.clone()))
+                .map(|e| {
+                    (
+                        e.info.user.clone(),
+                        e.info.database.clone(),
+                        e.info.query.clone(),
+                    )
+                })
                 .unwrap_or_default()
         };
         let now = now_micros();
@@ -721,6 +735,7 @@ impl Backend {
             id,
             pid: self.pid,
             user,
+            database,
             query,
             submitted: now,
             activity: Arc::downgrade(activity),
@@ -771,9 +786,11 @@ impl Backend {
 
     fn mark_active(&self, query: &str) {
         let now = now_micros();
+        // No password is ever kept in a text (see visibility.rs).
+        let query = cirro_sql::redact_passwords(query).into_owned();
         self.activity.update(self.pid, |info| {
             info.state = BackendState::Active;
-            info.query = query.to_string();
+            info.query = query;
             info.query_start = Some(now);
             info.state_change = now;
         });

@@ -113,7 +113,7 @@ pub(crate) fn ident_name(ident: &Ident) -> String {
 pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<Outcome> {
     let reference = object_reference(&alter.name)?;
     let (db, schema, name) = engine.resolve(&reference);
-    let snapshot = engine.catalog().snapshot();
+    let snapshot = engine.snapshot();
     if snapshot.view(&db, &schema, &name).is_some() {
         return Err(CirroError::new(
             SqlState::WRONG_OBJECT_TYPE,
@@ -133,7 +133,17 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
         ));
     }
     engine.check_owner(&db, &schema, &name, "ALTER it")?;
+    let relation = (db.clone(), schema.clone(), name.clone());
     if let [AlterTableOperation::RenameTable { table_name }] = alter.operations.as_slice() {
+        let views = crate::views::dependents(&snapshot, &relation);
+        if !views.is_empty() {
+            // A view keeps its query's text: it would lose the table.
+            return Err(crate::views::objects_depend(
+                &format!("rename table {name}"),
+                &format!("table {name}"),
+                &views,
+            ));
+        }
         return rename_table(engine, (&db, &schema, &name), table_name).await;
     }
     if alter.operations.is_empty() {
@@ -143,6 +153,7 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
         ));
     }
     let location = location_of(engine, &db, &schema, &name)?;
+    engine.check_transaction_alters(&location, &name)?;
     let table = engine
         .catalog()
         .open_table(&location)
@@ -179,6 +190,7 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     for operation in &alter.operations {
         apply(engine, &mut model, operation, &name)?;
     }
+    check_dependent_views(engine, &alter.operations, &model, &relation).await?;
     if model.operations.is_empty() {
         // Every operation was skipped (IF [NOT] EXISTS).
         return Ok(notice_outcome(model.notices));
@@ -712,8 +724,7 @@ async fn rename_table(
     }
     let new = reference.table().to_string();
     engine
-        .catalog()
-        .commit(|state| {
+        .commit_catalog(|state| {
             let target = state.schema_mut(db, schema)?;
             if target.relation_exists(&new) {
                 return Err(CirroError::new(
@@ -732,4 +743,71 @@ async fn rename_table(
         })
         .await?;
     Ok(Outcome::command("ALTER TABLE"))
+}
+
+/// Refuse (2BP01) to drop, rename or retype a column a view names, unless
+/// `DROP COLUMN … CASCADE`, which drops those views first.
+async fn check_dependent_views(
+    engine: &Engine,
+    operations: &[AlterTableOperation],
+    model: &Model,
+    relation: &crate::views::Relation,
+) -> Result<()> {
+    let mut affected: Vec<String> = model.dropped.clone();
+    affected.extend(model.renamed.iter().map(|(old, _)| old.clone()));
+    for operation in operations {
+        if let AlterTableOperation::AlterColumn {
+            column_name,
+            op: AlterColumnOperation::SetDataType { .. },
+        } = operation
+        {
+            affected.push(ident_name(column_name));
+        }
+    }
+    if affected.is_empty() {
+        return Ok(());
+    }
+    let snapshot = engine.snapshot();
+    let views = crate::views::column_dependents(&snapshot, relation, &affected);
+    if views.is_empty() {
+        return Ok(());
+    }
+    let cascade = operations.iter().any(|o| {
+        matches!(
+            o,
+            AlterTableOperation::DropColumn {
+                drop_behavior: Some(datafusion::sql::sqlparser::ast::DropBehavior::Cascade),
+                ..
+            }
+        )
+    });
+    let table = &relation.2;
+    if !cascade || !model.renamed.is_empty() {
+        let column = &affected[0];
+        let verb = if model.dropped.contains(column) {
+            "drop"
+        } else {
+            "alter"
+        };
+        return Err(crate::views::objects_depend(
+            &format!("{verb} column {column} of table {table}"),
+            &format!("column {column} of table {table}"),
+            &views,
+        ));
+    }
+    engine
+        .commit_catalog(|state| {
+            let all: Vec<_> = crate::views::column_dependents(state, relation, &affected)
+                .iter()
+                .flat_map(|v| {
+                    let mut closure = crate::views::dependents_closure(state, v);
+                    closure.push(v.clone());
+                    closure
+                })
+                .collect();
+            crate::views::remove_views(state, &all);
+            Ok(())
+        })
+        .await?;
+    Ok(())
 }

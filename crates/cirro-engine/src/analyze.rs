@@ -27,7 +27,7 @@ pub(crate) async fn run_analyze(engine: &Engine, tables: &[TableReference]) -> R
     engine.check_transaction_allows("ANALYZE")?;
     let targets: Vec<(String, String, String)> = if tables.is_empty() {
         let db = engine.default_database();
-        let snapshot = engine.catalog.snapshot();
+        let snapshot = engine.snapshot();
         let database = snapshot.database(&db)?;
         database
             .schemas

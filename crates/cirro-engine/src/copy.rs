@@ -452,7 +452,7 @@ impl Engine {
         }
         self.catalog().refresh().await?;
         let (db, schema, name) = self.resolve(table);
-        let snapshot = self.catalog().snapshot();
+        let snapshot = self.snapshot();
         if snapshot.table(&db, &schema, &name).is_none() {
             return Err(if snapshot.view(&db, &schema, &name).is_some() {
                 CirroError::new(

@@ -33,7 +33,7 @@ pub(crate) async fn create_table(
     distributed_by: Option<cirro_sql::DistributedBy>,
 ) -> Result<Outcome> {
     let (db, schema, name) = engine.resolve(&cmd.name);
-    let snapshot = engine.catalog().snapshot();
+    let snapshot = engine.snapshot();
     let existing = snapshot.schema(&db, &schema)?;
     if existing.relation_exists(&name) {
         if cmd.if_not_exists {
@@ -64,7 +64,15 @@ pub(crate) async fn create_table(
     let columns: Vec<Field> = planned
         .fields()
         .iter()
-        .map(|f| Field::new(f.name(), f.data_type().clone(), is_query || f.is_nullable()))
+        .map(|f| {
+            let field = Field::new(f.name(), f.data_type().clone(), is_query || f.is_nullable());
+            // A declared VARCHAR(n)/CHAR(n) length (cirro_common::char_length).
+            if is_query {
+                field
+            } else {
+                field.with_metadata(f.metadata().clone())
+            }
+        })
         .collect();
     let table_schema = Schema::new(columns);
     let mut options = TableOptions::from_sql(options, &table_schema)?;
@@ -146,7 +154,7 @@ where
     S: futures::Stream<Item = Result<arrow::array::RecordBatch>> + Unpin,
 {
     let catalog = engine.catalog();
-    catalog.snapshot().schema(db, schema)?;
+    engine.snapshot().schema(db, schema)?;
     if or_replace {
         engine.check_owner(db, schema, name, "replace it")?;
     }
@@ -167,8 +175,8 @@ where
             .await?;
         }
         let mut replaced = None;
-        catalog
-            .commit(|state| {
+        engine
+            .commit_catalog(|state| {
                 let target = state.schema_mut(db, schema)?;
                 if target.views.contains_key(name)
                     || target.tables.contains_key(name) && !or_replace
@@ -193,9 +201,9 @@ where
     .await;
     match created {
         Ok((rows, replaced)) => {
+            engine.note_created(&location);
             if let Some(old) = replaced {
-                catalog.forget_table(&old.location);
-                let _ = root.remove_dir(&old.location).await;
+                engine.remove_table_dir(&old.location).await;
             }
             Ok(rows)
         }
@@ -210,13 +218,28 @@ pub(crate) async fn drop_table(
     engine: &Engine,
     name: &TableReference,
     if_exists: bool,
+    cascade: bool,
 ) -> Result<Outcome> {
     let (db, schema, table) = engine.resolve(name);
-    let catalog = engine.catalog();
     let mut removed = None;
-    catalog
-        .commit(|state| {
+    let mut cascaded = Vec::new();
+    engine
+        .commit_catalog(|state| {
             removed = None;
+            let relation = (db.clone(), schema.clone(), table.clone());
+            cascaded = if state.table(&db, &schema, &table).is_some() {
+                crate::views::dependents_closure(state, &relation)
+            } else {
+                Vec::new()
+            };
+            if !cascaded.is_empty() && !cascade {
+                return Err(crate::views::objects_depend(
+                    &format!("drop table {table}"),
+                    &format!("table {table}"),
+                    &crate::views::dependents(state, &relation),
+                ));
+            }
+            crate::views::remove_views(state, &cascaded);
             let target = match state.schema_mut(&db, &schema) {
                 Ok(target) => target,
                 Err(_) if if_exists => return Ok(()),
@@ -240,9 +263,11 @@ pub(crate) async fn drop_table(
         .await?;
     match removed {
         Some(entry) => {
-            catalog.forget_table(&entry.location);
-            let _ = catalog.root().remove_dir(&entry.location).await;
-            Ok(Outcome::command("DROP TABLE"))
+            engine.remove_table_dir(&entry.location).await;
+            Ok(match crate::views::cascade_notice(&cascaded) {
+                Some(notice) => Outcome::with_notice("DROP TABLE", notice),
+                None => Outcome::command("DROP TABLE"),
+            })
         }
         None => Ok(Outcome::with_notice(
             "DROP TABLE",
@@ -279,8 +304,7 @@ pub(crate) async fn create_schema(
     }
     let mut existed = false;
     engine
-        .catalog()
-        .commit(|state| {
+        .commit_catalog(|state| {
             let database = state.databases.get_mut(&db).ok_or_else(|| {
                 CirroError::new(
                     SqlState::INVALID_CATALOG_NAME,
@@ -311,8 +335,7 @@ fn has_relations(schema: &SchemaEntry) -> bool {
 
 async fn remove_table_dirs(engine: &Engine, locations: Vec<String>) {
     for location in locations {
-        engine.catalog().forget_table(&location);
-        let _ = engine.catalog().root().remove_dir(&location).await;
+        engine.remove_table_dir(&location).await;
     }
 }
 
@@ -328,8 +351,7 @@ pub(crate) async fn drop_schema(
     };
     let mut removed: Option<SchemaEntry> = None;
     engine
-        .catalog()
-        .commit(|state| {
+        .commit_catalog(|state| {
             removed = None;
             let Some(database) = state.databases.get_mut(&db) else {
                 return if if_exists { Ok(()) } else {

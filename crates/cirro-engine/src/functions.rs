@@ -68,6 +68,11 @@ pub(crate) fn register(ctx: &SessionContext, superuser: &SuperuserCheck) {
         ctx.register_udtf(function.name(), Arc::new(function));
     }
     ctx.register_udf(cirro_exec::rules::segment_udf().as_ref().clone());
+    // PostgreSQL's template patterns, in place of DataFusion's chrono ones.
+    use cirro_exec::functions::pg_datetime;
+    ctx.register_udf(pg_datetime::to_char_udf());
+    ctx.register_udf(pg_datetime::to_date_udf());
+    ctx.register_udf(pg_datetime::to_timestamp_udf());
 }
 
 const READING_FILES: &str = "reading files on the server";

@@ -45,7 +45,7 @@ async fn schema_tables(
     db: &str,
     schema: &str,
 ) -> Result<Vec<(String, String, CirroTable)>> {
-    let snapshot = engine.catalog().snapshot();
+    let snapshot = engine.snapshot();
     let entries: Vec<(String, String)> = snapshot
         .schema(db, schema)?
         .tables
@@ -68,7 +68,7 @@ fn taken_names(
     schema: &str,
     tables: &[(String, String, CirroTable)],
 ) -> Result<Vec<String>> {
-    let snapshot = engine.catalog().snapshot();
+    let snapshot = engine.snapshot();
     let entry = snapshot.schema(db, schema)?;
     let mut names: Vec<String> = entry
         .tables
@@ -118,7 +118,7 @@ pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Resul
     }
     let table_ref = reference(&create.table_name)?;
     let (db, schema, table_name) = engine.resolve(&table_ref);
-    let snapshot = engine.catalog().snapshot();
+    let snapshot = engine.snapshot();
     if snapshot.view(&db, &schema, &table_name).is_some() {
         return Err(CirroError::new(
             SqlState::WRONG_OBJECT_TYPE,
@@ -127,6 +127,7 @@ pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Resul
     }
     let location = location_of(engine, &db, &schema, &table_name)?;
     engine.check_owner(&db, &schema, &table_name, "index it")?;
+    engine.check_transaction_alters(&location, &table_name)?;
     let table = engine
         .catalog()
         .open_table(&location)
@@ -255,7 +256,7 @@ pub(crate) async fn drop_index(
         let owner = tables
             .iter()
             .find(|(_, _, t)| t.options().indexes.iter().any(|i| i.name == index_name));
-        let Some((table_name, _, table)) = owner else {
+        let Some((table_name, location, table)) = owner else {
             if let Some((table_name, _, _)) = tables.iter().find(|(_, _, t)| {
                 t.options()
                     .constraints
@@ -279,6 +280,7 @@ pub(crate) async fn drop_index(
             ));
         };
         engine.check_owner(&db, &schema, table_name, "drop its index")?;
+        engine.check_transaction_alters(location, table_name)?;
         let table = table.without_row_ids();
         let mut options = table.options().clone();
         options.indexes.retain(|i| i.name != index_name);

@@ -48,6 +48,7 @@ pub mod system;
 mod time_travel;
 mod txn;
 mod views;
+pub mod visibility;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,7 +75,7 @@ pub use cirro_sql::{
     CopyIn, CopyOutSource, SettingStatement, TextFormat, is_complete, split_statements,
 };
 pub use copy_text::encode_row;
-pub use prepared::Prepared;
+pub use prepared::{NUMERIC_AT_BIND, Prepared};
 pub use settings::SERVER_VERSION;
 pub use storage::TableStorage;
 
@@ -428,6 +429,12 @@ impl Engine {
                 DEFAULT_SCHEMA,
             )
             .with_create_default_catalog_and_schema(false);
+        // Numbers with a decimal point or an exponent are NUMERIC, as in
+        // PostgreSQL (`0.1 + 0.2 = 0.3`), not binary floats.
+        session_config
+            .options_mut()
+            .sql_parser
+            .parse_float_as_decimal = true;
         // The hot-data tier's session switch (`SET cache`).
         session_config =
             session_config.with_option_extension(cirro_storage::cache::CacheOptions::default());
@@ -446,6 +453,7 @@ impl Engine {
         let mut builder = SessionStateBuilder::new()
             .with_config(session_config)
             .with_default_features()
+            .with_type_planner(Arc::new(cirro_sql::PgTypes))
             .with_analyzer_rules(cirro_exec::rules::analyzer_rules());
         if let Some(functions) = builder.aggregate_functions() {
             cirro_exec::functions::replace_udafs(functions);
@@ -485,6 +493,9 @@ impl Engine {
             ctx.register_object_store(root.url(), Arc::clone(root.store()));
         }
         functions::register(&ctx, &superuser);
+        for udf in cirro_exec::functions::sized::sized_udfs(&memory) {
+            ctx.register_udf(udf);
+        }
         functions::register_identity(
             &ctx,
             &functions::session_user_name(user.as_deref()),
@@ -500,6 +511,7 @@ impl Engine {
                 Arc::new(system::SystemSchema {
                     catalog: Arc::clone(&catalog),
                     backend: Arc::clone(&backend),
+                    viewer: visibility::StatementViewer::new(Arc::clone(&catalog), user.clone()),
                 }),
             );
         }
@@ -587,11 +599,13 @@ impl Engine {
         }
         self.catalog.refresh().await?;
         if let Some(SqlStatement::Prepare {
-            name, statement, ..
+            name,
+            data_types,
+            statement,
         }) = statement.sql()
         {
             return self
-                .prepare_sql(name, statement.as_ref().clone(), placeholders)
+                .prepare_sql(name, data_types, statement.as_ref().clone(), placeholders)
                 .await;
         }
         if matches!(statement.sql(), Some(SqlStatement::Execute { .. })) {
@@ -622,7 +636,10 @@ impl Engine {
             CirroStatement::Copy(CopyStatement::ToStdout { source, .. }) => {
                 copy::copy_out(self, source).await
             }
-            CirroStatement::Deallocate(None) => Ok(Outcome::command("DEALLOCATE ALL")),
+            CirroStatement::Deallocate(None) => {
+                self.forget_all_prepared();
+                Ok(Outcome::command("DEALLOCATE ALL"))
+            }
             CirroStatement::Deallocate(Some(name)) => {
                 if self.forget_prepared(&name) {
                     Ok(Outcome::command("DEALLOCATE"))
@@ -650,7 +667,6 @@ impl Engine {
                         "DISTRIBUTED BY belongs to CREATE TABLE",
                     ));
                 };
-                self.check_transaction_allows("DDL")?;
                 self.create_table_sql(&create, Some(distributed_by)).await
             }
             CirroStatement::Sql(statement) => self.run_sql(*statement).await,
@@ -665,6 +681,8 @@ impl Engine {
     pub(crate) async fn plan(&self, mut statement: DfStatement) -> Result<LogicalPlan> {
         self.counters.plans.fetch_add(1, Ordering::Relaxed);
         cirro_sql::values::detach_insert_values(&mut statement);
+        // A query's columns are named as PostgreSQL names them (`?column?`).
+        cirro_sql::names::name_outputs(&mut statement);
         let state = self.ctx.state();
         match state.statement_to_plan(statement.clone()).await {
             Err(e)
@@ -685,21 +703,60 @@ impl Engine {
         Ok(Outcome::Rows(frame.execute_stream().await?))
     }
 
-    /// Refuse DDL in a transaction.
+    /// Refuse in a transaction the DDL PostgreSQL refuses there (25001):
+    /// the other DDL is the transaction's (see txn.rs).
     fn check_ddl_allowed(&self, statement: &SqlStatement) -> Result<()> {
-        if matches!(
-            statement,
-            SqlStatement::CreateView(_)
-                | SqlStatement::CreateDatabase { .. }
-                | SqlStatement::Drop { .. }
-                | SqlStatement::CreateTable(_)
-                | SqlStatement::CreateSchema { .. }
-                | SqlStatement::AlterTable(_)
-                | SqlStatement::CreateIndex(_)
-        ) {
-            self.check_transaction_allows("DDL")?;
+        let what = match statement {
+            SqlStatement::CreateDatabase { .. } => "CREATE DATABASE",
+            SqlStatement::Drop {
+                object_type: ObjectType::Database,
+                ..
+            } => "DROP DATABASE",
+            _ => return Ok(()),
+        };
+        if self.in_transaction() {
+            return Err(CirroError::new(
+                SqlState::ACTIVE_SQL_TRANSACTION,
+                format!("{what} cannot run inside a transaction block"),
+            ));
         }
         Ok(())
+    }
+
+    /// `DROP TABLE|VIEW names [CASCADE]`, one relation after the other; the
+    /// notices of all of them.
+    async fn drop_relations(
+        &self,
+        views: bool,
+        names: &[datafusion::sql::sqlparser::ast::ObjectName],
+        if_exists: bool,
+        cascade: bool,
+    ) -> Result<Outcome> {
+        let mut notices = Vec::new();
+        let tag = if views { "DROP VIEW" } else { "DROP TABLE" };
+        for name in names {
+            let reference =
+                datafusion::sql::planner::object_name_to_table_reference(name.clone(), true)?;
+            let outcome = if views {
+                views::drop_view(self, &reference, if_exists, cascade).await?
+            } else {
+                let (db, schema, table) = self.resolve(&reference);
+                self.check_owner(&db, &schema, &table, "DROP it")?;
+                ddl::drop_table(self, &reference, if_exists, cascade).await?
+            };
+            if let Outcome::Command {
+                notice: Some(notice),
+                ..
+            } = outcome
+            {
+                notices.push(notice);
+            }
+        }
+        Ok(if notices.is_empty() {
+            Outcome::command(tag)
+        } else {
+            Outcome::with_notice(tag, notices.join("\n"))
+        })
     }
 
     /// Run a statement DataFusion parsed: the DDL Cirro runs from the AST,
@@ -727,6 +784,17 @@ impl Engine {
                     return ddl::create_database(self, &db_name.to_string(), *if_not_exists).await;
                 }
                 SqlStatement::CreateView(view) => return views::create_view(self, view).await,
+                SqlStatement::Drop {
+                    object_type: object_type @ (ObjectType::Table | ObjectType::View),
+                    if_exists,
+                    names,
+                    cascade,
+                    ..
+                } => {
+                    return self
+                        .drop_relations(*object_type == ObjectType::View, names, *if_exists, *cascade)
+                        .await;
+                }
                 SqlStatement::CreateIndex(create) => {
                     return indexes::create_index(self, create).await;
                 }
@@ -834,10 +902,10 @@ impl Engine {
                 DdlStatement::DropTable(cmd) => {
                     let (db, schema, name) = self.resolve(&cmd.name);
                     self.check_owner(&db, &schema, &name, "DROP it")?;
-                    ddl::drop_table(self, &cmd.name, cmd.if_exists).await
+                    ddl::drop_table(self, &cmd.name, cmd.if_exists, false).await
                 }
                 DdlStatement::DropView(cmd) => {
-                    views::drop_view(self, &cmd.name, cmd.if_exists).await
+                    views::drop_view(self, &cmd.name, cmd.if_exists, false).await
                 }
                 DdlStatement::CreateCatalogSchema(cmd) => {
                     self.require_superuser("CREATE SCHEMA")?;
@@ -861,7 +929,7 @@ impl Engine {
             },
             LogicalPlan::Dml(dml) => {
                 let (db, schema, name) = self.resolve(&dml.table_name);
-                if self.catalog.snapshot().view(&db, &schema, &name).is_some() {
+                if self.snapshot().view(&db, &schema, &name).is_some() {
                     return Err(CirroError::new(
                         SqlState::WRONG_OBJECT_TYPE,
                         format!("cannot change view \"{name}\": views are read-only"),
@@ -1053,6 +1121,26 @@ impl Engine {
         };
         let checked = prepared.change.table().options().has_checks()
             && !prepared.change.new_files().is_empty();
+        // A table the transaction created is its own until COMMIT names it:
+        // its changes commit there at once (see txn.rs).
+        let private = in_txn && self.created_in_transaction(&location);
+        if private {
+            if !prepared.change.is_empty() {
+                if checked {
+                    let post = prepared.change.apply()?;
+                    if let Err(e) =
+                        constraints::check(self, &name, &post, prepared.change.new_files()).await
+                    {
+                        prepared.change.discard().await;
+                        return Err(e);
+                    }
+                }
+                prepared.change.commit(prepared.operation).await?;
+            }
+            let table = self.catalog.open_table(&location).await?;
+            self.session.set(&location, table);
+            return Ok(outcome);
+        }
         if !in_txn {
             if prepared.change.is_empty() {
                 return Ok(outcome);

@@ -24,10 +24,30 @@ use datafusion_pg_catalog::pg_catalog::context::{
 };
 use datafusion_pg_catalog::pg_catalog::{PgCatalogSchemaProvider, PgCatalogStaticTables};
 
+use datafusion::logical_expr::planner::TypePlanner;
+
 use crate::Engine;
 use crate::access::SuperuserCheck;
 use crate::activity::{Backend, BackendInfo, BackendState};
 use crate::settings::{SERVER_VERSION, Settings, setting_name};
+
+/// Type planners asked in order; the first that plans a type wins.
+#[derive(Debug)]
+struct TypePlanners(Vec<Arc<dyn TypePlanner>>);
+
+impl TypePlanner for TypePlanners {
+    fn plan_type_field(
+        &self,
+        sql_type: &datafusion::sql::sqlparser::ast::DataType,
+    ) -> DfResult<Option<arrow::datatypes::FieldRef>> {
+        for planner in &self.0 {
+            if let Some(field) = planner.plan_type_field(sql_type)? {
+                return Ok(Some(field));
+            }
+        }
+        Ok(None)
+    }
+}
 
 impl Engine {
     /// Give this session PostgreSQL's catalog and functions, with `database`
@@ -36,6 +56,24 @@ impl Engine {
         let ctx = self.context();
         datafusion_pg_catalog::pg_catalog::setup_pg_catalog(ctx, database, EmptyContextProvider)
             .map_err(|e| CirroError::from(*e))?;
+        // It sets a type planner of its own (oid aliases): Cirro's SQL types
+        // (FLOAT is double precision, VARCHAR(n) keeps n) come first.
+        {
+            let state = ctx.state_ref();
+            let existing = state.read().clone();
+            let mut builder =
+                datafusion::execution::session_state::SessionStateBuilder::new_from_existing(
+                    existing,
+                );
+            let mut planners: Vec<Arc<dyn TypePlanner>> = vec![Arc::new(cirro_sql::PgTypes)];
+            if let Some(theirs) = builder.type_planner().take() {
+                planners.push(theirs);
+            }
+            let chained = builder
+                .with_type_planner(Arc::new(TypePlanners(planners)))
+                .build();
+            *state.write() = chained;
+        }
         // Its pg_catalog, replaced: views of this database only, Cirro's
         // users as roles, and only the databases that exist.
         let list = Arc::clone(ctx.state().catalog_list());
@@ -53,6 +91,10 @@ impl Engine {
             inner,
             list,
             backend: Arc::clone(&self.backend),
+            viewer: crate::visibility::StatementViewer::new(
+                Arc::clone(self.catalog()),
+                self.user().map(str::to_string),
+            ),
         });
         ctx.catalog(database)
             .ok_or_else(|| CirroError::internal(format!("no catalog for database {database}")))?
@@ -361,6 +403,7 @@ struct CirroPgCatalog {
     inner: PgCatalogSchemaProvider<OneDatabase, CirroRoles>,
     list: Arc<dyn CatalogProviderList>,
     backend: BackendSlot,
+    viewer: crate::visibility::StatementViewer,
 }
 
 #[async_trait]
@@ -376,7 +419,7 @@ impl SchemaProvider for CirroPgCatalog {
             let backends = self
                 .backend
                 .get()
-                .map(|b| b.activity().backends())
+                .map(|b| self.viewer.backends(b.activity().backends()))
                 .unwrap_or_default();
             return Ok(Some(pg_stat_activity(&backends)?));
         }

@@ -31,7 +31,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::{DataType, Field, SchemaRef};
 use cirro_catalog::PAST_VERSION_PREFIX;
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_sql::{Parsed, Statement as CirroStatement};
@@ -39,8 +39,8 @@ use cirro_storage::CirroTable;
 use datafusion::catalog::TableProvider;
 use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::common::TableReference;
-use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
-use datafusion::logical_expr::{LogicalPlan, TableType};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::logical_expr::{Expr, LogicalPlan, TableType};
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::planner::IdentNormalizer;
@@ -56,6 +56,9 @@ pub struct Prepared {
     /// The type each placeholder `$1 … $n` takes where it stands (None:
     /// anything goes, as in `SELECT $1`).
     placeholder_types: Vec<Option<DataType>>,
+    /// The types the client declared (Parse's parameter types, `PREPARE
+    /// name (types)`), which win over inferred ones.
+    declared: Vec<Option<DataType>>,
     /// The columns of the rows it returns (None: a command).
     schema: Option<SchemaRef>,
     /// The plan, for statements that keep one.
@@ -156,14 +159,78 @@ fn is_snapshot(provider: &Arc<dyn TableProvider>) -> bool {
     (provider.as_ref() as &dyn std::any::Any).is::<datafusion::datasource::MemTable>()
 }
 
+/// `plan` (as planned, before type coercion) with each placeholder whose
+/// type the client declared taking that type: the analyzer then coerces
+/// around it as PostgreSQL does around a typed parameter (`k < $1` with a
+/// float8 `$1` compares as floats).
+fn declare_placeholders(plan: LogicalPlan, declared: &[Option<DataType>]) -> Result<LogicalPlan> {
+    if declared.iter().all(Option::is_none) {
+        return Ok(plan);
+    }
+    let declared_type = |id: &str| {
+        let index = id.strip_prefix('$')?.parse::<usize>().ok()?;
+        declared.get(index.checked_sub(1)?)?.clone()
+    };
+    let plan = plan.transform_up_with_subqueries(|node| {
+        let node = node.map_expressions(|expr| {
+            expr.transform_up(|e| match e {
+                Expr::Placeholder(mut p) => match declared_type(&p.id) {
+                    Some(t) if p.field.as_ref().map(|f| f.data_type()) != Some(&t) => {
+                        p.field = Some(Arc::new(Field::new(p.id.clone(), t, true)));
+                        Ok(Transformed::yes(Expr::Placeholder(p)))
+                    }
+                    _ => Ok(Transformed::no(Expr::Placeholder(p))),
+                },
+                other => Ok(Transformed::no(other)),
+            })
+        })?;
+        // A node above a changed one gets its input's new types too.
+        node.map_data(|n| n.recompute_schema())
+    })?;
+    Ok(plan.data)
+}
+
+/// The type a front end declares for a NUMERIC parameter whose scale comes
+/// with each value (`NUMERIC_AT_BIND`, Decimal128(0, 0), a marker no real
+/// decimal has): planned as [`NUMERIC_PLANNED`] at Parse (so the client is
+/// told NUMERIC), and planned again for each execution's value.
+pub const NUMERIC_AT_BIND: DataType = DataType::Decimal128(0, 0);
+
+/// What a NUMERIC parameter is planned as before its value is known.
+const NUMERIC_PLANNED: DataType = DataType::Decimal128(38, 10);
+
+fn is_numeric_at_bind(declared: &Option<DataType>) -> bool {
+    declared.as_ref() == Some(&NUMERIC_AT_BIND)
+}
+
+/// A bound NUMERIC as a valid Arrow decimal: a client's `0.06` arrives as
+/// DECIMAL(1,2) (digits counted without the leading zeros), which Arrow
+/// cannot hold; it becomes DECIMAL(38,2), the same value.
+fn valid_decimal(value: ScalarValue) -> ScalarValue {
+    match value {
+        ScalarValue::Decimal128(v, p, s) if s >= 0 && (p < s as u8 || p == 0) => {
+            ScalarValue::Decimal128(v, arrow::datatypes::DECIMAL128_MAX_PRECISION, s)
+        }
+        other => other,
+    }
+}
+
 /// `value` as a value of `to`, cast as PostgreSQL casts a parameter to the
 /// type of the place it stands in: text parses (22P02 when it cannot), a
-/// number widens or must fit (22003).
-fn cast_parameter(value: ScalarValue, to: &DataType, index: usize) -> Result<ScalarValue> {
+/// number widens or must fit (22003), a fraction rounds to an integer
+/// (floats to the nearest even, NUMERIC half away from zero) and a NUMERIC
+/// to a smaller scale.
+pub(crate) fn cast_parameter(value: ScalarValue, to: &DataType, index: usize) -> Result<ScalarValue> {
+    let value = valid_decimal(value);
     if &value.data_type() == to {
         return Ok(value);
     }
     let from = value.data_type();
+    let value = if to.is_integer() {
+        cirro_exec::functions::numeric::round_scalar_to_integer(value)
+    } else {
+        value
+    };
     value.cast_to(to).map_err(|e| {
         let state = if matches!(
             from,
@@ -175,10 +242,18 @@ fn cast_parameter(value: ScalarValue, to: &DataType, index: usize) -> Result<Sca
         } else {
             SqlState::DATATYPE_MISMATCH
         };
-        CirroError::new(
-            state,
-            format!("parameter ${index} ({from}) cannot be used as {to}: {e}"),
-        )
+        let message = match state {
+            SqlState::NUMERIC_VALUE_OUT_OF_RANGE => format!(
+                "parameter ${index}: {} out of range",
+                cirro_storage::schema::sql_type_name(to).to_lowercase()
+            ),
+            _ => format!(
+                "parameter ${index} ({}) cannot be used as {}: {e}",
+                cirro_storage::schema::sql_type_name(&from).to_lowercase(),
+                cirro_storage::schema::sql_type_name(to).to_lowercase()
+            ),
+        };
+        CirroError::new(state, message)
     })
 }
 
@@ -187,8 +262,20 @@ impl Engine {
     /// the statement (syntax, missing tables, privileges) are reported here,
     /// as PostgreSQL reports them at Parse.
     pub fn prepare(&self, parsed: Parsed) -> futures::future::BoxFuture<'_, Result<Prepared>> {
+        self.prepare_typed(parsed, Vec::new())
+    }
+
+    /// [`Engine::prepare`] with the types the client declared for `$1 …`
+    /// (None where it left one to be inferred), as PostgreSQL's Parse takes
+    /// them: a declared type is the parameter's type, and the statement is
+    /// planned around it (`$1 * 2` with a float8 `$1` is a float).
+    pub fn prepare_typed(
+        &self,
+        parsed: Parsed,
+        declared: Vec<Option<DataType>>,
+    ) -> futures::future::BoxFuture<'_, Result<Prepared>> {
         Box::pin(async move {
-            let result = self.prepare_inner(parsed).await;
+            let result = self.prepare_inner(parsed, declared).await;
             if result.is_err() {
                 self.fail_transaction();
             }
@@ -196,11 +283,17 @@ impl Engine {
         })
     }
 
-    async fn prepare_inner(&self, parsed: Parsed) -> Result<Prepared> {
+    async fn prepare_inner(
+        &self,
+        parsed: Parsed,
+        declared: Vec<Option<DataType>>,
+    ) -> Result<Prepared> {
         if self.transaction_aborted() && !ends_transaction(&parsed.statement) {
             return Err(txn::aborted());
         }
-        let snapshot = self.catalog.refresh().await?;
+        self.catalog.refresh().await?;
+        // The session's view: a transaction's DDL makes a version of its own.
+        let snapshot = self.snapshot();
         let Parsed {
             statement,
             placeholders,
@@ -209,6 +302,7 @@ impl Engine {
         let unplanned = |schema| Prepared {
             statement: statement.clone(),
             placeholder_types: vec![None; placeholders],
+            declared: Vec::new(),
             schema,
             plan: None,
         };
@@ -241,7 +335,11 @@ impl Engine {
             };
             return Ok(unplanned(schema));
         };
-        let (plan, replans) = self.plan_prepared(&statement).await?;
+        let planning: Vec<Option<DataType>> = declared
+            .iter()
+            .map(|d| if is_numeric_at_bind(d) { Some(NUMERIC_PLANNED) } else { d.clone() })
+            .collect();
+        let (plan, replans) = self.plan_prepared(&statement, &planning).await?;
         let types = plan.get_parameter_types()?;
         let placeholder_types = (1..=placeholders)
             .map(|i| types.get(&format!("${i}")).cloned().flatten())
@@ -250,6 +348,7 @@ impl Engine {
         Ok(Prepared {
             statement,
             placeholder_types,
+            declared,
             schema,
             plan: Some(Mutex::new(CachedPlan {
                 plan,
@@ -278,14 +377,22 @@ impl Engine {
 
     /// Plan a statement that keeps its plan; says whether it must be
     /// planned again for each execution (it reads views or system tables).
-    async fn plan_prepared(&self, statement: &CirroStatement) -> Result<(LogicalPlan, bool)> {
+    async fn plan_prepared(
+        &self,
+        statement: &CirroStatement,
+        declared: &[Option<DataType>],
+    ) -> Result<(LogicalPlan, bool)> {
         let CirroStatement::Sql(sql) = statement else {
             return Err(CirroError::internal("only SQL statements keep a plan"));
         };
         let mut sql = sql.as_ref().clone();
         crate::time_travel::resolve_time_travel(self, &mut sql).await?;
         let shows = shows_data(&sql);
-        let plan = self.plan(sql).await?;
+        let declared: Vec<Option<DataType>> = declared
+            .iter()
+            .map(|d| if is_numeric_at_bind(d) { Some(NUMERIC_PLANNED) } else { d.clone() })
+            .collect();
+        let plan = declare_placeholders(self.plan(sql).await?, &declared)?;
         self.check_plan(&plan)?;
         let mut replans = shows;
         plan.apply_with_subqueries(|node| {
@@ -343,16 +450,45 @@ impl Engine {
         if self.transaction_aborted() {
             return Err(txn::aborted());
         }
+        // NUMERIC parameters take the scale of the value bound to them, as
+        // a PostgreSQL NUMERIC value carries its own: planned for these
+        // values (not cached).
+        let values: Vec<ScalarValue> = values.into_iter().map(valid_decimal).collect();
+        let at_bind = prepared.declared.iter().any(is_numeric_at_bind);
+        let bind_declared: Vec<Option<DataType>> = prepared
+            .declared
+            .iter()
+            .zip(&values)
+            .map(|(declared, value)| match (declared, value) {
+                (Some(d), ScalarValue::Decimal128(_, p, s)) if is_numeric_at_bind(&Some(d.clone())) => {
+                    Some(DataType::Decimal128((*p).max(*s as u8).max(1), *s))
+                }
+                (Some(d), _) if is_numeric_at_bind(&Some(d.clone())) => Some(NUMERIC_PLANNED),
+                (other, _) => other.clone(),
+            })
+            .collect();
+        let types: Vec<Option<DataType>> = if at_bind {
+            bind_declared.clone()
+        } else {
+            prepared.placeholder_types.clone()
+        };
         let values = values
             .into_iter()
-            .zip(&prepared.placeholder_types)
             .enumerate()
-            .map(|(i, (value, to))| match to {
-                Some(to) => cast_parameter(value, to, i + 1),
+            .map(|(i, value)| match types.get(i).cloned().flatten().or_else(|| prepared.placeholder_types[i].clone()) {
+                Some(to) => cast_parameter(value, &to, i + 1),
                 None => Ok(value),
             })
             .collect::<Result<Vec<_>>>()?;
-        let snapshot = self.catalog.refresh().await?;
+        if at_bind {
+            let (plan, _) = self.plan_prepared(&prepared.statement, &bind_declared).await?;
+            let plan = plan.with_param_values(values)?;
+            self.check_plan(&plan)?;
+            return self.execute_plan(plan).await;
+        }
+        self.catalog.refresh().await?;
+        // The session's view: a transaction's DDL makes a version of its own.
+        let snapshot = self.snapshot();
         let reuse = cached
             .lock()
             .ok()
@@ -361,7 +497,9 @@ impl Engine {
         let plan = match reuse {
             Some(plan) => self.with_current_tables(plan).await?,
             None => {
-                let (plan, replans) = self.plan_prepared(&prepared.statement).await?;
+                let (plan, replans) = self
+                    .plan_prepared(&prepared.statement, &prepared.declared)
+                    .await?;
                 if let Ok(mut c) = cached.lock() {
                     *c = CachedPlan {
                         plan: plan.clone(),
@@ -395,6 +533,7 @@ impl Engine {
     pub(crate) async fn prepare_sql(
         &self,
         name: &Ident,
+        data_types: &[datafusion::sql::sqlparser::ast::DataType],
         statement: SqlStatement,
         placeholders: usize,
     ) -> Result<Outcome> {
@@ -404,7 +543,8 @@ impl Engine {
             placeholders,
             parses: 0,
         };
-        let prepared = Arc::new(self.prepare_inner(parsed).await?);
+        let declared = self.declared_types(data_types).await?;
+        let prepared = Arc::new(self.prepare_inner(parsed, declared).await?);
         let mut all = self
             .sql_prepared
             .lock()
@@ -417,6 +557,33 @@ impl Engine {
         }
         all.insert(name, prepared);
         Ok(Outcome::command("PREPARE"))
+    }
+
+    /// The Arrow types of `PREPARE name (types)`'s SQL types, as a CAST to
+    /// them would plan them.
+    async fn declared_types(
+        &self,
+        data_types: &[datafusion::sql::sqlparser::ast::DataType],
+    ) -> Result<Vec<Option<DataType>>> {
+        if data_types.is_empty() {
+            return Ok(Vec::new());
+        }
+        let casts: Vec<String> = data_types
+            .iter()
+            .map(|t| format!("CAST(NULL AS {t})"))
+            .collect();
+        let sql = format!("SELECT {}", casts.join(", "));
+        let statement = cirro_sql::parse(&sql)?.statement;
+        let CirroStatement::Sql(statement) = statement else {
+            return Err(CirroError::internal("a cast parsed into another statement"));
+        };
+        let plan = self.plan(*statement).await?;
+        Ok(plan
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| Some(f.data_type().clone()))
+            .collect())
     }
 
     /// `EXECUTE name (values)`: the values are computed (they may be any
@@ -441,6 +608,13 @@ impl Engine {
             .lock()
             .map(|mut p| p.remove(name).is_some())
             .unwrap_or(false)
+    }
+
+    /// `DEALLOCATE ALL` of the statements PREPAREd in SQL.
+    pub fn forget_all_prepared(&self) {
+        if let Ok(mut prepared) = self.sql_prepared.lock() {
+            prepared.clear();
+        }
     }
 
     /// The values of expressions without columns (`VALUES (e1, e2, …)`).

@@ -40,6 +40,8 @@ pub(crate) struct SystemSchema {
     pub(crate) catalog: Arc<Catalog>,
     /// The session's entry in the server's registry (for `queries`).
     pub(crate) backend: Arc<std::sync::OnceLock<crate::activity::Backend>>,
+    /// What of other sessions' statements the session's user may see.
+    pub(crate) viewer: crate::visibility::StatementViewer,
 }
 
 #[async_trait]
@@ -56,7 +58,9 @@ impl SchemaProvider for SystemSchema {
             "statistics" => Ok(Some(statistics_table(&self.catalog)?)),
             "queries" => {
                 let views = match self.backend.get() {
-                    Some(backend) => backend.activity().cluster_queries().await,
+                    Some(backend) => self
+                        .viewer
+                        .queries(backend.activity().cluster_queries().await),
                     None => Vec::new(),
                 };
                 Ok(Some(crate::queries::queries_table(&views)?))

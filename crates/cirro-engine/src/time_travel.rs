@@ -160,7 +160,6 @@ pub(crate) async fn resolve_time_travel(
 /// The location of table `db.schema.name`, or 42P01.
 pub(crate) fn location_of(engine: &Engine, db: &str, schema: &str, name: &str) -> Result<String> {
     engine
-        .catalog
         .snapshot()
         .table(db, schema, name)
         .map(|entry| entry.location.clone())

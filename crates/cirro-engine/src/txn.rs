@@ -19,9 +19,24 @@
 //!
 //! A transaction writes one table. Delta commits are per table, so changes to
 //! two tables could not become visible atomically: the first statement that
-//! writes a second table fails with 0A000. DDL and COPY inside a transaction
-//! fail with 0A000 too. As in PostgreSQL, after an error the transaction is
-//! aborted: statements fail with 25P02 until ROLLBACK (COMMIT then rolls back).
+//! writes a second table fails with 0A000. As in PostgreSQL, after an error
+//! the transaction is aborted: statements fail with 25P02 until ROLLBACK
+//! (COMMIT then rolls back).
+//!
+//! DDL in a transaction (CREATE/DROP TABLE, VIEW, SCHEMA; ALTER TABLE and
+//! CREATE INDEX of the tables it created) changes the transaction's own copy
+//! of the catalog ([`CatalogDdl`]), which only its session sees (through
+//! `SessionTables`' overlay). A table it creates is written at once to a new
+//! directory no other session can name, so the rows the transaction writes
+//! to it commit there directly; a table it drops keeps its files. COMMIT
+//! publishes every created, changed and dropped object in one catalog
+//! commit, merged into the catalog as other sessions left it: a name another
+//! session took meanwhile is 42P07, an object another session changed or
+//! dropped meanwhile 40001. Only after that commit are the dropped tables'
+//! files removed; ROLLBACK (or a failed COMMIT) removes the created tables'
+//! directories. Until multi-table transactions exist, a transaction that
+//! ran DDL may not also write a table that existed before it (0A000), nor
+//! roll back to a savepoint.
 //!
 //! A session's transaction is one state machine ([`TxnState`]):
 //!
@@ -48,6 +63,10 @@ use cirro_storage::CirroTable;
 use cirro_storage::mutate::{Change, commit_difference, difference, remove_paths};
 use deltalake::protocol::DeltaOperation;
 use object_store::path::Path;
+
+use std::sync::Arc;
+
+use cirro_catalog::CatalogState;
 
 use crate::{Engine, Outcome};
 
@@ -77,6 +96,151 @@ struct Savepoint {
 pub(crate) struct Transaction {
     pub written: Option<WrittenTable>,
     savepoints: Vec<Savepoint>,
+    /// The catalog as the transaction's DDL left it (None: no DDL yet).
+    pub ddl: Option<CatalogDdl>,
+}
+
+/// Marks the version of a transaction's own catalog (never a real one), so
+/// that no plan cached against the shared catalog is taken for it.
+const OVERLAY_VERSION: u64 = 1 << 62;
+
+/// What a transaction's DDL did to the catalog, published at COMMIT.
+pub(crate) struct CatalogDdl {
+    /// The catalog when the transaction's first DDL ran.
+    base: Arc<CatalogState>,
+    /// The transaction's catalog: `base` with its DDL applied.
+    pub state: Arc<CatalogState>,
+    /// Directories of the tables it created (removed unless it commits).
+    created: Vec<String>,
+    /// Directories of the tables it dropped (removed once it commits).
+    dropped: Vec<String>,
+}
+
+impl CatalogDdl {
+    fn new(base: Arc<CatalogState>) -> Self {
+        Self {
+            state: Arc::clone(&base),
+            base,
+            created: Vec::new(),
+            dropped: Vec::new(),
+        }
+    }
+
+    /// Whether the transaction created the table stored at `location`.
+    pub fn created(&self, location: &str) -> bool {
+        self.created.iter().any(|c| c == location)
+    }
+}
+
+/// Refuse a write of a pre-existing table in a transaction with DDL.
+fn ddl_and_writes(name: &str) -> CirroError {
+    CirroError::unsupported(format!(
+        "a transaction that runs DDL can write only the tables it created, so it cannot change \"{name}\" \
+         (the catalog and an existing table cannot commit atomically yet): COMMIT first"
+    ))
+}
+
+/// Merge what a transaction changed between `base` and `mine` into
+/// `latest` (the catalog as other sessions left it).
+fn merge_ddl(base: &CatalogState, mine: &CatalogState, latest: &mut CatalogState) -> Result<()> {
+    for (db, database) in &mine.databases {
+        let Some(target_db) = latest.databases.get_mut(db) else {
+            return Err(CirroError::new(
+                SqlState::SERIALIZATION_FAILURE,
+                format!("database \"{db}\" was dropped by another session; the transaction cannot commit"),
+            ));
+        };
+        let base_db = base.databases.get(db);
+        for (schema, entry) in &database.schemas {
+            let base_schema = base_db.and_then(|d| d.schemas.get(schema));
+            let target = match (base_schema, target_db.schemas.get_mut(schema)) {
+                (None, Some(_)) => {
+                    return Err(CirroError::new(
+                        SqlState::DUPLICATE_SCHEMA,
+                        format!("schema \"{schema}\" already exists"),
+                    ));
+                }
+                (Some(_), None) => {
+                    return Err(CirroError::new(
+                        SqlState::SERIALIZATION_FAILURE,
+                        format!("schema \"{schema}\" was dropped by another session; the transaction cannot commit"),
+                    ));
+                }
+                (None, None) => target_db.schemas.entry(schema.clone()).or_default(),
+                (Some(_), Some(target)) => target,
+            };
+            let empty = Default::default();
+            let base_schema = base_schema.unwrap_or(&empty);
+            merge_map(&base_schema.tables, &entry.tables, &mut target.tables, &target.views)?;
+            let tables = target.tables.clone();
+            merge_map(&base_schema.views, &entry.views, &mut target.views, &tables)?;
+        }
+        // Schemas the transaction dropped.
+        if let Some(base_db) = base_db {
+            for (schema, entry) in &base_db.schemas {
+                if database.schemas.contains_key(schema) {
+                    continue;
+                }
+                match target_db.schemas.get(schema) {
+                    Some(now) if now != entry => {
+                        return Err(CirroError::new(
+                            SqlState::SERIALIZATION_FAILURE,
+                            format!("schema \"{schema}\" was changed by another session; the transaction cannot commit"),
+                        ));
+                    }
+                    _ => {
+                        target_db.schemas.remove(schema);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One kind of relation (tables or views) of a schema: each name the
+/// transaction created, changed or dropped, checked against what other
+/// sessions did to it; `others` holds the other kind's names.
+fn merge_map<V: Clone + PartialEq, W>(
+    base: &std::collections::BTreeMap<String, V>,
+    mine: &std::collections::BTreeMap<String, V>,
+    latest: &mut std::collections::BTreeMap<String, V>,
+    others: &std::collections::BTreeMap<String, W>,
+) -> Result<()> {
+    let names: std::collections::BTreeSet<&String> = base.keys().chain(mine.keys()).collect();
+    for name in names {
+        let (before, after) = (base.get(name), mine.get(name));
+        if before == after {
+            continue;
+        }
+        let now = latest.get(name);
+        match before {
+            None if now.is_some() || others.contains_key(name) => {
+                return Err(CirroError::new(
+                    SqlState::DUPLICATE_TABLE,
+                    format!("relation \"{name}\" already exists"),
+                ));
+            }
+            Some(before) if now != Some(before) => {
+                return Err(CirroError::new(
+                    SqlState::SERIALIZATION_FAILURE,
+                    format!(
+                        "relation \"{name}\" was changed or dropped by another session since the transaction read it"
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        match after {
+            Some(after) => {
+                latest.insert(name.clone(), after.clone());
+            }
+            None => {
+                latest.remove(name);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where a session's transaction stands (see the module docs).
@@ -105,6 +269,10 @@ impl Transaction {
         change: Change,
         changes_rows: bool,
     ) -> Result<CirroTable> {
+        if self.ddl.is_some() {
+            change.discard().await;
+            return Err(ddl_and_writes(name));
+        }
         if let Some(written) = &self.written {
             if written.location != location {
                 let other = written.name.clone();
@@ -337,6 +505,136 @@ impl Engine {
         }
     }
 
+    /// The catalog as this session sees it: with its transaction's DDL.
+    pub(crate) fn snapshot(&self) -> Arc<CatalogState> {
+        self.session.state(&self.catalog)
+    }
+
+    /// Change the catalog: one commit now, or, in a transaction, a change
+    /// of the transaction's catalog that COMMIT publishes (see the module
+    /// docs). Returns the catalog as the session now sees it.
+    pub(crate) async fn commit_catalog<F>(&self, mut change: F) -> Result<Arc<CatalogState>>
+    where
+        F: FnMut(&mut CatalogState) -> Result<()>,
+    {
+        if !self.in_transaction() {
+            return self.catalog.commit(change).await;
+        }
+        let Some(mut held) = self.hold_transaction() else {
+            return Err(aborted());
+        };
+        let Some(txn) = held.txn.as_mut() else {
+            return Err(CirroError::internal("the transaction ended during a statement"));
+        };
+        if let Some(written) = &txn.written {
+            let name = written.name.clone();
+            held.put_back();
+            return Err(ddl_and_writes(&name));
+        }
+        let ddl = txn
+            .ddl
+            .get_or_insert_with(|| CatalogDdl::new(self.catalog.snapshot()));
+        let mut next = (*ddl.state).clone();
+        let changed = change(&mut next);
+        if let Err(e) = changed {
+            held.put_back();
+            return Err(e);
+        }
+        next.version = OVERLAY_VERSION + (next.version & (OVERLAY_VERSION - 1)) + 1;
+        ddl.state = Arc::new(next);
+        let state = Arc::clone(&ddl.state);
+        self.session.set_overlay(Some(Arc::clone(&state)));
+        held.put_back();
+        Ok(state)
+    }
+
+    /// Remove the directory of a dropped table: now, or in a transaction
+    /// once it commits.
+    pub(crate) async fn remove_table_dir(&self, location: &str) {
+        if self.in_transaction() {
+            let mut state = self.txn.lock().ok();
+            if let Some(TxnState::InProgress(txn) | TxnState::Failed(txn)) = state.as_deref_mut()
+                && let Some(ddl) = txn.ddl.as_mut()
+            {
+                // Removed once the transaction commits (one it created is
+                // removed by a ROLLBACK too: it is in `created`).
+                ddl.dropped.push(location.to_string());
+                return;
+            }
+        }
+        self.catalog.forget_table(location);
+        let _ = self.catalog.root().remove_dir(location).await;
+    }
+
+    /// A table directory the transaction's DDL just made (removed unless the
+    /// transaction commits); nothing outside one.
+    pub(crate) fn note_created(&self, location: &str) {
+        if let Ok(mut state) = self.txn.lock()
+            && let TxnState::InProgress(txn) | TxnState::Failed(txn) = &mut *state
+            && let Some(ddl) = txn.ddl.as_mut()
+        {
+            ddl.created.push(location.to_string());
+        }
+    }
+
+    /// Whether the open transaction created the table at `location`.
+    pub(crate) fn created_in_transaction(&self, location: &str) -> bool {
+        self.txn
+            .lock()
+            .map(|state| match &*state {
+                TxnState::InProgress(txn) | TxnState::Failed(txn) => {
+                    txn.ddl.as_ref().is_some_and(|d| d.created(location))
+                }
+                TxnState::Idle => false,
+            })
+            .unwrap_or(false)
+    }
+
+    /// Refuse ALTER TABLE (and CREATE INDEX) of a table in a transaction
+    /// unless the transaction created it.
+    pub(crate) fn check_transaction_alters(&self, location: &str, name: &str) -> Result<()> {
+        if self.in_transaction() && !self.created_in_transaction(location) {
+            return Err(CirroError::unsupported(format!(
+                "ALTER TABLE and CREATE INDEX of \"{name}\" cannot run inside a transaction block \
+                 (only of tables the transaction created); COMMIT or ROLLBACK first"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Publish a transaction's DDL (one catalog commit), then remove what
+    /// it dropped; on failure remove what it created.
+    async fn commit_ddl(&self, ddl: CatalogDdl) -> Result<()> {
+        // The crash tests stop here: the created tables are written, the
+        // catalog does not name them yet.
+        cirro_storage::failpoint::reach("txn.ddl_commit", 1);
+        let merged = self
+            .catalog
+            .commit(|latest| merge_ddl(&ddl.base, &ddl.state, latest))
+            .await;
+        match merged {
+            Ok(_) => {
+                for location in &ddl.dropped {
+                    self.catalog.forget_table(location);
+                    let _ = self.catalog.root().remove_dir(location).await;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.rollback_ddl(ddl).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Remove the directories of the tables a transaction created.
+    async fn rollback_ddl(&self, ddl: CatalogDdl) {
+        for location in &ddl.created {
+            self.catalog.forget_table(location);
+            let _ = self.catalog.root().remove_dir(location).await;
+        }
+    }
+
     /// Refuse what a transaction cannot hold.
     pub(crate) fn check_transaction_allows(&self, what: &str) -> Result<()> {
         if self.in_transaction() {
@@ -390,6 +688,18 @@ impl Engine {
             TxnState::Failed(txn) => (txn, true),
         };
         self.session.end();
+        self.session.set_overlay(None);
+        let mut txn = txn;
+        if let Some(ddl) = txn.ddl.take() {
+            // DDL and writes of existing tables never share a transaction.
+            txn.rollback().await;
+            if commit && !failed {
+                self.commit_ddl(ddl).await?;
+                return Ok(Outcome::command("COMMIT"));
+            }
+            self.rollback_ddl(ddl).await;
+            return Ok(Outcome::command("ROLLBACK"));
+        }
         if commit && !failed {
             // A table with constraints: check again, under its write lock,
             // against what other writers committed since the transaction
@@ -469,6 +779,11 @@ impl Engine {
                 Ok(None)
             }
             (SavepointOp::Release, Some(txn)) => txn.release(name).map(|_| None),
+            (SavepointOp::RollbackTo, Some(txn)) if txn.ddl.is_some() => {
+                Err(CirroError::unsupported(
+                    "ROLLBACK TO SAVEPOINT in a transaction that ran DDL is not supported: ROLLBACK the transaction",
+                ))
+            }
             (SavepointOp::RollbackTo, Some(txn)) => txn.rollback_to(name).await,
         };
         match result {

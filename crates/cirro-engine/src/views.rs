@@ -191,7 +191,7 @@ pub(crate) async fn create_view(engine: &Engine, view: &CreateView) -> Result<Ou
     drop(plan);
     let target = (db.clone(), schema.clone(), name.clone());
     if reads_relation(
-        &engine.catalog().snapshot(),
+        &engine.snapshot(),
         &entry.sql,
         &db,
         &schema,
@@ -206,8 +206,7 @@ pub(crate) async fn create_view(engine: &Engine, view: &CreateView) -> Result<Ou
 
     let mut existed = false;
     engine
-        .catalog()
-        .commit(|state| {
+        .commit_catalog(|state| {
             let target = state.schema_mut(&db, &schema)?;
             if target.tables.contains_key(&name) {
                 return Err(if view.or_replace {
@@ -247,13 +246,28 @@ pub(crate) async fn drop_view(
     engine: &Engine,
     name: &TableReference,
     if_exists: bool,
+    cascade: bool,
 ) -> Result<Outcome> {
     let (db, schema, view) = engine.resolve(name);
     engine.check_view_owner(&db, &schema, &view)?;
     let mut removed = false;
+    let mut cascaded = Vec::new();
     engine
-        .catalog()
-        .commit(|state| {
+        .commit_catalog(|state| {
+            let relation = (db.clone(), schema.clone(), view.clone());
+            cascaded = if state.view(&db, &schema, &view).is_some() {
+                dependents_closure(state, &relation)
+            } else {
+                Vec::new()
+            };
+            if !cascaded.is_empty() && !cascade {
+                return Err(objects_depend(
+                    &format!("drop view {view}"),
+                    &format!("view {view}"),
+                    &dependents(state, &relation),
+                ));
+            }
+            remove_views(state, &cascaded);
             let target = match state.schema_mut(&db, &schema) {
                 Ok(target) => target,
                 Err(_) if if_exists => {
@@ -278,9 +292,145 @@ pub(crate) async fn drop_view(
             Ok(())
         })
         .await?;
+    if let Some(notice) = cascade_notice(&cascaded) {
+        return Ok(Outcome::with_notice("DROP VIEW", notice));
+    }
     Ok(Outcome::skipped_if(
         "DROP VIEW",
         !removed,
         format!("view \"{view}\" does not exist, skipping"),
     ))
+}
+
+// ------------------------------------------------------------ dependencies
+//
+// A view keeps its query's text, so a table (or view) it reads cannot be
+// dropped, and a column it names cannot be dropped, renamed or retyped,
+// while the view exists: PostgreSQL refuses those with 2BP01 unless CASCADE
+// (which drops the views too). Renaming a table a view reads is refused as
+// well: PostgreSQL's views follow the renamed table, Cirro's would lose it.
+
+/// A relation's database, schema and name.
+pub(crate) type Relation = (String, String, String);
+
+/// The views that name `target` directly, in every database and schema.
+pub(crate) fn dependents(state: &cirro_catalog::CatalogState, target: &Relation) -> Vec<Relation> {
+    let mut found = Vec::new();
+    for (db, database) in &state.databases {
+        for (schema, entry) in &database.schemas {
+            for (name, view) in &entry.views {
+                let me = (db.clone(), schema.clone(), name.clone());
+                if me != *target && relations_of(&view.sql, db, schema).contains(target) {
+                    found.push(me);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// `target`'s dependents, theirs, and so on, each once: what CASCADE drops.
+pub(crate) fn dependents_closure(
+    state: &cirro_catalog::CatalogState,
+    target: &Relation,
+) -> Vec<Relation> {
+    let mut all: Vec<Relation> = Vec::new();
+    let mut next = dependents(state, target);
+    while let Some(view) = next.pop() {
+        if all.contains(&view) || view == *target {
+            continue;
+        }
+        next.extend(dependents(state, &view));
+        all.push(view);
+    }
+    all
+}
+
+/// Whether the query text `sql` names column `column` (as an identifier,
+/// or through a `*`).
+fn names_column(sql: &str, column: &str) -> bool {
+    use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+    let Ok(tokens) = Tokenizer::new(&cirro_sql::CirroDialect, sql).tokenize() else {
+        return true;
+    };
+    let solid: Vec<&Token> = tokens
+        .iter()
+        .filter(|t| !matches!(t, Token::Whitespace(_)))
+        .collect();
+    solid.iter().enumerate().any(|(i, token)| match token {
+        Token::Word(w) => {
+            let name = if w.quote_style.is_some() {
+                w.value.clone()
+            } else {
+                w.value.to_lowercase()
+            };
+            name == column
+        }
+        Token::Mul => i.checked_sub(1).is_some_and(|p| {
+            matches!(solid[p], Token::Period | Token::Comma)
+                || matches!(solid[p], Token::Word(w) if w.value.eq_ignore_ascii_case("select")
+                    || w.value.eq_ignore_ascii_case("distinct"))
+        }),
+        _ => false,
+    })
+}
+
+/// The views reading `target` directly that name one of `columns`.
+pub(crate) fn column_dependents(
+    state: &cirro_catalog::CatalogState,
+    target: &Relation,
+    columns: &[String],
+) -> Vec<Relation> {
+    dependents(state, target)
+        .into_iter()
+        .filter(|(db, schema, name)| {
+            state
+                .view(db, schema, name)
+                .is_some_and(|view| columns.iter().any(|c| names_column(&view.sql, c)))
+        })
+        .collect()
+}
+
+/// 2BP01 for `what` (e.g. `drop table mt`), which `views` depend on.
+pub(crate) fn objects_depend(what: &str, on: &str, views: &[Relation]) -> CirroError {
+    let detail: Vec<String> = views
+        .iter()
+        .map(|(_, _, name)| format!("view {name} depends on {on}"))
+        .collect();
+    CirroError::new(
+        SqlState::DEPENDENT_OBJECTS_STILL_EXIST,
+        format!(
+            "cannot {what} because other objects depend on it ({}); use CASCADE to drop the dependent objects too",
+            detail.join(", ")
+        ),
+    )
+}
+
+/// Remove `views` from the catalog state (CASCADE).
+pub(crate) fn remove_views(state: &mut cirro_catalog::CatalogState, views: &[Relation]) {
+    for (db, schema, name) in views {
+        if let Some(entry) = state
+            .databases
+            .get_mut(db)
+            .and_then(|d| d.schemas.get_mut(schema))
+        {
+            entry.views.remove(name);
+        }
+    }
+}
+
+/// PostgreSQL's notice for the views a CASCADE dropped.
+pub(crate) fn cascade_notice(views: &[Relation]) -> Option<String> {
+    match views {
+        [] => None,
+        [(_, _, one)] => Some(format!("drop cascades to view {one}")),
+        many => Some(format!(
+            "drop cascades to {} other objects: {}",
+            many.len(),
+            many.iter()
+                .map(|(_, _, n)| format!("view {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
 }

@@ -137,6 +137,24 @@ impl Shared {
             .get(user)
             .is_some_and(|u| u.superuser)
     }
+
+    /// The statements `caller` may see of `views` (texts of other users'
+    /// sessions hidden; see cirro_engine::visibility). Another node sees them
+    /// whole: it shows them to its own callers through the same filter.
+    pub(crate) fn visible(
+        &self,
+        caller: &console::Caller,
+        views: Vec<cirro_engine::activity::QueryView>,
+    ) -> Vec<cirro_engine::activity::QueryView> {
+        match caller {
+            console::Caller::Node => views,
+            console::Caller::User(user) => cirro_engine::visibility::StatementViewer::new(
+                Arc::clone(&self.catalog),
+                Some(user.clone()),
+            )
+            .queries(views),
+        }
+    }
 }
 
 /// Unregisters a session from the cancel registry when its connection ends.

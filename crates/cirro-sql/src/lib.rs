@@ -31,8 +31,10 @@ pub mod dialect;
 pub mod names;
 mod parsers;
 mod pg_catalog;
+pub mod redact;
 mod shape;
 pub mod split;
+pub mod types;
 pub mod statement;
 pub mod values;
 mod words;
@@ -45,6 +47,8 @@ use datafusion::sql::parser::DFParserBuilder;
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
 pub use dialect::CirroDialect;
+pub use redact::{normalize_literals, redact_passwords};
+pub use types::PgTypes;
 pub use split::{is_blank, is_complete, split_statements};
 pub use statement::*;
 

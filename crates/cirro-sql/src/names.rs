@@ -1,12 +1,18 @@
-//! Output column names for projections DataFusion cannot name apart.
+//! Output column names as PostgreSQL gives them.
+//!
+//! DataFusion names an unaliased expression by its text (`Int64(1) +
+//! Int64(2)`, `Utf8("x")`); PostgreSQL by FigureColname: a column's name, a
+//! function's name, a cast's type name (`int4`, `numeric`) unless its
+//! operand has a better one, `case`, `bool` for TRUE/FALSE, else
+//! `?column?`. [`name_outputs`] gives the outermost SELECT list of a query
+//! those names as aliases, so every front end shows them.
 //!
 //! PostgreSQL lets a SELECT list hold two columns of the same name
-//! (`SELECT 1, 1`, `SELECT x, x::text`); DataFusion names an unaliased
-//! expression by its text and refuses a projection whose names repeat. When
-//! planning fails for that reason the engine plans again after
-//! [`name_projections`], which gives every unaliased expression of every
-//! SELECT list PostgreSQL's name for it (a function's name, a cast column's
-//! name, else `?column?`), with `_1`, `_2`, … added where a name repeats.
+//! (`SELECT 1, 1`, `SELECT x, x::text`); DataFusion refuses a projection whose
+//! names repeat. Repeats get `_1`, `_2`, … added (a difference from
+//! PostgreSQL, in the differential test's allowlist). When planning fails for
+//! that reason in an inner SELECT list, the engine plans again after
+//! [`name_projections`], which names every SELECT list that way.
 
 use std::collections::HashSet;
 use std::ops::ControlFlow;
@@ -18,6 +24,17 @@ use datafusion::sql::sqlparser::ast::{
 
 /// The message of DataFusion's error for a projection whose names repeat.
 pub const DUPLICATE_PROJECTION_NAMES: &str = "Projections require unique expression names";
+
+/// Alias the unaliased expressions of the outermost SELECT list(s) of a
+/// query (both sides of a UNION) with PostgreSQL's names; other statements
+/// are left as they are.
+pub fn name_outputs(statement: &mut DFStatement) {
+    if let DFStatement::Statement(inner) = statement
+        && let Statement::Query(query) = inner.as_mut()
+    {
+        name_set_expr(&mut query.body);
+    }
+}
 
 /// Alias the unaliased expressions of every SELECT list in `statement`.
 pub fn name_projections(statement: &mut DFStatement) {
@@ -76,7 +93,20 @@ fn name_items(items: &mut [SelectItem]) {
                 None => postgres_name(expr),
             },
             SelectItem::ExprWithAlias { alias, .. } => {
-                seen.insert(alias.value.clone());
+                if seen.insert(alias.value.clone()) {
+                    continue;
+                }
+                // `SELECT 1 AS a, 2 AS a`: a repeated alias is made unique.
+                let name = alias.value.clone();
+                let mut unique = format!("{name}_1");
+                let mut n = 2;
+                while seen.contains(&unique) || taken.contains(&unique) {
+                    unique = format!("{name}_{n}");
+                    n += 1;
+                }
+                seen.insert(unique.clone());
+                taken.insert(unique.clone());
+                *alias = Ident::with_quote('"', unique);
                 continue;
             }
             _ => continue,
@@ -120,23 +150,117 @@ fn normalized(ident: &Ident) -> String {
     }
 }
 
-/// PostgreSQL's name for an expression in a SELECT list (FigureColname, in
-/// part): a function's name, a cast's operand's name, `case`, else `?column?`.
+/// PostgreSQL's name for an expression in a SELECT list (FigureColname).
 fn postgres_name(expr: &Expr) -> String {
+    figure(expr).map(|(name, _)| name).unwrap_or_else(|| "?column?".to_string())
+}
+
+/// FigureColnameInternal: a name and its strength (2: a column's or
+/// function's, 1: a type's guess), or None.
+fn figure(expr: &Expr) -> Option<(String, u8)> {
+    use datafusion::sql::sqlparser::ast::Value;
+    let named = |name: &str| Some((name.to_string(), 2));
     match expr {
-        Expr::Function(function) => function
-            .name
-            .0
-            .last()
-            .and_then(|part| part.as_ident())
-            .map(normalized)
-            .unwrap_or_else(|| "?column?".to_string()),
-        Expr::Cast { expr, .. } | Expr::Nested(expr) => {
-            column_name(expr).unwrap_or_else(|| postgres_name(expr))
+        Expr::Identifier(_) | Expr::CompoundIdentifier(_) => column_name(expr).map(|n| (n, 2)),
+        Expr::Function(function) => {
+            let name = function
+                .name
+                .0
+                .last()
+                .and_then(|part| part.as_ident())
+                .map(normalized)?;
+            // `x::varchar(3)`, shaped as `left(CAST(x AS VARCHAR(3)), 3)`.
+            if let (
+                "left",
+                datafusion::sql::sqlparser::ast::FunctionArguments::List(list),
+            ) = (name.as_str(), &function.args)
+                && let Some(datafusion::sql::sqlparser::ast::FunctionArg::Unnamed(
+                    datafusion::sql::sqlparser::ast::FunctionArgExpr::Expr(
+                        cast @ Expr::Cast { .. },
+                    ),
+                )) = list.args.first()
+            {
+                return figure(cast);
+            }
+            Some((name, 2))
         }
-        Expr::Case { .. } => "case".to_string(),
-        _ => column_name(expr).unwrap_or_else(|| "?column?".to_string()),
+        Expr::Cast {
+            expr: inner,
+            data_type,
+            ..
+        } => match figure(inner) {
+            Some((name, 2)) => Some((name, 2)),
+            _ => Some((pg_type_name(data_type), 1)),
+        },
+        Expr::TypedString(typed) => Some((pg_type_name(&typed.data_type), 1)),
+        Expr::Value(value) => match value.value {
+            Value::Boolean(_) => Some(("bool".to_string(), 1)),
+            _ => None,
+        },
+        // `mod(a, b)`, shaped as `((a) % (b))` (see shape.rs).
+        Expr::Nested(inner)
+            if matches!(inner.as_ref(), Expr::BinaryOp {
+                op: datafusion::sql::sqlparser::ast::BinaryOperator::Modulo,
+                left,
+                right,
+            } if matches!(left.as_ref(), Expr::Nested(_)) && matches!(right.as_ref(), Expr::Nested(_))) =>
+        {
+            named("mod")
+        }
+        Expr::Nested(inner) => figure(inner),
+        // The ELSE result's name if it has a strong one (PostgreSQL's rule).
+        Expr::Case { else_result, .. } => match else_result.as_deref().and_then(figure) {
+            Some((name, 2)) => Some((name, 2)),
+            _ => Some(("case".to_string(), 1)),
+        },
+        Expr::Extract { .. } => named("extract"),
+        Expr::Substring { shorthand: true, .. } => named("substr"),
+        Expr::Substring { .. } => named("substring"),
+        Expr::Position { .. } => named("position"),
+        Expr::Overlay { .. } => named("overlay"),
+        Expr::Trim { .. } => named("btrim"),
+        Expr::Ceil { .. } => named("ceil"),
+        Expr::Floor { .. } => named("floor"),
+        Expr::Exists { .. } => named("exists"),
+        Expr::Array(_) => named("array"),
+        Expr::Tuple(_) => named("row"),
+        Expr::Subquery(query) => match query.body.as_ref() {
+            SetExpr::Select(select) => match select.projection.first() {
+                Some(SelectItem::ExprWithAlias { alias, .. }) => Some((alias.value.clone(), 2)),
+                Some(SelectItem::UnnamedExpr(inner)) => figure(inner),
+                _ => None,
+            },
+            _ => None,
+        },
+        _ => None,
     }
+}
+
+/// The name PostgreSQL's catalog gives a SQL type (`integer` is `int4`).
+fn pg_type_name(data_type: &datafusion::sql::sqlparser::ast::DataType) -> String {
+    use datafusion::sql::sqlparser::ast::{DataType as T, ExactNumberInfo};
+    match data_type {
+        T::SmallInt(_) | T::Int2(_) => "int2",
+        T::Int(_) | T::Integer(_) | T::Int4(_) => "int4",
+        T::BigInt(_) | T::Int8(_) => "int8",
+        T::Real | T::Float4 => "float4",
+        T::Float(ExactNumberInfo::Precision(p)) if *p <= 24 => "float4",
+        T::Float(_) | T::Double(_) | T::DoublePrecision | T::Float8 => "float8",
+        T::Numeric(_) | T::Decimal(_) | T::Dec(_) => "numeric",
+        T::Varchar(_) | T::CharacterVarying(_) | T::CharVarying(_) => "varchar",
+        T::Char(_) | T::Character(_) => "bpchar",
+        T::Text | T::String(_) => "text",
+        T::Boolean | T::Bool => "bool",
+        T::Date => "date",
+        T::Timestamp(_, datafusion::sql::sqlparser::ast::TimezoneInfo::WithTimeZone)
+        | T::Timestamp(_, datafusion::sql::sqlparser::ast::TimezoneInfo::Tz) => "timestamptz",
+        T::Timestamp(..) | T::Datetime(_) => "timestamp",
+        T::Time(..) => "time",
+        T::Interval { .. } => "interval",
+        T::Bytea => "bytea",
+        other => return other.to_string().to_lowercase(),
+    }
+    .to_string()
 }
 
 #[cfg(test)]
@@ -152,6 +276,14 @@ mod tests {
         statement.to_string()
     }
 
+    fn outputs(sql: &str) -> String {
+        let Cirro::Sql(mut statement) = parse(sql).expect("parse").statement else {
+            panic!("not SQL");
+        };
+        name_outputs(&mut statement);
+        statement.to_string()
+    }
+
     #[test]
     fn repeated_names_get_postgres_names_made_unique() {
         assert_eq!(
@@ -159,6 +291,20 @@ mod tests {
             "SELECT 1 AS \"?column?\", 1 AS \"?column?_1\", a, a AS \"a_1\", a::TEXT AS \"a_2\", \
              count(*) AS \"count\", CASE WHEN a THEN 1 END AS \"case\" FROM t"
         );
+        assert_eq!(
+            outputs("SELECT 1 + 2, a, a::int, 1::integer, '1'::numeric(5,2), TRUE, DATE '2024-01-01', \
+                     upper(b), trim(b), -a, (SELECT max(c) FROM u) FROM t"),
+            "SELECT 1 + 2 AS \"?column?\", a, a::INT AS \"a_1\", 1::INTEGER AS \"int4\", \
+             '1'::NUMERIC(5,2) AS \"numeric\", true AS \"bool\", DATE '2024-01-01' AS \"date\", \
+             upper(b) AS \"upper\", TRIM(b) AS \"btrim\", -a AS \"?column?_1\", \
+             (SELECT max(c) FROM u) AS \"max\" FROM t"
+        );
+        // Only the outermost list, and only of a query.
+        assert_eq!(
+            outputs("SELECT s.x FROM (SELECT 1 + 1 AS x, 2 + 2) s"),
+            "SELECT s.x FROM (SELECT 1 + 1 AS x, 2 + 2) s"
+        );
+        assert_eq!(outputs("INSERT INTO t SELECT 1 + 1"), "INSERT INTO t SELECT 1 + 1");
         assert_eq!(
             named("SELECT x FROM (SELECT 1 AS x UNION SELECT sum(y) FROM u) s"),
             "SELECT x FROM (SELECT 1 AS x UNION SELECT sum(y) AS \"sum\" FROM u) s"

@@ -185,6 +185,8 @@ impl VisitorMut for Shaper {
         if is_subquery(expr) {
             self.subquery_depth -= 1;
         }
+        // After the children: the call it becomes is not visited again.
+        cast_cuts_to_length(expr);
         ControlFlow::Continue(())
     }
 
@@ -200,7 +202,11 @@ impl VisitorMut for Shaper {
         }
         distinct_from_precedence(expr);
         current_role_is_a_function(expr);
+        mod_is_the_remainder(expr);
         complete_time_literal(expr);
+        if let Err(e) = numeric_literal(expr) {
+            return ControlFlow::Break(e);
+        }
         if let Expr::BinaryOp {
             op: op @ (BinaryOperator::And | BinaryOperator::Or),
             ..
@@ -308,6 +314,168 @@ fn complete_time_literal(expr: &mut Expr) {
         let at = text.len() - time.len() + clock.len();
         text.insert_str(at, ":00");
     }
+}
+
+/// `mod(a, b)`, PostgreSQL's remainder function, as `a % b` (DataFusion
+/// has the operator only).
+fn mod_is_the_remainder(expr: &mut Expr) {
+    let Expr::Function(function) = expr else {
+        return;
+    };
+    let is_mod = function.name.0.len() == 1
+        && function.name.0[0]
+            .as_ident()
+            .is_some_and(|i| i.quote_style.is_none() && i.value.eq_ignore_ascii_case("mod"));
+    let FunctionArguments::List(list) = &function.args else {
+        return;
+    };
+    if !is_mod || list.args.len() != 2 || function.over.is_some() {
+        return;
+    }
+    let operand = |arg: &FunctionArg| match arg {
+        FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(Expr::Nested(Box::new(e.clone()))),
+        _ => None,
+    };
+    let (Some(left), Some(right)) = (operand(&list.args[0]), operand(&list.args[1])) else {
+        return;
+    };
+    *expr = Expr::Nested(Box::new(Expr::BinaryOp {
+        left: Box::new(left),
+        op: BinaryOperator::Modulo,
+        right: Box::new(right),
+    }));
+}
+
+/// An explicit cast to VARCHAR(n) or CHAR(n) cuts the value to n
+/// characters, as PostgreSQL's does (where storing a longer value in such
+/// a column is an error, 22001): `left(CAST(x AS VARCHAR(n)), n)`.
+fn cast_cuts_to_length(expr: &mut Expr) {
+    use datafusion::sql::sqlparser::ast::{CharacterLength, DataType as SqlType};
+    let Expr::Cast { data_type, .. } = expr else {
+        return;
+    };
+    let length = match data_type {
+        SqlType::Varchar(Some(CharacterLength::IntegerLength { length, .. }))
+        | SqlType::CharacterVarying(Some(CharacterLength::IntegerLength { length, .. }))
+        | SqlType::CharVarying(Some(CharacterLength::IntegerLength { length, .. }))
+        | SqlType::Char(Some(CharacterLength::IntegerLength { length, .. }))
+        | SqlType::Character(Some(CharacterLength::IntegerLength { length, .. })) => *length,
+        _ => return,
+    };
+    let cast = std::mem::replace(expr, Expr::value(Value::Null));
+    *expr = Expr::Function(Function {
+        name: ObjectName::from(vec![Ident::new("left")]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(FunctionArgumentList {
+            duplicate_treatment: None,
+            args: vec![
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(cast)),
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::value(Value::Number(
+                    length.to_string(),
+                    false,
+                )))),
+            ],
+            clauses: vec![],
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    });
+}
+
+/// Digits a NUMERIC literal may have (Decimal128's precision).
+const NUMERIC_LITERAL_DIGITS_MAX: usize = 38;
+
+/// A number literal read as PostgreSQL reads it, where DataFusion's reading
+/// differs (DataFusion reads a number with a point or an exponent as
+/// NUMERIC, see the session's `parse_float_as_decimal`):
+/// - an exponent is a NUMERIC of the value's digits (`1e3` is 1000, scale 0;
+///   `1.5e-3` is 0.0015), written out so that no negative scale arises;
+/// - an integer beyond BIGINT is a NUMERIC (DataFusion: an unsigned
+///   BIGINT up to 2^64 - 1);
+/// - beyond [`NUMERIC_LITERAL_DIGITS_MAX`] digits: a literal with an
+///   exponent is a double precision (`-1e300`), one without is 22003.
+fn numeric_literal(expr: &mut Expr) -> Result<()> {
+    let Expr::Value(value) = expr else {
+        return Ok(());
+    };
+    let Value::Number(text, _) = &value.value else {
+        return Ok(());
+    };
+    let Some(spelled) = spell_number(text) else {
+        return Ok(());
+    };
+    let (whole, fraction) = spelled.split_once('.').unwrap_or((&spelled, ""));
+    let digits = whole.trim_start_matches('0').len() + fraction.len();
+    let has_exponent = text.contains(['e', 'E']);
+    if digits > NUMERIC_LITERAL_DIGITS_MAX {
+        if !has_exponent {
+            return Err(CirroError::new(
+                SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+                format!(
+                    "numeric literal {text} has more than {NUMERIC_LITERAL_DIGITS_MAX} digits"
+                ),
+            ));
+        }
+        let text = text.clone();
+        *expr = Expr::Cast {
+            kind: datafusion::sql::sqlparser::ast::CastKind::DoubleColon,
+            expr: Box::new(Expr::value(Value::SingleQuotedString(text))),
+            data_type: datafusion::sql::sqlparser::ast::DataType::DoublePrecision,
+            array: false,
+            format: None,
+        };
+        return Ok(());
+    }
+    let is_integer = !spelled.contains('.');
+    let new_text = if is_integer && (has_exponent || spelled.parse::<i64>().is_err()) {
+        // DataFusion reads "…e0" as a NUMERIC of scale 0.
+        format!("{spelled}e0")
+    } else if has_exponent {
+        spelled
+    } else {
+        return Ok(());
+    };
+    if let Value::Number(text, _) = &mut value.value {
+        *text = new_text;
+    }
+    Ok(())
+}
+
+/// An unsigned number literal written out without an exponent, with its
+/// leading zeros dropped (None if it is not a plain number).
+fn spell_number(text: &str) -> Option<String> {
+    let (mantissa, exponent) = match text.find(['e', 'E']) {
+        Some(at) => (&text[..at], text[at + 1..].parse::<i64>().ok()?),
+        None => (text, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if !(whole.bytes().all(|b| b.is_ascii_digit()) && fraction.bytes().all(|b| b.is_ascii_digit()))
+        || whole.is_empty() && fraction.is_empty()
+    {
+        return None;
+    }
+    // A value of more digits than this is spelled no further (it is beyond
+    // any NUMERIC anyway).
+    let point = whole.len() as i64 + exponent.clamp(-1000, 1000);
+    let digits = format!("{whole}{fraction}");
+    let spelled = if point >= digits.len() as i64 {
+        format!("{digits}{}", "0".repeat((point - digits.len() as i64) as usize))
+    } else if point <= 0 {
+        format!("0.{}{digits}", "0".repeat((-point) as usize))
+    } else {
+        format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+    };
+    let (whole, fraction) = spelled.split_once('.').unwrap_or((&spelled, ""));
+    let whole = whole.trim_start_matches('0');
+    let whole = if whole.is_empty() { "0" } else { whole };
+    Some(if fraction.is_empty() {
+        whole.to_string()
+    } else {
+        format!("{whole}.{fraction}")
+    })
 }
 
 fn is_logical(expr: &Expr) -> bool {
@@ -583,6 +751,23 @@ fn balanced(mut terms: Vec<Expr>, op: &BinaryOperator) -> Expr {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn numbers_are_spelled_out() {
+        use super::spell_number;
+        for (text, spelled) in [
+            ("1e3", "1000"),
+            ("1.5e-3", "0.0015"),
+            ("1.50e1", "15.0"),
+            ("007.25", "7.25"),
+            ("12E+2", "1200"),
+            (".5", "0.5"),
+            ("0.000", "0.000"),
+        ] {
+            assert_eq!(spell_number(text).as_deref(), Some(spelled), "{text}");
+        }
+        assert_eq!(spell_number("0x1F"), None);
+    }
+
     use super::*;
     use crate::{Statement, parse};
 

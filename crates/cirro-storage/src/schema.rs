@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use cirro_common::char_length::{CHAR_VARCHAR_KEY, CharLength};
 use cirro_common::{CirroError, Result, SqlState};
 
 /// The SQL name of a column type, as DESCRIBE shows it.
@@ -81,11 +82,19 @@ pub fn storage_schema(schema: &Schema) -> Result<SchemaRef> {
                     format!("column \"{}\" specified more than once", f.name()),
                 ));
             }
-            Ok(Field::new(
+            let stored = Field::new(
                 f.name(),
                 storage_type(f.name(), f.data_type())?,
                 f.is_nullable(),
-            ))
+            );
+            // A declared VARCHAR/CHAR length is kept with the column (and
+            // checked by every write: `write::conform`).
+            Ok(match CharLength::of(f) {
+                Some(length) if stored.data_type() == &DataType::Utf8 => stored.with_metadata(
+                    [(CHAR_VARCHAR_KEY.to_string(), length.spelled())].into(),
+                ),
+                _ => stored,
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     if fields.is_empty() {

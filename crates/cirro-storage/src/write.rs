@@ -15,12 +15,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::{ArrayRef, AsArray, RecordBatch};
 use arrow::compute::CastOptions;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use cirro_common::limits::DATA_FILE_BYTES_TARGET;
 use cirro_common::limits::DATA_PAGE_ROWS_MAX;
+use cirro_common::char_length::CharLength;
 use cirro_common::{CirroError, Result, SqlState};
 use datafusion::datasource::sink::DataSink;
 use datafusion::error::Result as DfResult;
@@ -468,19 +469,48 @@ pub fn conform(batch: &RecordBatch, stored: &SchemaRef) -> Result<RecordBatch> {
                     ),
                 ));
             }
-            if column.data_type() == field.data_type() {
-                return Ok(Arc::clone(column));
+            let cast = if column.data_type() == field.data_type() {
+                Arc::clone(column)
+            } else {
+                arrow::compute::cast_with_options(column, field.data_type(), &options).map_err(
+                    |e| {
+                        let err = CirroError::from(e);
+                        CirroError::new(
+                            err.state,
+                            format!("column \"{}\": {}", field.name(), err.message),
+                        )
+                    },
+                )?
+            };
+            match CharLength::of(field) {
+                Some(length) => fit_length(&cast, length),
+                None => Ok(cast),
             }
-            arrow::compute::cast_with_options(column, field.data_type(), &options).map_err(|e| {
-                let err = CirroError::from(e);
-                CirroError::new(
-                    err.state,
-                    format!("column \"{}\": {}", field.name(), err.message),
-                )
-            })
         })
         .collect::<Result<Vec<ArrayRef>>>()?;
     RecordBatch::try_new(Arc::clone(stored), columns).map_err(CirroError::from)
+}
+
+/// A string column's values fitted to its declared length (cut where only
+/// spaces are past it; 22001 where more is).
+fn fit_length(column: &ArrayRef, length: CharLength) -> Result<ArrayRef> {
+    let Some(strings) = column.as_string_opt::<i32>() else {
+        return Ok(Arc::clone(column));
+    };
+    let mut cut = false;
+    for value in strings.iter().flatten() {
+        if length.fit(value)?.len() != value.len() {
+            cut = true;
+        }
+    }
+    if !cut {
+        return Ok(Arc::clone(column));
+    }
+    let fitted: arrow::array::StringArray = strings
+        .iter()
+        .map(|v| v.map(|v| length.fit(v)).transpose())
+        .collect::<Result<_>>()?;
+    Ok(Arc::new(fitted))
 }
 
 /// The DataFusion sink behind `INSERT INTO` / `INSERT OVERWRITE` on a Cirro table.

@@ -4,6 +4,8 @@ pub mod average;
 pub mod checked;
 pub mod guard;
 pub mod numeric;
+pub mod pg_datetime;
+pub mod sized;
 pub mod slot;
 
 /// Cirro's functions that planning rules put into plans, which every node
@@ -16,7 +18,11 @@ pub fn portable_udfs() -> Vec<std::sync::Arc<datafusion::logical_expr::ScalarUDF
         checked::checked_udf(checked::CheckedOp::Negate),
         guard::guard_udf(),
         numeric::numeric_divide_udf(),
+        numeric::float_divide_udf(),
         numeric::round_to_integer_udf(),
+        std::sync::Arc::new(pg_datetime::to_char_udf()),
+        std::sync::Arc::new(pg_datetime::to_date_udf()),
+        std::sync::Arc::new(pg_datetime::to_timestamp_udf()),
         crate::rules::segment_udf(),
         slot::hash_slot_udf(),
     ]

@@ -48,6 +48,21 @@ fn round_decimal(v: i128, scale: i8) -> i128 {
     whole * unit
 }
 
+/// A float or NUMERIC value rounded to a whole number as PostgreSQL's cast
+/// to an integer rounds it (floats to the nearest even, NUMERIC half away
+/// from zero), in its own type; other values as they are. For values bound
+/// to parameters, which are cast without a plan.
+pub fn round_scalar_to_integer(value: ScalarValue) -> ScalarValue {
+    match value {
+        ScalarValue::Float64(Some(f)) => ScalarValue::Float64(Some(f.round_ties_even())),
+        ScalarValue::Float32(Some(f)) => ScalarValue::Float32(Some(f.round_ties_even())),
+        ScalarValue::Decimal128(Some(v), p, s) => {
+            ScalarValue::Decimal128(Some(round_decimal(v, s)), p, s)
+        }
+        other => other,
+    }
+}
+
 fn on_array(
     value: &ColumnarValue,
     f: impl Fn(&ArrayRef) -> Result<ArrayRef>,
@@ -252,6 +267,89 @@ impl ScalarUDFImpl for NumericDivide {
             ColumnarValue::Array(result)
         })
     }
+}
+
+/// `l / r` of floats, but 22012 where `r` is zero (PostgreSQL's float
+/// division; Arrow's gives infinity or NaN).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct FloatDivide {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for FloatDivide {
+    fn name(&self) -> &str {
+        "float_divide"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        Ok(args[0].clone())
+    }
+
+    fn schema_name(&self, args: &[Expr]) -> Result<String> {
+        Ok(match args {
+            [l, r] => format!("{} / {}", l.schema_name(), r.schema_name()),
+            _ => self.name().to_string(),
+        })
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let scalars = args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
+        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+        let [l, r] = arrays.as_slice() else {
+            return Err(CirroError::internal("float_divide takes two arguments").into_datafusion());
+        };
+        let zero = match r.data_type() {
+            DataType::Float64 => r
+                .as_primitive::<Float64Type>()
+                .iter()
+                .any(|v| v == Some(0.0)),
+            DataType::Float32 => r
+                .as_primitive::<Float32Type>()
+                .iter()
+                .any(|v| v == Some(0.0)),
+            _ => false,
+        };
+        if zero {
+            // A row with a NULL operand is not divided (NULL, no error).
+            let divides_by_zero = (0..r.len()).any(|i| {
+                !l.is_null(i)
+                    && !r.is_null(i)
+                    && match r.data_type() {
+                        DataType::Float64 => r.as_primitive::<Float64Type>().value(i) == 0.0,
+                        _ => r.as_primitive::<Float32Type>().value(i) == 0.0,
+                    }
+            });
+            if divides_by_zero {
+                return Err(
+                    CirroError::new(SqlState::DIVISION_BY_ZERO, "division by zero")
+                        .into_datafusion(),
+                );
+            }
+        }
+        let result = arrow::compute::kernels::numeric::div(l, r)?;
+        Ok(if scalars {
+            ColumnarValue::Scalar(ScalarValue::try_from_array(&result, 0)?)
+        } else {
+            ColumnarValue::Array(result)
+        })
+    }
+}
+
+/// The shared float division function.
+pub fn float_divide_udf() -> Arc<ScalarUDF> {
+    static UDF: LazyLock<Arc<ScalarUDF>> = LazyLock::new(|| {
+        Arc::new(ScalarUDF::new_from_impl(FloatDivide {
+            signature: Signature::any(2, Volatility::Immutable),
+        }))
+    });
+    Arc::clone(&UDF)
 }
 
 /// The shared cast-rounding function.

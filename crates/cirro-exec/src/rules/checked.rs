@@ -3,8 +3,8 @@
 //! sums and averages widen ([`PgOperators`], before type coercion): `sum` of
 //! a BIGINT is NUMERIC (DECIMAL(38,0)) where DataFusion's wraps, `avg` of an
 //! integer is NUMERIC where DataFusion's is a float. (`sum` of SMALLINT/INTEGER is BIGINT in both.) NUMERIC division
-//! and casts of floats and NUMERICs to integers round as PostgreSQL's do
-//! (`functions/numeric.rs`).
+//! and casts of floats and NUMERICs to integers round as PostgreSQL's do,
+//! and float division by zero is 22012 (`functions/numeric.rs`).
 //!
 //! Runs after type coercion, so both operands of an operator have one type.
 //! It walks top-down: the type of an operand is then asked of the original,
@@ -20,7 +20,7 @@ use datafusion::optimizer::AnalyzerRule;
 
 use crate::functions::average::summed_scale;
 use crate::functions::checked::{CheckedOp, checked_udf};
-use crate::functions::numeric::{numeric_divide_udf, round_to_integer_udf};
+use crate::functions::numeric::{float_divide_udf, numeric_divide_udf, round_to_integer_udf};
 
 /// The NUMERIC an integer divided with a NUMERIC is read as.
 const INTEGER_AS_DECIMAL: DataType = DataType::Decimal128(20, 0);
@@ -44,7 +44,7 @@ impl AnalyzerRule for CheckedArithmetic {
 
 fn candidate(expr: &Expr) -> bool {
     match expr {
-        Expr::BinaryExpr(b) => CheckedOp::of(b.op).is_some(),
+        Expr::BinaryExpr(b) => CheckedOp::of(b.op).is_some() || b.op == Operator::Divide,
         Expr::Negative(_) => true,
         Expr::Cast(Cast { field, .. }) => field.data_type().is_integer(),
         _ => false,
@@ -83,6 +83,19 @@ fn check_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
                 Expr::Cast(Cast { expr, field }),
                 rounds,
             ))
+        }
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Divide,
+            right,
+        }) if matches!(
+            (left.get_type(schema), right.get_type(schema)),
+            (Ok(l), Ok(r)) if matches!(l, DataType::Float32 | DataType::Float64) && l == r
+        ) =>
+        {
+            Ok(Transformed::yes(Expr::ScalarFunction(
+                ScalarFunction::new_udf(float_divide_udf(), vec![*left, *right]),
+            )))
         }
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
             let Some(checked) = CheckedOp::of(op) else {

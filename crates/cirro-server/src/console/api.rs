@@ -151,8 +151,10 @@ pub(crate) async fn queries(
     State(console): State<Arc<Console>>,
     headers: HeaderMap,
 ) -> Response<Body> {
-    caller!(console, headers);
-    let views = console.shared.activity.cluster_queries_with(false).await;
+    let caller = caller!(console, headers);
+    let views = console
+        .shared
+        .visible(&caller, console.shared.activity.cluster_queries_with(false).await);
     json(&Value::Array(
         views.iter().map(|v| query_json(v, false)).collect(),
     ))
@@ -164,8 +166,10 @@ pub(crate) async fn query(
     headers: HeaderMap,
     Path(id): Path<i64>,
 ) -> Response<Body> {
-    caller!(console, headers);
-    let views = console.shared.activity.cluster_queries().await;
+    let caller = caller!(console, headers);
+    let views = console
+        .shared
+        .visible(&caller, console.shared.activity.cluster_queries().await);
     match views.iter().find(|v| v.id == id) {
         Some(view) => json(&query_json(view, true)),
         None => error(

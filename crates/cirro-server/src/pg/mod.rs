@@ -452,7 +452,15 @@ impl QueryParser for StatementParser {
             }
         };
         let parsed = session.engine.parse(sql).map_err(to_pg)?;
-        let prepared = session.engine.prepare(parsed).await.map_err(to_pg)?;
+        let declared = types
+            .iter()
+            .map(|t| t.as_ref().and_then(declared_type))
+            .collect();
+        let prepared = session
+            .engine
+            .prepare_typed(parsed, declared)
+            .await
+            .map_err(to_pg)?;
         let inferred = prepared.placeholder_types();
         let count = inferred.len().max(types.len());
         let params = (0..count)
@@ -503,12 +511,37 @@ impl QueryParser for StatementParser {
     }
 }
 
+/// The Arrow type of a parameter type a client declared at Parse, where it
+/// fixes the parameter's type (a float8 `$1` makes `$1 * 2` a float); a
+/// NUMERIC's scale comes with each value. Text and unknown are left to be
+/// inferred from where the parameter stands.
+fn declared_type(t: &Type) -> Option<datafusion::arrow::datatypes::DataType> {
+    use datafusion::arrow::datatypes::{DataType, TimeUnit};
+    Some(match *t {
+        Type::BOOL => DataType::Boolean,
+        Type::INT2 => DataType::Int16,
+        Type::INT4 => DataType::Int32,
+        Type::INT8 => DataType::Int64,
+        Type::FLOAT4 => DataType::Float32,
+        Type::FLOAT8 => DataType::Float64,
+        Type::DATE => DataType::Date32,
+        Type::TIMESTAMP => DataType::Timestamp(TimeUnit::Microsecond, None),
+        Type::TIMESTAMPTZ => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        // Its scale comes with each value (planned again at each Bind).
+        Type::NUMERIC => cirro_engine::NUMERIC_AT_BIND,
+        _ => return None,
+    })
+}
+
 /// `DEALLOCATE name | ALL` of the protocol's prepared statements; the tag.
 fn deallocate(session: &Session, name: Option<String>) -> &'static str {
     let all = name.is_none();
-    if let Some(name) = &name {
+    match &name {
         // One PREPAREd in SQL is the engine's.
-        session.engine.forget_prepared(name);
+        Some(name) => {
+            session.engine.forget_prepared(name);
+        }
+        None => session.engine.forget_all_prepared(),
     }
     if let Ok(mut deallocated) = session.deallocated.lock() {
         deallocated.forget(name);

@@ -41,6 +41,12 @@ pub enum AccessStatement {
         users: Vec<String>,
         revoke: bool,
     },
+    /// `GRANT role TO user` / `REVOKE role FROM user`.
+    GrantRole {
+        roles: Vec<String>,
+        users: Vec<String>,
+        revoke: bool,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -93,6 +99,21 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<AccessStatement>> {
 }
 
 fn grant(words: &mut Words, revoke: bool) -> Result<AccessStatement> {
+    // `GRANT role [, …] TO user`: names, then TO (FROM) without ON.
+    let start = words.at;
+    if let Ok(roles) = words.list(|w| w.ident("a role name"))
+        && words.keyword(if revoke { "from" } else { "to" })
+        && !roles
+            .iter()
+            .any(|r| r.eq_ignore_ascii_case("all") || Privilege::parse(r).is_some())
+    {
+        return Ok(AccessStatement::GrantRole {
+            roles,
+            users: words.list(|w| w.ident("a user name"))?,
+            revoke,
+        });
+    }
+    words.at = start;
     let privileges = if words.keyword("all") {
         words.keyword("privileges");
         Privilege::ALL.into_iter().collect()
@@ -291,5 +312,17 @@ mod tests {
         assert!(parse_sql("GRANT TRUNCATE ON t TO bob").is_err());
         assert!(parse_sql("CREATE USER x PASSWORD 'p' extra").is_err());
         assert!(parse_sql("GRANT SELECT ON t bob").is_err());
+        assert_eq!(
+            parse_sql("GRANT pg_read_all_stats TO bob, carol").expect("parse"),
+            Some(AccessStatement::GrantRole {
+                roles: vec!["pg_read_all_stats".into()],
+                users: vec!["bob".into(), "carol".into()],
+                revoke: false
+            })
+        );
+        assert!(matches!(
+            parse_sql("REVOKE pg_read_all_stats FROM bob").expect("parse"),
+            Some(AccessStatement::GrantRole { revoke: true, .. })
+        ));
     }
 }

@@ -1,0 +1,73 @@
+//! DDL inside transactions (see `cirro-engine/src/txn.rs`): over the wire
+//! with psycopg's default connection and SQLAlchemy (`ddl_transactions.py`),
+//! and a process killed in the middle of COMMIT leaves no half-created
+//! table.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::DataDir;
+use common::server::{PASSWORD, Server, python_ok};
+
+#[test]
+fn clients_create_fill_and_drop_tables_in_transactions() {
+    let server = Server::start();
+    let dsn = format!("{} password={PASSWORD}", server.conninfo("cirro"));
+    python_ok("ddl_transactions.py", &[&dsn]);
+}
+
+const SCRIPT: &str = "BEGIN; \
+    CREATE TABLE made (id INT NOT NULL, v VARCHAR); \
+    INSERT INTO made SELECT value, 'x' FROM generate_series(1, 1000) AS g(value); \
+    CREATE TABLE copied AS SELECT id * 2 AS k FROM made; \
+    CREATE VIEW made_view AS SELECT count(*) AS n FROM made; \
+    DROP TABLE old; \
+    COMMIT";
+
+#[test]
+fn a_commit_killed_half_way_leaves_no_half_created_table() {
+    let data = DataDir::new();
+    data.sql_ok("CREATE TABLE old AS SELECT 1 AS x");
+    let mut child = data
+        .command()
+        .args(["sql", "-c", SCRIPT])
+        .env("CIRRO_CRASH_POINT", "txn.ddl_commit")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cirro");
+    let stderr = child.stderr.take().expect("stderr");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let reached = (0..600).any(|_| {
+        receiver
+            .recv_timeout(Duration::from_millis(100))
+            .is_ok_and(|line| line.contains("CIRRO_CRASH_POINT txn.ddl_commit reached"))
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(reached, "the crash point was not reached");
+    // Nothing of the transaction is there; what it dropped still is.
+    let listed = data.query_csv(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' ORDER BY 1",
+    );
+    assert_eq!(listed, "table_name\nold\n");
+    assert_eq!(data.query_csv("SELECT x FROM old"), "x\n1\n");
+    // The same transaction, not killed, commits all of it.
+    data.sql_ok(SCRIPT);
+    assert_eq!(
+        data.query_csv("SELECT (SELECT count(*) FROM made) AS m, (SELECT n FROM made_view) AS n, (SELECT max(k) FROM copied) AS k"),
+        "m|n|k\n1000|1000|2000\n"
+    );
+    let err = data.sql_err("SELECT * FROM old");
+    assert!(err.contains("42P01"), "{err}");
+}

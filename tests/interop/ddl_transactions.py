@@ -1,0 +1,151 @@
+"""DDL inside transactions, as PostgreSQL's clients use it: psycopg with its
+default (non-autocommit) connection and SQLAlchemy's `create_all` create,
+fill and drop tables in transactions, rolled back and committed; what a
+transaction creates is invisible to other sessions until COMMIT; two
+transactions creating one name: the second COMMIT gets 42P07; a
+transaction with DDL may not write a table that existed before it (0A000).
+Run by crates/cirro/tests/ddl_transactions.rs; prints "ok" when every check
+passed, raises otherwise.
+
+    ddl_transactions.py DSN
+"""
+
+import sys
+
+import psycopg
+
+
+def check(got, want, what):
+    if got != want:
+        raise AssertionError(f"{what}: got {got!r}, want {want!r}")
+
+
+def sqlstate_of(action):
+    try:
+        action()
+    except psycopg.Error as e:
+        return e.sqlstate
+    return None
+
+
+def relations(conn, like):
+    with conn.cursor() as cur:
+        cur.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_name LIKE %s ORDER BY 1",
+            (like,),
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
+def psycopg_default_connection(dsn):
+    watcher = psycopg.connect(dsn, autocommit=True)
+    conn = psycopg.connect(dsn)  # not autocommit: every statement in a transaction
+    # Created, filled, rolled back: gone.
+    conn.execute("CREATE TABLE tx_a (id INT NOT NULL, name VARCHAR(10))")
+    conn.execute("INSERT INTO tx_a VALUES (1, 'one'), (2, 'two')")
+    check(conn.execute("SELECT count(*) FROM tx_a").fetchone()[0], 2, "own rows in the transaction")
+    check(relations(watcher, "tx_%"), [], "uncommitted table invisible to others")
+    check(
+        sqlstate_of(lambda: watcher.execute("SELECT * FROM tx_a")),
+        "42P01",
+        "another session cannot read an uncommitted table",
+    )
+    conn.rollback()
+    check(relations(conn, "tx_%"), [], "rolled back table is gone")
+    # Created, filled (two tables, a view), committed: all there.
+    conn.execute("CREATE TABLE tx_a (id INT NOT NULL, name VARCHAR(10))")
+    conn.execute("INSERT INTO tx_a VALUES (1, 'one'), (2, 'two')")
+    conn.execute("CREATE TABLE tx_b AS SELECT id * 10 AS k FROM tx_a")
+    conn.execute("INSERT INTO tx_b VALUES (30)")
+    conn.execute("CREATE VIEW tx_v AS SELECT sum(k) AS total FROM tx_b")
+    check(conn.execute("SELECT total FROM tx_v").fetchone()[0], 60, "view over the new tables")
+    conn.commit()
+    check(relations(watcher, "tx_%"), ["tx_a", "tx_b", "tx_v"], "committed objects seen by others")
+    check(watcher.execute("SELECT count(*) FROM tx_a").fetchone()[0], 2, "committed rows")
+    check(watcher.execute("SELECT total FROM tx_v").fetchone()[0], 60, "committed view")
+    # A failed statement aborts the transaction; its DDL goes with it.
+    conn.execute("CREATE TABLE tx_c (x INT)")
+    check(sqlstate_of(lambda: conn.execute("SELECT * FROM missing_table")), "42P01", "error in txn")
+    conn.rollback()
+    check(relations(watcher, "tx_c"), [], "aborted transaction's table")
+    # DROP in a transaction keeps the table until COMMIT; ROLLBACK keeps it.
+    conn.execute("DROP VIEW tx_v")
+    conn.execute("DROP TABLE tx_b")
+    check(relations(conn, "tx_%"), ["tx_a"], "dropped in the transaction")
+    check(relations(watcher, "tx_%"), ["tx_a", "tx_b", "tx_v"], "others still see them")
+    conn.rollback()
+    check(watcher.execute("SELECT count(*) FROM tx_b").fetchone()[0], 3, "rows after a rolled back DROP")
+    conn.execute("DROP TABLE tx_b CASCADE")
+    conn.commit()
+    check(relations(watcher, "tx_%"), ["tx_a"], "DROP committed")
+    # DDL and writes of an existing table do not share a transaction.
+    conn.execute("CREATE TABLE tx_d (x INT)")
+    check(
+        sqlstate_of(lambda: conn.execute("INSERT INTO tx_a VALUES (3, 'three')")),
+        "0A000",
+        "DDL, then a write of an existing table",
+    )
+    conn.rollback()
+    conn.execute("INSERT INTO tx_a VALUES (3, 'three')")
+    check(sqlstate_of(lambda: conn.execute("CREATE TABLE tx_e (x INT)")), "0A000", "a write, then DDL")
+    conn.rollback()
+    check(watcher.execute("SELECT count(*) FROM tx_a").fetchone()[0], 2, "nothing of those committed")
+    # Two transactions create one name: the second COMMIT fails with 42P07.
+    other = psycopg.connect(dsn)
+    conn.execute("CREATE TABLE tx_same (x INT)")
+    other.execute("CREATE TABLE tx_same (y TEXT)")
+    conn.execute("INSERT INTO tx_same VALUES (1)")
+    conn.commit()
+    check(sqlstate_of(other.commit), "42P07", "the second COMMIT of one name")
+    check(
+        [c[0] for c in watcher.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'tx_same'"
+        ).fetchall()],
+        ["x"],
+        "the first transaction's table stayed",
+    )
+    check(watcher.execute("SELECT count(*) FROM tx_same").fetchone()[0], 1, "its rows")
+    for c in (conn, other, watcher):
+        c.close()
+
+
+def sqlalchemy_create_all(dsn):
+    import sqlalchemy as sa
+
+    engine = sa.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
+    metadata = sa.MetaData()
+    items = sa.Table(
+        "sa_items",
+        metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("name", sa.String(20), nullable=False),
+        sa.Column("price", sa.Numeric(10, 2)),
+    )
+    sa.Table("sa_tags", metadata, sa.Column("tag", sa.String(10)))
+    def tables():
+        return sorted(t for t in sa.inspect(engine).get_table_names() if t.startswith("sa_"))
+
+    # create_all in a transaction that rolls back leaves nothing.
+    with engine.connect() as conn:
+        with conn.begin() as txn:
+            metadata.create_all(conn)
+            conn.execute(items.insert(), [{"id": 1, "name": "a", "price": 1.5}])
+            txn.rollback()
+    check(tables(), [], "rolled back create_all")
+    # engine.begin(): create_all, fill, commit.
+    with engine.begin() as conn:
+        metadata.create_all(conn)
+        conn.execute(items.insert(), [{"id": i, "name": f"n{i}", "price": i * 0.25} for i in range(1, 6)])
+    with engine.connect() as conn:
+        check(conn.execute(sa.select(sa.func.count()).select_from(items)).scalar(), 5, "rows committed")
+    check(tables(), ["sa_items", "sa_tags"], "created tables")
+    with engine.begin() as conn:
+        metadata.drop_all(conn)
+    check(tables(), [], "drop_all")
+    engine.dispose()
+
+
+if __name__ == "__main__":
+    psycopg_default_connection(sys.argv[1])
+    sqlalchemy_create_all(sys.argv[1])
+    print("ok")
