@@ -22,6 +22,16 @@ need() {
 }
 need tmux tmux
 need psql postgresql-client
+# PostgreSQL 15 itself: the differential test (tests/pg_reference.rs) runs
+# the same statements on it and on Cirro; the test starts its own server.
+if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    [ -n "${apt_updated:-}" ] || { apt-get update -qq; apt_updated=1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 >/dev/null
+  else
+    echo "PostgreSQL 15 is needed by the differential test: apt-get install postgresql-15" >&2; exit 1
+  fi
+fi
 need openssl openssl
 need javac default-jdk-headless
 need curl curl

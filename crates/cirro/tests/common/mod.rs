@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod compare;
 pub mod duckdb;
 pub mod hdfs;
+pub mod postgres;
 pub mod s3;
 pub mod server;
 pub mod sqlgen;
