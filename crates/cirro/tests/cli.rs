@@ -492,7 +492,7 @@ fn a_location_written_by_an_earlier_release_opens_and_takes_writes() {
     );
     assert_eq!(
         data.query_csv("SELECT count(*), sum(k), min(v) FROM kv WHERE k > 100"),
-        "count(*)|sum(kv.k)|min(kv.v)\n200|40100|v101\n"
+        "count|sum|min\n200|40100|v101\n"
     );
     assert_eq!(
         data.query_csv("SELECT * FROM cheap ORDER BY id"),
@@ -512,6 +512,6 @@ fn a_location_written_by_an_earlier_release_opens_and_takes_writes() {
     );
     assert_eq!(
         data.query_csv("SELECT count(*) FROM kv WHERE v = 'x'"),
-        "count(*)\n10\n"
+        "count\n10\n"
     );
 }

@@ -109,5 +109,5 @@ fn full_disk_fails_statements_cleanly_and_loses_nothing() {
     std::fs::remove_file(&filler).expect("remove filler");
     ok(&data, "UPDATE t SET v = v || repeat('u', 30)");
     let after = ok(&data, "SELECT count(*), min(length(v)) FROM t");
-    assert_eq!(after, "count(*),min(length(t.v))\n100000,35\n");
+    assert_eq!(after, "count,min\n100000,35\n");
 }
