@@ -74,6 +74,12 @@ impl Engine {
                 .build();
             *state.write() = chained;
         }
+        // It registers a to_char that returns its pattern: PostgreSQL's
+        // template patterns are Cirro's (cirro_exec::functions::pg_datetime).
+        use cirro_exec::functions::pg_datetime;
+        ctx.register_udf(pg_datetime::to_char_udf());
+        ctx.register_udf(pg_datetime::to_date_udf());
+        ctx.register_udf(pg_datetime::to_timestamp_udf());
         // Its pg_catalog, replaced: views of this database only, Cirro's
         // users as roles, and only the databases that exist.
         let list = Arc::clone(ctx.state().catalog_list());

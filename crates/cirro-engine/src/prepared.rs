@@ -61,6 +61,8 @@ pub struct Prepared {
     declared: Vec<Option<DataType>>,
     /// The columns of the rows it returns (None: a command).
     schema: Option<SchemaRef>,
+    /// The `$n` of a `PREPARE p AS …` statement (its inner statement's).
+    inner_placeholders: usize,
     /// The plan, for statements that keep one.
     plan: Option<Mutex<CachedPlan>>,
 }
@@ -299,11 +301,18 @@ impl Engine {
             placeholders,
             ..
         } = parsed;
+        // `PREPARE p AS … $1 …` binds nothing itself: its `$n` are the inner
+        // statement's.
+        let own_placeholders = match statement.sql() {
+            Some(SqlStatement::Prepare { .. }) => 0,
+            _ => placeholders,
+        };
         let unplanned = |schema| Prepared {
             statement: statement.clone(),
-            placeholder_types: vec![None; placeholders],
+            placeholder_types: vec![None; own_placeholders],
             declared: Vec::new(),
             schema,
+            inner_placeholders: placeholders - own_placeholders,
             plan: None,
         };
         if let Some(name) = execute_name(&statement) {
@@ -316,7 +325,7 @@ impl Engine {
             _ => None,
         };
         let Some(returns_rows) = returns_rows else {
-            if placeholders > 0 {
+            if own_placeholders > 0 {
                 return Err(no_parameter(1));
             }
             let schema = match &statement {
@@ -350,6 +359,7 @@ impl Engine {
             placeholder_types,
             declared,
             schema,
+            inner_placeholders: 0,
             plan: Some(Mutex::new(CachedPlan {
                 plan,
                 catalog_version: snapshot.version,
@@ -445,7 +455,9 @@ impl Engine {
             ));
         }
         let Some(cached) = &prepared.plan else {
-            return self.run_statement(prepared.statement.clone(), 0).await;
+            return self
+                .run_statement(prepared.statement.clone(), prepared.inner_placeholders)
+                .await;
         };
         if self.transaction_aborted() {
             return Err(txn::aborted());
