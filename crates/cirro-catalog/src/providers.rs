@@ -207,11 +207,21 @@ impl CatalogProviderList for CirroCatalogList {
     }
 
     fn catalog_names(&self) -> Vec<String> {
-        self.session.state(&self.catalog).databases.keys().cloned().collect()
+        self.session
+            .state(&self.catalog)
+            .databases
+            .keys()
+            .cloned()
+            .collect()
     }
 
     fn catalog(&self, name: &str) -> Option<Arc<dyn CatalogProvider>> {
-        if !self.session.state(&self.catalog).databases.contains_key(name) {
+        if !self
+            .session
+            .state(&self.catalog)
+            .databases
+            .contains_key(name)
+        {
             return None;
         }
         Some(Arc::new(DatabaseProvider {
@@ -329,15 +339,17 @@ impl SchemaProvider for CirroSchemaProvider {
                     "views cannot be planned before the session exists".into(),
                 )
             })?;
-            return Ok(Some(match planner.plan_view(&self.db, &self.schema, view).await {
-                Ok(plan) => Arc::new(ViewTable::new(plan, Some(view.sql.clone()))),
-                // Listed (information_schema, \dt) without columns; read, it
-                // says why. Dependency checks keep new views from this.
-                Err(e) => Arc::new(InvalidView {
-                    name: name.to_string(),
-                    reason: CirroError::from(e).message,
-                }),
-            }));
+            return Ok(Some(
+                match planner.plan_view(&self.db, &self.schema, view).await {
+                    Ok(plan) => Arc::new(ViewTable::new(plan, Some(view.sql.clone()))),
+                    // Listed (information_schema, \dt) without columns; read, it
+                    // says why. Dependency checks keep new views from this.
+                    Err(e) => Arc::new(InvalidView {
+                        name: name.to_string(),
+                        reason: CirroError::from(e).message,
+                    }),
+                },
+            ));
         }
         Ok(None)
     }

@@ -548,7 +548,10 @@ pub fn sql_type_names(text: &str) -> String {
                     let inside = &after[1..close];
                     let name = if word == "Decimal128" {
                         format!("numeric({})", inside.replace(' ', ""))
-                    } else if inside.contains("UTC") || inside.contains("Some(") || inside.contains('"') {
+                    } else if inside.contains("UTC")
+                        || inside.contains("Some(")
+                        || inside.contains('"')
+                    {
                         "timestamp with time zone".to_string()
                     } else {
                         "timestamp".to_string()
@@ -634,10 +637,15 @@ mod tests {
             "numeric(1,2) cannot be used as numeric(15,2)"
         );
         assert_eq!(
-            sql_type_names("Cannot cast Utf8View to Int64; Timestamp(µs, \"UTC\") vs Timestamp(µs)"),
+            sql_type_names(
+                "Cannot cast Utf8View to Int64; Timestamp(µs, \"UTC\") vs Timestamp(µs)"
+            ),
             "Cannot cast text to bigint; timestamp with time zone vs timestamp"
         );
-        assert_eq!(sql_type_names("column Int64x and my_Int32"), "column Int64x and my_Int32");
+        assert_eq!(
+            sql_type_names("column Int64x and my_Int32"),
+            "column Int64x and my_Int32"
+        );
     }
 
     #[test]

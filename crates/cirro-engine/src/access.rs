@@ -20,9 +20,7 @@
 
 use std::sync::Arc;
 
-use cirro_catalog::users::{
-    PREDEFINED_ROLES, Privilege, ScramVerifier, UserEntry, undefined_user,
-};
+use cirro_catalog::users::{PREDEFINED_ROLES, Privilege, ScramVerifier, UserEntry, undefined_user};
 use cirro_catalog::{Catalog, TableEntry};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_sql::AccessStatement;
@@ -491,7 +489,11 @@ impl Engine {
                         Ok(())
                     })
                     .await?;
-                Ok(Outcome::command(if revoke { "REVOKE ROLE" } else { "GRANT ROLE" }))
+                Ok(Outcome::command(if revoke {
+                    "REVOKE ROLE"
+                } else {
+                    "GRANT ROLE"
+                }))
             }
         }
     }

@@ -792,7 +792,12 @@ impl Engine {
                     ..
                 } => {
                     return self
-                        .drop_relations(*object_type == ObjectType::View, names, *if_exists, *cascade)
+                        .drop_relations(
+                            *object_type == ObjectType::View,
+                            names,
+                            *if_exists,
+                            *cascade,
+                        )
                         .await;
                 }
                 SqlStatement::CreateIndex(create) => {

@@ -222,7 +222,11 @@ fn valid_decimal(value: ScalarValue) -> ScalarValue {
 /// number widens or must fit (22003), a fraction rounds to an integer
 /// (floats to the nearest even, NUMERIC half away from zero) and a NUMERIC
 /// to a smaller scale.
-pub(crate) fn cast_parameter(value: ScalarValue, to: &DataType, index: usize) -> Result<ScalarValue> {
+pub(crate) fn cast_parameter(
+    value: ScalarValue,
+    to: &DataType,
+    index: usize,
+) -> Result<ScalarValue> {
     let value = valid_decimal(value);
     if &value.data_type() == to {
         return Ok(value);
@@ -346,7 +350,13 @@ impl Engine {
         };
         let planning: Vec<Option<DataType>> = declared
             .iter()
-            .map(|d| if is_numeric_at_bind(d) { Some(NUMERIC_PLANNED) } else { d.clone() })
+            .map(|d| {
+                if is_numeric_at_bind(d) {
+                    Some(NUMERIC_PLANNED)
+                } else {
+                    d.clone()
+                }
+            })
             .collect();
         let (plan, replans) = self.plan_prepared(&statement, &planning).await?;
         let types = plan.get_parameter_types()?;
@@ -400,7 +410,13 @@ impl Engine {
         let shows = shows_data(&sql);
         let declared: Vec<Option<DataType>> = declared
             .iter()
-            .map(|d| if is_numeric_at_bind(d) { Some(NUMERIC_PLANNED) } else { d.clone() })
+            .map(|d| {
+                if is_numeric_at_bind(d) {
+                    Some(NUMERIC_PLANNED)
+                } else {
+                    d.clone()
+                }
+            })
             .collect();
         let plan = declare_placeholders(self.plan(sql).await?, &declared)?;
         self.check_plan(&plan)?;
@@ -472,7 +488,9 @@ impl Engine {
             .iter()
             .zip(&values)
             .map(|(declared, value)| match (declared, value) {
-                (Some(d), ScalarValue::Decimal128(_, p, s)) if is_numeric_at_bind(&Some(d.clone())) => {
+                (Some(d), ScalarValue::Decimal128(_, p, s))
+                    if is_numeric_at_bind(&Some(d.clone())) =>
+                {
                     Some(DataType::Decimal128((*p).max(*s as u8).max(1), *s))
                 }
                 (Some(d), _) if is_numeric_at_bind(&Some(d.clone())) => Some(NUMERIC_PLANNED),
@@ -487,13 +505,22 @@ impl Engine {
         let values = values
             .into_iter()
             .enumerate()
-            .map(|(i, value)| match types.get(i).cloned().flatten().or_else(|| prepared.placeholder_types[i].clone()) {
-                Some(to) => cast_parameter(value, &to, i + 1),
-                None => Ok(value),
+            .map(|(i, value)| {
+                match types
+                    .get(i)
+                    .cloned()
+                    .flatten()
+                    .or_else(|| prepared.placeholder_types[i].clone())
+                {
+                    Some(to) => cast_parameter(value, &to, i + 1),
+                    None => Ok(value),
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         if at_bind {
-            let (plan, _) = self.plan_prepared(&prepared.statement, &bind_declared).await?;
+            let (plan, _) = self
+                .plan_prepared(&prepared.statement, &bind_declared)
+                .await?;
             let plan = plan.with_param_values(values)?;
             self.check_plan(&plan)?;
             return self.execute_plan(plan).await;

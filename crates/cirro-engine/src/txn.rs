@@ -147,7 +147,9 @@ fn merge_ddl(base: &CatalogState, mine: &CatalogState, latest: &mut CatalogState
         let Some(target_db) = latest.databases.get_mut(db) else {
             return Err(CirroError::new(
                 SqlState::SERIALIZATION_FAILURE,
-                format!("database \"{db}\" was dropped by another session; the transaction cannot commit"),
+                format!(
+                    "database \"{db}\" was dropped by another session; the transaction cannot commit"
+                ),
             ));
         };
         let base_db = base.databases.get(db);
@@ -163,7 +165,9 @@ fn merge_ddl(base: &CatalogState, mine: &CatalogState, latest: &mut CatalogState
                 (Some(_), None) => {
                     return Err(CirroError::new(
                         SqlState::SERIALIZATION_FAILURE,
-                        format!("schema \"{schema}\" was dropped by another session; the transaction cannot commit"),
+                        format!(
+                            "schema \"{schema}\" was dropped by another session; the transaction cannot commit"
+                        ),
                     ));
                 }
                 (None, None) => target_db.schemas.entry(schema.clone()).or_default(),
@@ -171,7 +175,12 @@ fn merge_ddl(base: &CatalogState, mine: &CatalogState, latest: &mut CatalogState
             };
             let empty = Default::default();
             let base_schema = base_schema.unwrap_or(&empty);
-            merge_map(&base_schema.tables, &entry.tables, &mut target.tables, &target.views)?;
+            merge_map(
+                &base_schema.tables,
+                &entry.tables,
+                &mut target.tables,
+                &target.views,
+            )?;
             let tables = target.tables.clone();
             merge_map(&base_schema.views, &entry.views, &mut target.views, &tables)?;
         }
@@ -185,7 +194,9 @@ fn merge_ddl(base: &CatalogState, mine: &CatalogState, latest: &mut CatalogState
                     Some(now) if now != entry => {
                         return Err(CirroError::new(
                             SqlState::SERIALIZATION_FAILURE,
-                            format!("schema \"{schema}\" was changed by another session; the transaction cannot commit"),
+                            format!(
+                                "schema \"{schema}\" was changed by another session; the transaction cannot commit"
+                            ),
                         ));
                     }
                     _ => {
@@ -524,7 +535,9 @@ impl Engine {
             return Err(aborted());
         };
         let Some(txn) = held.txn.as_mut() else {
-            return Err(CirroError::internal("the transaction ended during a statement"));
+            return Err(CirroError::internal(
+                "the transaction ended during a statement",
+            ));
         };
         if let Some(written) = &txn.written {
             let name = written.name.clone();

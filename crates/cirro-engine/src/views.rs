@@ -190,14 +190,7 @@ pub(crate) async fn create_view(engine: &Engine, view: &CreateView) -> Result<Ou
     let plan = planner.plan_view(&db, &schema, &entry).await?;
     drop(plan);
     let target = (db.clone(), schema.clone(), name.clone());
-    if reads_relation(
-        &engine.snapshot(),
-        &entry.sql,
-        &db,
-        &schema,
-        &target,
-        0,
-    ) {
+    if reads_relation(&engine.snapshot(), &entry.sql, &db, &schema, &target, 0) {
         return Err(CirroError::new(
             SqlState::INVALID_OBJECT_DEFINITION,
             format!("infinite recursion: view \"{name}\" would read itself"),

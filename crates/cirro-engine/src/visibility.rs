@@ -70,14 +70,24 @@ impl StatementViewer {
             return Sight::Hidden;
         }
         match cirro_sql::redact::relations(text) {
-            Some(names) if names.iter().all(|n| self.may_select(state, user, database, n)) => {
+            Some(names)
+                if names
+                    .iter()
+                    .all(|n| self.may_select(state, user, database, n)) =>
+            {
                 Sight::Full
             }
             _ => Sight::Normalized,
         }
     }
 
-    fn may_select(&self, state: &CatalogState, user: &str, database: &str, name: &[String]) -> bool {
+    fn may_select(
+        &self,
+        state: &CatalogState,
+        user: &str,
+        database: &str,
+        name: &[String],
+    ) -> bool {
         let (db, schema, table) = match name {
             [table] => (database, DEFAULT_SCHEMA, table.as_str()),
             [schema, table] => (database, schema.as_str(), table.as_str()),

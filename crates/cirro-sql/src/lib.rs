@@ -34,8 +34,8 @@ mod pg_catalog;
 pub mod redact;
 mod shape;
 pub mod split;
-pub mod types;
 pub mod statement;
+pub mod types;
 pub mod values;
 mod words;
 
@@ -48,9 +48,9 @@ use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
 pub use dialect::CirroDialect;
 pub use redact::{normalize_literals, redact_passwords};
-pub use types::PgTypes;
 pub use split::{is_blank, is_complete, split_statements};
 pub use statement::*;
+pub use types::PgTypes;
 
 /// Parser runs in this process (see [`parse_count`]).
 static PARSES: AtomicU64 = AtomicU64::new(0);

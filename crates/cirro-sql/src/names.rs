@@ -152,7 +152,9 @@ fn normalized(ident: &Ident) -> String {
 
 /// PostgreSQL's name for an expression in a SELECT list (FigureColname).
 fn postgres_name(expr: &Expr) -> String {
-    figure(expr).map(|(name, _)| name).unwrap_or_else(|| "?column?".to_string())
+    figure(expr)
+        .map(|(name, _)| name)
+        .unwrap_or_else(|| "?column?".to_string())
 }
 
 /// FigureColnameInternal: a name and its strength (2: a column's or
@@ -170,10 +172,8 @@ fn figure(expr: &Expr) -> Option<(String, u8)> {
                 .and_then(|part| part.as_ident())
                 .map(normalized)?;
             // `x::varchar(3)`, shaped as `left(CAST(x AS VARCHAR(3)), 3)`.
-            if let (
-                "left",
-                datafusion::sql::sqlparser::ast::FunctionArguments::List(list),
-            ) = (name.as_str(), &function.args)
+            if let ("left", datafusion::sql::sqlparser::ast::FunctionArguments::List(list)) =
+                (name.as_str(), &function.args)
                 && let Some(datafusion::sql::sqlparser::ast::FunctionArg::Unnamed(
                     datafusion::sql::sqlparser::ast::FunctionArgExpr::Expr(
                         cast @ Expr::Cast { .. },
@@ -214,7 +214,9 @@ fn figure(expr: &Expr) -> Option<(String, u8)> {
             _ => Some(("case".to_string(), 1)),
         },
         Expr::Extract { .. } => named("extract"),
-        Expr::Substring { shorthand: true, .. } => named("substr"),
+        Expr::Substring {
+            shorthand: true, ..
+        } => named("substr"),
         Expr::Substring { .. } => named("substring"),
         Expr::Position { .. } => named("position"),
         Expr::Overlay { .. } => named("overlay"),
@@ -292,8 +294,10 @@ mod tests {
              count(*) AS \"count\", CASE WHEN a THEN 1 END AS \"case\" FROM t"
         );
         assert_eq!(
-            outputs("SELECT 1 + 2, a, a::int, 1::integer, '1'::numeric(5,2), TRUE, DATE '2024-01-01', \
-                     upper(b), trim(b), -a, (SELECT max(c) FROM u) FROM t"),
+            outputs(
+                "SELECT 1 + 2, a, a::int, 1::integer, '1'::numeric(5,2), TRUE, DATE '2024-01-01', \
+                     upper(b), trim(b), -a, (SELECT max(c) FROM u) FROM t"
+            ),
             "SELECT 1 + 2 AS \"?column?\", a, a::INT AS \"a_1\", 1::INTEGER AS \"int4\", \
              '1'::NUMERIC(5,2) AS \"numeric\", true AS \"bool\", DATE '2024-01-01' AS \"date\", \
              upper(b) AS \"upper\", TRIM(b) AS \"btrim\", -a AS \"?column?_1\", \
@@ -304,7 +308,10 @@ mod tests {
             outputs("SELECT s.x FROM (SELECT 1 + 1 AS x, 2 + 2) s"),
             "SELECT s.x FROM (SELECT 1 + 1 AS x, 2 + 2) s"
         );
-        assert_eq!(outputs("INSERT INTO t SELECT 1 + 1"), "INSERT INTO t SELECT 1 + 1");
+        assert_eq!(
+            outputs("INSERT INTO t SELECT 1 + 1"),
+            "INSERT INTO t SELECT 1 + 1"
+        );
         assert_eq!(
             named("SELECT x FROM (SELECT 1 AS x UNION SELECT sum(y) FROM u) s"),
             "SELECT x FROM (SELECT 1 AS x UNION SELECT sum(y) AS \"sum\" FROM u) s"

@@ -171,7 +171,10 @@ mod tests {
                 "create user \"Bob\" /* c */ PASSWORD E'se\\'cret'",
                 "create user \"Bob\" /* c */ PASSWORD '********'",
             ),
-            ("CREATE USER x PASSWORD 'open", "CREATE USER x PASSWORD '********'"),
+            (
+                "CREATE USER x PASSWORD 'open",
+                "CREATE USER x PASSWORD '********'",
+            ),
         ] {
             assert_eq!(redact_passwords(text), want, "{text}");
             assert!(!redact_passwords(text).contains("bobpw"));

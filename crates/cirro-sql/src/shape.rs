@@ -414,9 +414,7 @@ fn numeric_literal(expr: &mut Expr) -> Result<()> {
         if !has_exponent {
             return Err(CirroError::new(
                 SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
-                format!(
-                    "numeric literal {text} has more than {NUMERIC_LITERAL_DIGITS_MAX} digits"
-                ),
+                format!("numeric literal {text} has more than {NUMERIC_LITERAL_DIGITS_MAX} digits"),
             ));
         }
         let text = text.clone();
@@ -462,11 +460,18 @@ fn spell_number(text: &str) -> Option<String> {
     let point = whole.len() as i64 + exponent.clamp(-1000, 1000);
     let digits = format!("{whole}{fraction}");
     let spelled = if point >= digits.len() as i64 {
-        format!("{digits}{}", "0".repeat((point - digits.len() as i64) as usize))
+        format!(
+            "{digits}{}",
+            "0".repeat((point - digits.len() as i64) as usize)
+        )
     } else if point <= 0 {
         format!("0.{}{digits}", "0".repeat((-point) as usize))
     } else {
-        format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+        format!(
+            "{}.{}",
+            &digits[..point as usize],
+            &digits[point as usize..]
+        )
     };
     let (whole, fraction) = spelled.split_once('.').unwrap_or((&spelled, ""));
     let whole = whole.trim_start_matches('0');

@@ -22,9 +22,9 @@
 //! by an earlier release keep their stored `float` (Float32) columns, which
 //! DESCRIBE and `\d` show as `real`: only new statements read the name anew.
 
-use datafusion::arrow::datatypes::{DataType, FieldRef};
 use cirro_common::char_length::{CHAR_VARCHAR_KEY, CharLength};
 use cirro_common::{CirroError, SqlState};
+use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::planner::TypePlanner;
 use datafusion::sql::sqlparser::ast::{CharacterLength, DataType as SqlType, ExactNumberInfo};
@@ -68,7 +68,11 @@ impl TypePlanner for PgTypes {
             | SqlType::Char(Some(length))
             | SqlType::Character(Some(length)) => {
                 let char = matches!(sql_type, SqlType::Char(_) | SqlType::Character(_));
-                let name = if char { "character" } else { "character varying" };
+                let name = if char {
+                    "character"
+                } else {
+                    "character varying"
+                };
                 let length = match length {
                     CharacterLength::IntegerLength { length, .. } => *length,
                     CharacterLength::Max => return Ok(None),
@@ -122,7 +126,9 @@ impl TypePlanner for PgTypes {
             }
             _ => return Ok(None),
         };
-        Ok(Some(std::sync::Arc::new(datafusion::arrow::datatypes::Field::new("", data_type, true))))
+        Ok(Some(std::sync::Arc::new(
+            datafusion::arrow::datatypes::Field::new("", data_type, true),
+        )))
     }
 }
 
@@ -139,7 +145,10 @@ mod tests {
 
     #[test]
     fn float_names_as_postgresql_maps_them() {
-        assert_eq!(planned(SqlType::Float(ExactNumberInfo::None)), Ok(Some(DataType::Float64)));
+        assert_eq!(
+            planned(SqlType::Float(ExactNumberInfo::None)),
+            Ok(Some(DataType::Float64))
+        );
         let p = |p| SqlType::Float(ExactNumberInfo::Precision(p));
         assert_eq!(planned(p(24)), Ok(Some(DataType::Float32)));
         assert_eq!(planned(p(25)), Ok(Some(DataType::Float64)));
@@ -155,7 +164,10 @@ mod tests {
             length: 3,
             unit: None,
         }));
-        let field = PgTypes.plan_type_field(&varchar).expect("plan").expect("planned");
+        let field = PgTypes
+            .plan_type_field(&varchar)
+            .expect("plan")
+            .expect("planned");
         assert_eq!(
             CharLength::of(&field),
             Some(CharLength {
@@ -163,7 +175,10 @@ mod tests {
                 char: false
             })
         );
-        let zero = SqlType::Char(Some(CharacterLength::IntegerLength { length: 0, unit: None }));
+        let zero = SqlType::Char(Some(CharacterLength::IntegerLength {
+            length: 0,
+            unit: None,
+        }));
         assert_eq!(planned(zero), Err("22023".to_string()));
         assert_eq!(planned(SqlType::Varchar(None)), Ok(None));
     }

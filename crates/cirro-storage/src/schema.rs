@@ -90,9 +90,9 @@ pub fn storage_schema(schema: &Schema) -> Result<SchemaRef> {
             // A declared VARCHAR/CHAR length is kept with the column (and
             // checked by every write: `write::conform`).
             Ok(match CharLength::of(f) {
-                Some(length) if stored.data_type() == &DataType::Utf8 => stored.with_metadata(
-                    [(CHAR_VARCHAR_KEY.to_string(), length.spelled())].into(),
-                ),
+                Some(length) if stored.data_type() == &DataType::Utf8 => {
+                    stored.with_metadata([(CHAR_VARCHAR_KEY.to_string(), length.spelled())].into())
+                }
                 _ => stored,
             })
         })

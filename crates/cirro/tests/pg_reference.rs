@@ -32,11 +32,22 @@ fn known() -> PathBuf {
 }
 
 /// Run the harness; (whether it passed, its report).
-fn differential(server: &Server, postgres: &Postgres, seed: u64, count: u64, extra: &[&str]) -> (bool, String) {
+fn differential(
+    server: &Server,
+    postgres: &Postgres,
+    seed: u64,
+    count: u64,
+    extra: &[&str],
+) -> (bool, String) {
     let cirro = format!("{} password={PASSWORD}", server.conninfo("cirro"));
     let out = Command::new(python())
         .arg(interop_dir().join("pg_differential.py"))
-        .args([&cirro, &postgres.dsn(), &seed.to_string(), &count.to_string()])
+        .args([
+            &cirro,
+            &postgres.dsn(),
+            &seed.to_string(),
+            &count.to_string(),
+        ])
         .arg(allowlist())
         .arg("--known")
         .arg(known())
@@ -57,8 +68,14 @@ fn run_seeds(seeds: &[u64], count: u64) {
     for &seed in seeds {
         let (passed, report) = differential(&server, &postgres, seed, count, &[]);
         println!("{report}");
-        assert!(passed, "differences from PostgreSQL (seed {seed}):\n{report}");
-        assert!(report.contains(&format!("seed {seed}: statements {count},")), "{report}");
+        assert!(
+            passed,
+            "differences from PostgreSQL (seed {seed}):\n{report}"
+        );
+        assert!(
+            report.contains(&format!("seed {seed}: statements {count},")),
+            "{report}"
+        );
     }
 }
 
@@ -82,7 +99,10 @@ fn a_planted_difference_is_found() {
     assert!(report.contains("DIFFERENCE [int +]"), "{report}");
     // Nothing else differs in that run.
     assert!(
-        report.lines().filter(|l| l.starts_with("DIFFERENCE [")).all(|l| l.starts_with("DIFFERENCE [int +]")),
+        report
+            .lines()
+            .filter(|l| l.starts_with("DIFFERENCE ["))
+            .all(|l| l.starts_with("DIFFERENCE [int +]")),
         "{report}"
     );
 }
@@ -99,6 +119,9 @@ fn the_allowlist_is_short_and_explained() {
     assert!(entries.len() <= 30, "{} entries", entries.len());
     for entry in entries {
         let (construct, reason) = entry.split_once(" | ").expect("construct | reason");
-        assert!(!construct.trim().is_empty() && reason.trim().len() > 10, "{entry}");
+        assert!(
+            !construct.trim().is_empty() && reason.trim().len() > 10,
+            "{entry}"
+        );
     }
 }

@@ -106,33 +106,67 @@ fn statement_texts_are_their_owners_and_passwords_are_never_kept() {
     let out = server.psql(
         "bob",
         BOB_PASSWORD,
-        &["-v", "VERBOSITY=verbose", "-c", "GRANT pg_read_all_stats TO bob"],
+        &[
+            "-v",
+            "VERBOSITY=verbose",
+            "-c",
+            "GRANT pg_read_all_stats TO bob",
+        ],
     );
     assert!(stderr(&out).contains("42501"), "{}", stderr(&out));
     assert!(server.sql_err("GRANT pg_nonsense TO bob").contains("42704"));
     server.sql("GRANT pg_read_all_stats TO carol");
     psql_as(&server, "bob", BOB_PASSWORD, "SELECT 'bob-own-statement'");
-    psql_as(&server, "alice", "alice-pw", "SELECT count(*) FROM open_t WHERE k = 99");
+    psql_as(
+        &server,
+        "alice",
+        "alice-pw",
+        "SELECT count(*) FROM open_t WHERE k = 99",
+    );
 
     let mut long = alice_long(&server);
     let alice_running = || {
-        server
-            .sql("SELECT count(*) FROM pg_stat_activity WHERE usename = 'alice' AND state = 'active'")
-            == "1\n"
+        server.sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = 'alice' AND state = 'active'",
+        ) == "1\n"
     };
-    assert!(eventually(150, alice_running), "alice's statement never ran");
+    assert!(
+        eventually(150, alice_running),
+        "alice's statement never ran"
+    );
 
     // bob: his own text, nobody else's, in each place a text shows.
     let bob_sql = "SELECT usename, query FROM cirro.queries ORDER BY query_id";
     let bob_activity = "SELECT usename, query FROM pg_stat_activity";
     for (place, seen) in [
-        ("cirro.queries", psql_as(&server, "bob", BOB_PASSWORD, bob_sql)),
-        ("pg_stat_activity", psql_as(&server, "bob", BOB_PASSWORD, bob_activity)),
-        ("/api/queries", console_queries(&server, "bob", BOB_PASSWORD)),
-        ("Flight SQL", flight_query(&server, "bob", BOB_PASSWORD, bob_sql)),
+        (
+            "cirro.queries",
+            psql_as(&server, "bob", BOB_PASSWORD, bob_sql),
+        ),
+        (
+            "pg_stat_activity",
+            psql_as(&server, "bob", BOB_PASSWORD, bob_activity),
+        ),
+        (
+            "/api/queries",
+            console_queries(&server, "bob", BOB_PASSWORD),
+        ),
+        (
+            "Flight SQL",
+            flight_query(&server, "bob", BOB_PASSWORD, bob_sql),
+        ),
     ] {
-        for hidden in [SECRET, ALICE_LITERAL, "alice_t", "CREATE USER", BOB_PASSWORD] {
-            assert!(!seen.contains(hidden), "bob sees {hidden:?} in {place}:\n{seen}");
+        for hidden in [
+            SECRET,
+            ALICE_LITERAL,
+            "alice_t",
+            "CREATE USER",
+            BOB_PASSWORD,
+        ] {
+            assert!(
+                !seen.contains(hidden),
+                "bob sees {hidden:?} in {place}:\n{seen}"
+            );
         }
         assert!(
             seen.contains("<insufficient privilege>"),
@@ -154,13 +188,23 @@ fn statement_texts_are_their_owners_and_passwords_are_never_kept() {
         ("cirro.queries", server.sql(bob_sql)),
         ("pg_stat_activity", server.sql(bob_activity)),
         ("/api/queries", console_queries(&server, "cirro", PASSWORD)),
-        ("Flight SQL", flight_query(&server, "cirro", PASSWORD, bob_sql)),
+        (
+            "Flight SQL",
+            flight_query(&server, "cirro", PASSWORD, bob_sql),
+        ),
     ] {
         assert!(seen.contains(ALICE_LITERAL), "{place}:\n{seen}");
-        assert!(!seen.contains(BOB_PASSWORD), "a password in {place}:\n{seen}");
+        assert!(
+            !seen.contains(BOB_PASSWORD),
+            "a password in {place}:\n{seen}"
+        );
     }
     let all = server.sql(bob_sql);
-    for shown in [SECRET, "bob-own-statement", "CREATE USER bob PASSWORD '********'"] {
+    for shown in [
+        SECRET,
+        "bob-own-statement",
+        "CREATE USER bob PASSWORD '********'",
+    ] {
         assert!(all.contains(shown), "the superuser sees {shown:?}:\n{all}");
     }
 
@@ -169,11 +213,17 @@ fn statement_texts_are_their_owners_and_passwords_are_never_kept() {
     let carol_seen = psql_as(&server, "carol", "carol-pw", bob_sql);
     assert!(!carol_seen.contains(ALICE_LITERAL), "{carol_seen}");
     assert!(!carol_seen.contains(SECRET), "{carol_seen}");
-    assert!(carol_seen.contains("INSERT INTO secret VALUES ($1)"), "{carol_seen}");
+    assert!(
+        carol_seen.contains("INSERT INTO secret VALUES ($1)"),
+        "{carol_seen}"
+    );
     assert!(carol_seen.contains("alice_t.note <> $"), "{carol_seen}");
     assert!(carol_seen.contains("WHERE k = 99"), "{carol_seen}");
     let carol_activity = psql_as(&server, "carol", "carol-pw", bob_activity);
-    assert!(carol_activity.contains("alice_t.note <> $"), "{carol_activity}");
+    assert!(
+        carol_activity.contains("alice_t.note <> $"),
+        "{carol_activity}"
+    );
 
     let _ = long.kill();
     let _ = long.wait();
@@ -182,8 +232,16 @@ fn statement_texts_are_their_owners_and_passwords_are_never_kept() {
     server.sql("SELECT 1");
     for path in [&slow_log, &server_log] {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(!text.is_empty() || path == &server_log, "{} is empty", path.display());
-        assert!(!text.contains(BOB_PASSWORD), "{} names the password", path.display());
+        assert!(
+            !text.is_empty() || path == &server_log,
+            "{} is empty",
+            path.display()
+        );
+        assert!(
+            !text.contains(BOB_PASSWORD),
+            "{} names the password",
+            path.display()
+        );
     }
     let slow = std::fs::read_to_string(&slow_log).expect("slow log");
     assert!(slow.contains("PASSWORD '********'"), "{slow}");

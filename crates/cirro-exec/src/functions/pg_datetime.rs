@@ -15,9 +15,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, Date32Array, StringArray, TimestampMicrosecondArray,
-};
+use arrow::array::{Array, ArrayRef, AsArray, Date32Array, StringArray, TimestampMicrosecondArray};
 use arrow::datatypes::{DataType, TimeUnit};
 use chrono::{Datelike, NaiveDate, NaiveDateTime, Timelike};
 use cirro_common::{CirroError, SqlState};
@@ -31,11 +29,27 @@ use datafusion::logical_expr::{
 const EPOCH_SECONDS_MAX: f64 = 9_223_372_036_854.0;
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September",
-    "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ];
 const DAYS: [&str; 7] = [
-    "Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,10 +102,34 @@ fn patterns() -> &'static [(&'static str, Pattern)] {
     use Pattern::*;
     static TABLE: LazyLock<Vec<(&'static str, Pattern)>> = LazyLock::new(|| {
         vec![
-            ("A.M.", Meridiem { upper: true, dots: true }),
-            ("P.M.", Meridiem { upper: true, dots: true }),
-            ("a.m.", Meridiem { upper: false, dots: true }),
-            ("p.m.", Meridiem { upper: false, dots: true }),
+            (
+                "A.M.",
+                Meridiem {
+                    upper: true,
+                    dots: true,
+                },
+            ),
+            (
+                "P.M.",
+                Meridiem {
+                    upper: true,
+                    dots: true,
+                },
+            ),
+            (
+                "a.m.",
+                Meridiem {
+                    upper: false,
+                    dots: true,
+                },
+            ),
+            (
+                "p.m.",
+                Meridiem {
+                    upper: false,
+                    dots: true,
+                },
+            ),
             ("SSSSS", SecondsOfDay),
             ("SSSS", SecondsOfDay),
             ("MONTH", MonthName(Upper)),
@@ -131,10 +169,34 @@ fn patterns() -> &'static [(&'static str, Pattern)] {
             ("ms", Millisecond),
             ("US", Microsecond),
             ("us", Microsecond),
-            ("AM", Meridiem { upper: true, dots: false }),
-            ("PM", Meridiem { upper: true, dots: false }),
-            ("am", Meridiem { upper: false, dots: false }),
-            ("pm", Meridiem { upper: false, dots: false }),
+            (
+                "AM",
+                Meridiem {
+                    upper: true,
+                    dots: false,
+                },
+            ),
+            (
+                "PM",
+                Meridiem {
+                    upper: true,
+                    dots: false,
+                },
+            ),
+            (
+                "am",
+                Meridiem {
+                    upper: false,
+                    dots: false,
+                },
+            ),
+            (
+                "pm",
+                Meridiem {
+                    upper: false,
+                    dots: false,
+                },
+            ),
             ("IW", IsoWeek),
             ("iw", IsoWeek),
             ("Y", Year1),
@@ -285,11 +347,7 @@ fn format_datetime(at: &NaiveDateTime, fields: &[Field]) -> String {
             MonthAbbrev(case) => out.push_str(&cased(&MONTHS[at.month0() as usize][..3], *case)),
             Day => number(&mut out, at.day() as i64, 2),
             DayOfYear => number(&mut out, at.ordinal() as i64, 3),
-            DayOfWeek => number(
-                &mut out,
-                at.weekday().num_days_from_sunday() as i64 + 1,
-                1,
-            ),
+            DayOfWeek => number(&mut out, at.weekday().num_days_from_sunday() as i64 + 1, 1),
             DayName(case) => name(
                 &mut out,
                 cased(DAYS[at.weekday().num_days_from_sunday() as usize], *case),
@@ -355,7 +413,11 @@ fn parse_datetime(text: &str, fields: &[Field]) -> Result<NaiveDateTime, CirroEr
             rest = rest.trim_start();
             let negative = rest.starts_with('-');
             let body = if negative { &rest[1..] } else { rest };
-            let width = if field.fill_mode || last { usize::MAX } else { width };
+            let width = if field.fill_mode || last {
+                usize::MAX
+            } else {
+                width
+            };
             let end = body
                 .char_indices()
                 .take_while(|(n, c)| *n < width && c.is_ascii_digit())
@@ -363,7 +425,10 @@ fn parse_datetime(text: &str, fields: &[Field]) -> Result<NaiveDateTime, CirroEr
                 .last()
                 .unwrap_or(0);
             if end == 0 {
-                return Err(invalid_value(rest.split_whitespace().next().unwrap_or(""), what));
+                return Err(invalid_value(
+                    rest.split_whitespace().next().unwrap_or(""),
+                    what,
+                ));
             }
             let value: i64 = body[..end]
                 .parse()
@@ -552,7 +617,10 @@ impl ScalarUDFImpl for ToChar {
                 SqlState::UNDEFINED_FUNCTION,
                 format!(
                     "function to_char({}) does not exist",
-                    args.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+                    args.iter()
+                        .map(|t| t.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             )
             .into_datafusion()),
@@ -643,7 +711,9 @@ impl ScalarUDFImpl for ToDateTime {
             [t] if self.timestamp && (t.is_numeric() || t == &DataType::Null) => {
                 Ok(vec![DataType::Float64])
             }
-            [a, b] if (is_text(a) || a == &DataType::Null) && (is_text(b) || b == &DataType::Null) => {
+            [a, b]
+                if (is_text(a) || a == &DataType::Null) && (is_text(b) || b == &DataType::Null) =>
+            {
                 Ok(vec![DataType::Utf8, DataType::Utf8])
             }
             _ => Err(CirroError::new(
@@ -651,7 +721,10 @@ impl ScalarUDFImpl for ToDateTime {
                 format!(
                     "function {}({}) does not exist",
                     self.name(),
-                    args.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+                    args.iter()
+                        .map(|t| t.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             )
             .into_datafusion()),
@@ -763,7 +836,10 @@ mod tests {
         let t = at("2024-05-17 13:04:05.123456");
         let f = |template: &str| format_datetime(&t, &parse_template(template));
         assert_eq!(f("YYYY-MM-DD"), "2024-05-17");
-        assert_eq!(f("FMDay, DD Mon YYYY HH12:MI:SS AM"), "Friday, 17 May 2024 01:04:05 PM");
+        assert_eq!(
+            f("FMDay, DD Mon YYYY HH12:MI:SS AM"),
+            "Friday, 17 May 2024 01:04:05 PM"
+        );
         assert_eq!(f("Day"), "Friday   ");
         assert_eq!(f("MONTH|month|Mon"), "MAY      |may      |May");
         assert_eq!(f("HH24:MI:SS.US MS"), "13:04:05.123456 123");
@@ -776,7 +852,10 @@ mod tests {
     #[test]
     fn parses_as_postgresql() {
         let p = |text: &str, template: &str| parse_datetime(text, &parse_template(template));
-        assert_eq!(p("17/05/2024", "DD/MM/YYYY").ok(), Some(at("2024-05-17 00:00:00")));
+        assert_eq!(
+            p("17/05/2024", "DD/MM/YYYY").ok(),
+            Some(at("2024-05-17 00:00:00"))
+        );
         assert_eq!(
             p("2024-05-17 13:04", "YYYY-MM-DD HH24:MI").ok(),
             Some(at("2024-05-17 13:04:00"))
@@ -785,14 +864,23 @@ mod tests {
             p("17 May 2024 01:04 PM", "DD Mon YYYY HH12:MI AM").ok(),
             Some(at("2024-05-17 13:04:00"))
         );
-        assert_eq!(p("2024-02-30", "YYYY-MM-DD").map_err(|e| e.code()), Err("22008"));
-        assert_eq!(p("xx-05-17", "YYYY-MM-DD").map_err(|e| e.code()), Err("22007"));
+        assert_eq!(
+            p("2024-02-30", "YYYY-MM-DD").map_err(|e| e.code()),
+            Err("22008")
+        );
+        assert_eq!(
+            p("xx-05-17", "YYYY-MM-DD").map_err(|e| e.code()),
+            Err("22007")
+        );
     }
 
     #[test]
     fn epoch_seconds_have_a_range() {
         assert_eq!(seconds_to_micros(1.5).ok(), Some(1_500_000));
         assert_eq!(seconds_to_micros(1e20).map_err(|e| e.code()), Err("22008"));
-        assert_eq!(seconds_to_micros(f64::NAN).map_err(|e| e.code()), Err("22008"));
+        assert_eq!(
+            seconds_to_micros(f64::NAN).map_err(|e| e.code()),
+            Err("22008")
+        );
     }
 }

@@ -152,9 +152,10 @@ pub(crate) async fn queries(
     headers: HeaderMap,
 ) -> Response<Body> {
     let caller = caller!(console, headers);
-    let views = console
-        .shared
-        .visible(&caller, console.shared.activity.cluster_queries_with(false).await);
+    let views = console.shared.visible(
+        &caller,
+        console.shared.activity.cluster_queries_with(false).await,
+    );
     json(&Value::Array(
         views.iter().map(|v| query_json(v, false)).collect(),
     ))

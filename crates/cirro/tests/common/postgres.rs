@@ -63,7 +63,18 @@ impl Postgres {
         let data = data.to_str().expect("utf8");
         as_postgres(
             &bin("initdb"),
-            &["-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"],
+            &[
+                "-D",
+                data,
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+            ],
         );
         let port = free_port();
         let options = format!(
@@ -105,7 +116,13 @@ impl Drop for Postgres {
         let _ = Command::new("runuser")
             .args(["-u", "postgres", "--"])
             .arg(bin("pg_ctl"))
-            .args(["-D", data.to_str().unwrap_or_default(), "-m", "immediate", "stop"])
+            .args([
+                "-D",
+                data.to_str().unwrap_or_default(),
+                "-m",
+                "immediate",
+                "stop",
+            ])
             .output();
     }
 }
