@@ -40,7 +40,8 @@ use datafusion::catalog::TableProvider;
 use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::common::TableReference;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::logical_expr::{Expr, LogicalPlan, TableType};
+use datafusion::logical_expr::expr::{InList, Placeholder};
+use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, TableType};
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::planner::IdentNormalizer;
@@ -164,25 +165,101 @@ fn is_snapshot(provider: &Arc<dyn TableProvider>) -> bool {
 /// `plan` (as planned, before type coercion) with each placeholder whose
 /// type the client declared taking that type: the analyzer then coerces
 /// around it as PostgreSQL does around a typed parameter (`k < $1` with a
-/// float8 `$1` compares as floats).
+/// float8 `$1` compares as floats). Undeclared ones (a client's `unknown`,
+/// as psycopg sends a `str`) that planning left without a type are typed
+/// where PostgreSQL's resolution types them: cast to text they are text
+/// (`CAST($1 AS TEXT)`, what `$1 || x` is shaped into, see
+/// `cirro_sql::shape`), two compared with one another are text (`$1 = $2`;
+/// binding failed without a type), and in an IN list they take the type of
+/// the list's first literal, else text.
 fn declare_placeholders(plan: LogicalPlan, declared: &[Option<DataType>]) -> Result<LogicalPlan> {
-    if declared.iter().all(Option::is_none) {
-        return Ok(plan);
-    }
     let declared_type = |id: &str| {
         let index = id.strip_prefix('$')?.parse::<usize>().ok()?;
         declared.get(index.checked_sub(1)?)?.clone()
     };
+    // A placeholder the client sent no type for and planning left without.
+    let untyped = |e: &Expr| {
+        matches!(e, Expr::Placeholder(p) if declared_type(&p.id).is_none()
+            && p.field.as_ref().is_none_or(|f| f.data_type().is_null()))
+    };
+    // A cast to text of such a placeholder (a cast to another type keeps
+    // the text it converts from: `CAST($1 AS INT)` of ' 7 ' is 7).
+    let to_text = |c: &datafusion::logical_expr::expr::Cast| {
+        untyped(&c.expr)
+            && matches!(
+                c.field.data_type(),
+                DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
+            )
+    };
+    let resolved_binary =
+        |b: &BinaryExpr| b.op.supports_propagation() && untyped(&b.left) && untyped(&b.right);
+    let resolved_list = |l: &InList| untyped(&l.expr) || l.list.iter().any(untyped);
+    let resolved = |e: &Expr| match e {
+        Expr::BinaryExpr(b) => resolved_binary(b),
+        Expr::InList(l) => resolved_list(l),
+        Expr::Cast(c) => to_text(c),
+        _ => false,
+    };
+    if declared.iter().all(Option::is_none) && !any_expression(&plan, &resolved)? {
+        return Ok(plan);
+    }
+    let typed = |mut p: Placeholder, t: &DataType| {
+        if p.field.as_ref().map(|f| f.data_type()) == Some(t) {
+            return Transformed::no(Expr::Placeholder(p));
+        }
+        p.field = Some(Arc::new(Field::new(p.id.clone(), t.clone(), true)));
+        Transformed::yes(Expr::Placeholder(p))
+    };
+    // `e` with the type `t` if it is a placeholder `which` picks.
+    let retype = |e: Expr, which: &dyn Fn(&Expr) -> bool, t: &DataType| {
+        if !which(&e) {
+            return Transformed::no(e);
+        }
+        match e {
+            Expr::Placeholder(p) => typed(p, t),
+            other => Transformed::no(other),
+        }
+    };
     let plan = plan.transform_up_with_subqueries(|node| {
         let node = node.map_expressions(|expr| {
             expr.transform_up(|e| match e {
-                Expr::Placeholder(mut p) => match declared_type(&p.id) {
-                    Some(t) if p.field.as_ref().map(|f| f.data_type()) != Some(&t) => {
-                        p.field = Some(Arc::new(Field::new(p.id.clone(), t, true)));
-                        Ok(Transformed::yes(Expr::Placeholder(p)))
-                    }
-                    _ => Ok(Transformed::no(Expr::Placeholder(p))),
+                Expr::Placeholder(p) => match declared_type(&p.id) {
+                    Some(t) => Ok(typed(p, &t)),
+                    None => Ok(Transformed::no(Expr::Placeholder(p))),
                 },
+                Expr::BinaryExpr(b) if resolved_binary(&b) => {
+                    let BinaryExpr { left, op, right } = b;
+                    let (l, r) = (
+                        retype(*left, &untyped, &DataType::Utf8),
+                        retype(*right, &untyped, &DataType::Utf8),
+                    );
+                    Ok(Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(
+                        Box::new(l.data),
+                        op,
+                        Box::new(r.data),
+                    ))))
+                }
+                Expr::Cast(mut cast) if to_text(&cast) => {
+                    let target = cast.field.data_type().clone();
+                    cast.expr = Box::new(retype(*cast.expr, &untyped, &target).data);
+                    Ok(Transformed::yes(Expr::Cast(cast)))
+                }
+                Expr::InList(mut list) if resolved_list(&list) => {
+                    let context = std::iter::once(list.expr.as_ref())
+                        .chain(list.list.iter())
+                        .find_map(|e| match e {
+                            Expr::Literal(v, _) if !v.is_null() => Some(v.data_type()),
+                            _ => None,
+                        })
+                        .unwrap_or(DataType::Utf8);
+                    list.expr = Box::new(retype(*list.expr, &untyped, &context).data);
+                    list.list = list
+                        .list
+                        .into_iter()
+                        .map(|e| retype(e, &untyped, &context).data)
+                        .collect();
+                    Ok(Transformed::yes(Expr::InList(list)))
+                }
                 other => Ok(Transformed::no(other)),
             })
         })?;
@@ -190,6 +267,22 @@ fn declare_placeholders(plan: LogicalPlan, declared: &[Option<DataType>]) -> Res
         node.map_data(|n| n.recompute_schema())
     })?;
     Ok(plan.data)
+}
+
+/// Whether an expression of `plan` (or of its subqueries) has a part that
+/// `found` picks.
+fn any_expression(plan: &LogicalPlan, found: &dyn Fn(&Expr) -> bool) -> Result<bool> {
+    let mut any = false;
+    plan.apply_with_subqueries(|node| {
+        for e in node.expressions() {
+            if e.exists(|part| Ok(found(part)))? {
+                any = true;
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(any)
 }
 
 /// The type a front end declares for a NUMERIC parameter whose scale comes

@@ -159,6 +159,21 @@ fn postgres_name(expr: &Expr) -> String {
 
 /// FigureColnameInternal: a name and its strength (2: a column's or
 /// function's, 1: a type's guess), or None.
+/// The length a string type declares (`VARCHAR(3)`: 3).
+pub(crate) fn declared_length(
+    data_type: &datafusion::sql::sqlparser::ast::DataType,
+) -> Option<u64> {
+    use datafusion::sql::sqlparser::ast::{CharacterLength, DataType as SqlType};
+    match data_type {
+        SqlType::Varchar(Some(CharacterLength::IntegerLength { length, .. }))
+        | SqlType::CharacterVarying(Some(CharacterLength::IntegerLength { length, .. }))
+        | SqlType::CharVarying(Some(CharacterLength::IntegerLength { length, .. }))
+        | SqlType::Char(Some(CharacterLength::IntegerLength { length, .. }))
+        | SqlType::Character(Some(CharacterLength::IntegerLength { length, .. })) => Some(*length),
+        _ => None,
+    }
+}
+
 fn figure(expr: &Expr) -> Option<(String, u8)> {
     use datafusion::sql::sqlparser::ast::Value;
     let named = |name: &str| Some((name.to_string(), 2));
@@ -171,14 +186,22 @@ fn figure(expr: &Expr) -> Option<(String, u8)> {
                 .last()
                 .and_then(|part| part.as_ident())
                 .map(normalized)?;
-            // `x::varchar(3)`, shaped as `left(CAST(x AS VARCHAR(3)), 3)`.
+            // `x::varchar(3)`, shaped as `left(CAST(x AS VARCHAR(3)), 3)`
+            // (a cast to a string type of a length, cut at that length; a
+            // `left(NULL::text, 2)` of the user's is `left`).
             if let ("left", datafusion::sql::sqlparser::ast::FunctionArguments::List(list)) =
                 (name.as_str(), &function.args)
-                && let Some(datafusion::sql::sqlparser::ast::FunctionArg::Unnamed(
-                    datafusion::sql::sqlparser::ast::FunctionArgExpr::Expr(
-                        cast @ Expr::Cast { .. },
+                && let [
+                    datafusion::sql::sqlparser::ast::FunctionArg::Unnamed(
+                        datafusion::sql::sqlparser::ast::FunctionArgExpr::Expr(
+                            cast @ Expr::Cast { data_type, .. },
+                        ),
                     ),
-                )) = list.args.first()
+                    datafusion::sql::sqlparser::ast::FunctionArg::Unnamed(
+                        datafusion::sql::sqlparser::ast::FunctionArgExpr::Expr(Expr::Value(cut)),
+                    ),
+                ] = list.args.as_slice()
+                && matches!(&cut.value, Value::Number(n, _) if Some(n.clone()) == declared_length(data_type).map(|l| l.to_string()))
             {
                 return figure(cast);
             }

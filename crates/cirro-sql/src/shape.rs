@@ -203,6 +203,7 @@ impl VisitorMut for Shaper {
         distinct_from_precedence(expr);
         current_role_is_a_function(expr);
         mod_is_the_remainder(expr);
+        parameter_concatenates_as_text(expr);
         complete_time_literal(expr);
         if let Err(e) = numeric_literal(expr) {
             return ControlFlow::Break(e);
@@ -316,6 +317,34 @@ fn complete_time_literal(expr: &mut Expr) {
     }
 }
 
+/// A parameter concatenated with `||` as text (`CAST($1 AS TEXT) || 3`), as
+/// PostgreSQL resolves `unknown || x` (`anytextcat`): DataFusion gave `$1`
+/// the other operand's type and then found no string to concatenate
+/// (42804). A parameter of another declared type becomes its text, as
+/// PostgreSQL's `anynonarray || text` makes it.
+fn parameter_concatenates_as_text(expr: &mut Expr) {
+    let Expr::BinaryOp {
+        left,
+        op: BinaryOperator::StringConcat,
+        right,
+    } = expr
+    else {
+        return;
+    };
+    for side in [left, right] {
+        if matches!(side.as_ref(), Expr::Value(v) if matches!(v.value, Value::Placeholder(_))) {
+            let parameter = std::mem::replace(side.as_mut(), Expr::value(Value::Null));
+            **side = Expr::Cast {
+                kind: datafusion::sql::sqlparser::ast::CastKind::Cast,
+                expr: Box::new(parameter),
+                data_type: datafusion::sql::sqlparser::ast::DataType::Text,
+                array: false,
+                format: None,
+            };
+        }
+    }
+}
+
 /// `mod(a, b)`, PostgreSQL's remainder function, as `a % b` (DataFusion
 /// has the operator only).
 fn mod_is_the_remainder(expr: &mut Expr) {
@@ -350,17 +379,11 @@ fn mod_is_the_remainder(expr: &mut Expr) {
 /// characters, as PostgreSQL's does (where storing a longer value in such
 /// a column is an error, 22001): `left(CAST(x AS VARCHAR(n)), n)`.
 fn cast_cuts_to_length(expr: &mut Expr) {
-    use datafusion::sql::sqlparser::ast::{CharacterLength, DataType as SqlType};
     let Expr::Cast { data_type, .. } = expr else {
         return;
     };
-    let length = match data_type {
-        SqlType::Varchar(Some(CharacterLength::IntegerLength { length, .. }))
-        | SqlType::CharacterVarying(Some(CharacterLength::IntegerLength { length, .. }))
-        | SqlType::CharVarying(Some(CharacterLength::IntegerLength { length, .. }))
-        | SqlType::Char(Some(CharacterLength::IntegerLength { length, .. }))
-        | SqlType::Character(Some(CharacterLength::IntegerLength { length, .. })) => *length,
-        _ => return,
+    let Some(length) = crate::names::declared_length(data_type) else {
+        return;
     };
     let cast = std::mem::replace(expr, Expr::value(Value::Null));
     *expr = Expr::Function(Function {

@@ -218,7 +218,8 @@ fn analyze_keeps_distinct_counts_that_plans_use() {
     let data = DataDir::new();
     data.sql_ok(
         "CREATE TABLE t AS SELECT 'k' || CAST(value % 5000 AS VARCHAR) AS s, \
-         CASE WHEN value % 4 = 0 THEN NULL ELSE value % 7 END AS b, value * 0.5 AS f \
+         CASE WHEN value % 4 = 0 THEN NULL ELSE value % 7 END AS b, \
+         CAST(value * 0.5 AS DOUBLE PRECISION) AS f, value * 0.5 AS n \
          FROM generate_series(1, 100000) AS g(value)",
     );
     let sets = "SET cirro_aggregation.min_groups = 1000; \
@@ -237,13 +238,16 @@ fn analyze_keeps_distinct_counts_that_plans_use() {
         "SELECT \"column\", \"rows\", \"nulls\", \"distinct\", \"version\" FROM cirro.statistics \
          WHERE \"table\" = 't'",
     );
-    assert_eq!(csv.len(), 4, "{csv:?}");
+    assert_eq!(csv.len(), 5, "{csv:?}");
     assert_eq!(stat(&csv, "b", "rows"), "100000");
     assert_eq!(stat(&csv, "b", "nulls"), "25000");
     let b: u64 = stat(&csv, "b", "distinct").parse().expect("a count");
     assert!((6..=8).contains(&b), "estimate {b} of 7");
     assert_eq!(stat(&csv, "f", "nulls"), "0");
     assert_eq!(stat(&csv, "f", "distinct"), "", "floats are not estimated");
+    // `value * 0.5` is NUMERIC, as in PostgreSQL: exact values are counted.
+    let n: f64 = stat(&csv, "n", "distinct").parse().expect("a count");
+    assert!((n - 100000.0).abs() < 5000.0, "estimate {n} of 100,000");
     let distinct: f64 = stat(&csv, "s", "distinct").parse().expect("a count");
     assert!(
         (distinct - 5000.0).abs() < 250.0,

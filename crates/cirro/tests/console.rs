@@ -181,14 +181,19 @@ fn the_api_refuses_strangers_and_checks_privileges_as_sql_does() {
     assert_eq!(status, 200);
     assert!(page.contains("Live statements"), "{page}");
 
-    // alice's long statement; bob may see it but not cancel it.
+    // alice's long statement; bob may see it (not its text, as in
+    // PostgreSQL's pg_stat_activity) but not cancel it.
     let marker = "console-api-long";
     let long = psql_bg(&server, "alice", "alice-pw", &long_statement(marker));
     assert!(eventually(100, || running_id(&server, marker).is_some()));
     let id = running_id(&server, marker).expect("id");
     let (status, body) = curl(&server, "/api/queries", &["-u", "bob:bob-pw"]);
     assert_eq!(status, 200);
-    assert!(body.contains(marker), "{body}");
+    assert!(!body.contains(marker), "{body}");
+    assert!(
+        body.contains(&format!("\"id\":{id},")) && body.contains("<insufficient privilege>"),
+        "{body}"
+    );
     let cancel = format!("/api/queries/{id}/cancel");
     let (status, body) = curl(
         &server,

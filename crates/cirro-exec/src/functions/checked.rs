@@ -7,13 +7,20 @@
 //! (`rules/checked.rs`) puts these functions in place of the integer
 //! operators; they run Arrow's checked kernels. Their column names are the
 //! operator's (`a + b`), so no output name changes.
+//!
+//! Floats too: PostgreSQL's `float8pl`, `float8mi` and `float8mul` fail
+//! with 22003 "value out of range: overflow" where finite operands give an
+//! infinity (`1e300::float8 * 1e300`), and a product of two non-zero
+//! values that comes out zero is "underflow"; Arrow's kernels give
+//! infinity and zero. (The compiled kernels of `jit` leave these to the
+//! interpreted path.)
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
-use arrow::array::Datum;
+use arrow::array::{Array, ArrayRef, AsArray, Datum};
 use arrow::compute::kernels::numeric;
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DataType, Float32Type, Float64Type};
 use arrow::error::ArrowError;
 use cirro_common::{CirroError, SqlState};
 use datafusion::common::{Result, ScalarValue};
@@ -130,13 +137,17 @@ impl ScalarUDFImpl for Checked {
                     CheckedOp::Subtract => numeric::sub,
                     _ => numeric::mul,
                 };
-                apply(left, right, |l: &dyn Datum, r: &dyn Datum| kernel(l, r)).map_err(|e| match e
-                {
-                    datafusion::error::DataFusionError::ArrowError(inner, _) => {
-                        out_of_range(*inner)
-                    }
-                    other => other,
-                })
+                let result = apply(left, right, |l: &dyn Datum, r: &dyn Datum| kernel(l, r))
+                    .map_err(|e| match e {
+                        datafusion::error::DataFusionError::ArrowError(inner, _) => {
+                            out_of_range(*inner)
+                        }
+                        other => other,
+                    })?;
+                if args.return_field.data_type().is_floating() {
+                    check_float_range(op, left, right, &result)?;
+                }
+                Ok(result)
             }
             (op, args) => Err(CirroError::internal(format!(
                 "{op} takes {} arguments, got {}",
@@ -146,6 +157,59 @@ impl ScalarUDFImpl for Checked {
             .into_datafusion()),
         }
     }
+}
+
+/// The float rows of `l op r` as PostgreSQL's float operators check them:
+/// an infinity from finite operands is an overflow, a zero product of
+/// non-zero operands an underflow (both 22003).
+pub(crate) fn check_float_range(
+    op: CheckedOp,
+    l: &ColumnarValue,
+    r: &ColumnarValue,
+    result: &ColumnarValue,
+) -> Result<()> {
+    let rows = match result {
+        ColumnarValue::Array(a) => a.len(),
+        ColumnarValue::Scalar(_) => 1,
+    };
+    let [l, r, out] = [l, r, result].map(|v| v.to_array(rows));
+    let (l, r, out) = (l?, r?, out?);
+    let value = float_at;
+    for i in 0..rows {
+        if out.is_null(i) {
+            continue;
+        }
+        let (a, b, v) = (value(&l, i), value(&r, i), value(&out, i));
+        let problem = if v.is_infinite() && a.is_finite() && b.is_finite() {
+            Some("overflow")
+        } else if op == CheckedOp::Multiply && v == 0.0 && a != 0.0 && b != 0.0 {
+            Some("underflow")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(float_out_of_range(problem));
+        }
+    }
+    Ok(())
+}
+
+/// Row `i` of a float array as a double.
+pub(crate) fn float_at(a: &ArrayRef, i: usize) -> f64 {
+    match a.data_type() {
+        DataType::Float32 => f64::from(a.as_primitive::<Float32Type>().value(i)),
+        _ => a.as_primitive::<Float64Type>().value(i),
+    }
+}
+
+/// PostgreSQL's error for a float result out of range (`problem`:
+/// "overflow" or "underflow").
+pub(crate) fn float_out_of_range(problem: &str) -> datafusion::error::DataFusionError {
+    CirroError::new(
+        SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+        format!("value out of range: {problem}"),
+    )
+    .into_datafusion()
 }
 
 /// PostgreSQL's name for an integer type, for "bigint out of range".

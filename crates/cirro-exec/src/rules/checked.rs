@@ -10,7 +10,7 @@
 //! It walks top-down: the type of an operand is then asked of the original,
 //! coerced subtree, whose chain segments (`chains.rs`) keep that walk short.
 
-use arrow::datatypes::DataType;
+use arrow::datatypes::{DECIMAL128_MAX_PRECISION, DataType};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DFSchema, Result, ScalarValue};
 use datafusion::config::ConfigOptions;
@@ -20,7 +20,9 @@ use datafusion::optimizer::AnalyzerRule;
 
 use crate::functions::average::summed_scale;
 use crate::functions::checked::{CheckedOp, checked_udf};
-use crate::functions::numeric::{float_divide_udf, numeric_divide_udf, round_to_integer_udf};
+use crate::functions::numeric::{
+    float_divide_udf, literal_quotient_scale, numeric_divide_udf, round_to_integer_udf,
+};
 
 /// The NUMERIC an integer divided with a NUMERIC is read as.
 const INTEGER_AS_DECIMAL: DataType = DataType::Decimal128(20, 0);
@@ -105,11 +107,13 @@ fn check_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
                     right,
                 })));
             };
-            let integers = matches!(
+            // Floats too: their overflow is 22003 as well
+            // (`functions/checked.rs`).
+            let checked_type = matches!(
                 (left.get_type(schema), right.get_type(schema)),
-                (Ok(l), Ok(r)) if is_integer(&l) && l == r
+                (Ok(l), Ok(r)) if (is_integer(&l) || l.is_floating()) && l == r
             );
-            if !integers {
+            if !checked_type {
                 return Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr {
                     left,
                     op,
@@ -147,8 +151,10 @@ impl AnalyzerRule for PgOperators {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
         plan.transform_up_with_subqueries(|plan| {
             let divides = |e: &Expr| match e {
-                Expr::BinaryExpr(b) => matches!(b.op, Operator::Divide | Operator::Minus),
-                Expr::ScalarFunction(f) => f.func.name() == "round",
+                Expr::BinaryExpr(b) => is_arithmetic(b.op) || is_comparison(b.op),
+                Expr::ScalarFunction(f) => {
+                    DOUBLE_ONLY.contains(&f.func.name()) || matches!(f.func.name(), "round")
+                }
                 Expr::AggregateFunction(a) => matches!(a.func.name(), "avg" | "sum"),
                 _ => false,
             };
@@ -158,6 +164,21 @@ impl AnalyzerRule for PgOperators {
             .map_data(|plan| plan.recompute_schema())
         })
         .map(|transformed| transformed.data)
+    }
+}
+
+/// A NUMERIC or integer literal's (value, scale).
+fn literal_decimal(e: &Expr) -> Option<(i128, i8)> {
+    match e {
+        Expr::Literal(ScalarValue::Decimal128(Some(v), _, s), _) => Some((*v, *s)),
+        Expr::Literal(v, _) if v.data_type().is_integer() => {
+            let v = v.cast_to(&DataType::Int64).ok()?;
+            match v {
+                ScalarValue::Int64(Some(v)) => Some((i128::from(v), 0)),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 
@@ -171,7 +192,98 @@ fn as_numeric(operand: Expr, data_type: &DataType) -> Option<Expr> {
     }
 }
 
+/// Functions PostgreSQL has for `double precision` (and NUMERIC) but not
+/// `real`: a real argument is widened first, so `cbrt(real)` is a double
+/// as in PostgreSQL, not a real.
+const DOUBLE_ONLY: &[&str] = &[
+    "sqrt", "cbrt", "exp", "ln", "log", "log10", "log2", "power", "pow", "sin", "cos", "tan",
+    "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "degrees",
+    "radians", "ceil", "ceiling", "floor", "round", "trunc", "sign", "signum",
+];
+
+/// `+ - * / %`.
+fn is_arithmetic(op: Operator) -> bool {
+    op.is_numerical_operators()
+}
+
+/// `= <> < <= > >=`, `IS [NOT] DISTINCT FROM` (and the regex matches, which
+/// take no numbers).
+fn is_comparison(op: Operator) -> bool {
+    op.supports_propagation()
+}
+
+/// Whether `l op r` is computed in double precision in PostgreSQL where
+/// DataFusion would not: a `real` with an integer or a NUMERIC (operator
+/// resolution prefers float8, the numeric category's preferred type:
+/// `real * numeric`, `real / int` are doubles), and a NUMERIC compared with
+/// a float (DataFusion compares as a NUMERIC, which fails for `1e300`).
+fn in_double(op: Operator, l: &DataType, r: &DataType) -> bool {
+    let exact = |t: &DataType| t.is_integer() || matches!(t, DataType::Decimal128(..));
+    let real_and_exact =
+        (*l == DataType::Float32 && exact(r)) || (exact(l) && *r == DataType::Float32);
+    let numeric_and_float = (matches!(l, DataType::Decimal128(..)) && r.is_floating())
+        || (l.is_floating() && matches!(r, DataType::Decimal128(..)));
+    real_and_exact || (is_comparison(op) && numeric_and_float)
+}
+
+fn as_double(e: &Expr, t: &DataType) -> Expr {
+    if *t == DataType::Float64 {
+        e.clone()
+    } else {
+        Expr::Cast(Cast::new(Box::new(e.clone()), DataType::Float64))
+    }
+}
+
+/// `e` as an INTEGER literal if it is a BIGINT literal that fits 32 bits
+/// and `other`, the operand beside it, is an INTEGER or a SMALLINT.
+fn narrowed_literal(e: &Expr, other: &DataType) -> Option<Expr> {
+    match e {
+        Expr::Literal(ScalarValue::Int64(Some(v)), meta)
+            if matches!(other, DataType::Int32 | DataType::Int16) =>
+        {
+            i32::try_from(*v)
+                .ok()
+                .map(|v| Expr::Literal(ScalarValue::Int32(Some(v)), meta.clone()))
+        }
+        _ => None,
+    }
+}
+
 fn divide_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    // An integer literal beside an INTEGER (or a SMALLINT) in arithmetic is
+    // an INTEGER, as PostgreSQL types a literal that fits 32 bits: `i4 + 7`
+    // overflows past 2147483647 there (22003, through the checked
+    // operators); DataFusion's literal is a BIGINT, which widened the sum.
+    if let Expr::BinaryExpr(BinaryExpr { left, op, right }) = &node
+        && op.is_numerical_operators()
+        && let (Ok(l), Ok(r)) = (left.get_type(schema), right.get_type(schema))
+    {
+        if let Some(narrow) = narrowed_literal(left, &r) {
+            return Ok(Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(
+                Box::new(narrow),
+                *op,
+                right.clone(),
+            ))));
+        }
+        if let Some(narrow) = narrowed_literal(right, &l) {
+            return Ok(Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(
+                left.clone(),
+                *op,
+                Box::new(narrow),
+            ))));
+        }
+    }
+    if let Expr::BinaryExpr(BinaryExpr { left, op, right }) = &node
+        && (is_arithmetic(*op) || is_comparison(*op))
+        && let (Ok(l), Ok(r)) = (left.get_type(schema), right.get_type(schema))
+        && in_double(*op, &l, &r)
+    {
+        return Ok(Transformed::yes(Expr::BinaryExpr(BinaryExpr::new(
+            Box::new(as_double(left, &l)),
+            *op,
+            Box::new(as_double(right, &r)),
+        ))));
+    }
     // `avg` of an integer is a NUMERIC summed at PostgreSQL's decimals
     // (`functions/average.rs`, whose `avg` gives a NUMERIC's average those
     // decimals itself); `sum` of a BIGINT is NUMERIC. Before type coercion,
@@ -221,6 +333,30 @@ fn divide_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     // operation: Decimal128(12, 1) >= Decimal128(13, 2)"). An INT4 literal
     // needs no cast.
     if let Expr::ScalarFunction(mut f) = node {
+        let mut changed = false;
+        if DOUBLE_ONLY.contains(&f.func.name()) {
+            for arg in f.args.iter_mut() {
+                if arg.get_type(schema).ok() == Some(DataType::Float32) {
+                    *arg = as_double(arg, &DataType::Float32);
+                    changed = true;
+                }
+            }
+        }
+        // `ceil`/`floor` of a NUMERIC may need one more integer digit than
+        // it has (`ceil(0.07)` of NUMERIC(2,2) is 1); DataFusion keeps the
+        // argument's type and failed with 22003.
+        if matches!(f.func.name(), "ceil" | "ceiling" | "floor")
+            && let [arg] = f.args.as_mut_slice()
+            && let Ok(DataType::Decimal128(p, s)) = arg.get_type(schema)
+            && s > 0
+            && p < DECIMAL128_MAX_PRECISION
+        {
+            *arg = Expr::Cast(Cast::new(
+                Box::new(arg.clone()),
+                DataType::Decimal128(p + 1, s),
+            ));
+            changed = true;
+        }
         let narrowed = match f.args.get(1) {
             Some(Expr::Literal(ScalarValue::Int64(Some(places)), meta))
                 if f.func.name() == "round" =>
@@ -231,7 +367,7 @@ fn divide_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
             }
             _ => None,
         };
-        let changed = narrowed.is_some();
+        let changed = changed || narrowed.is_some();
         if let Some(places) = narrowed {
             f.args[1] = places;
         }
@@ -284,9 +420,21 @@ fn divide_expr(node: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
         as_numeric((*left).clone(), &l),
         as_numeric((*right).clone(), &r),
     ) {
-        (Some(l_num), Some(r_num)) => Ok(Transformed::yes(Expr::ScalarFunction(
-            ScalarFunction::new_udf(numeric_divide_udf(), vec![l_num, r_num]),
-        ))),
+        (Some(l_num), Some(r_num)) => {
+            // Two literals: the quotient's scale is PostgreSQL's for them.
+            let mut args = vec![l_num, r_num];
+            if let (Some(lv), Some(rv)) = (literal_decimal(&left), literal_decimal(&right))
+                && let Some(scale) = literal_quotient_scale(lv, rv)
+            {
+                args.push(Expr::Literal(
+                    ScalarValue::Int64(Some(i64::from(scale))),
+                    None,
+                ));
+            }
+            Ok(Transformed::yes(Expr::ScalarFunction(
+                ScalarFunction::new_udf(numeric_divide_udf(), args),
+            )))
+        }
         _ => Ok(Transformed::no(Expr::BinaryExpr(BinaryExpr::new(
             left,
             Operator::Divide,

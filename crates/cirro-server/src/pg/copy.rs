@@ -11,7 +11,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use arrow::datatypes::Schema;
-use arrow_pg::encoder::{Encoder, encode_value};
+use arrow_pg::encoder::Encoder;
 use async_trait::async_trait;
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_engine::{CopyIn, Outcome, TextFormat};
@@ -186,7 +186,7 @@ where
         let batch = batch.map_err(|e| to_pg(CirroError::from(e)))?;
         for row in 0..batch.num_rows() {
             for (column, field) in schema.fields().iter().enumerate() {
-                encode_value(
+                super::numeric::encode_cell(
                     &mut encoder,
                     batch.column(column),
                     row,

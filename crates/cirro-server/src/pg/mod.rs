@@ -15,6 +15,7 @@
 
 pub(crate) mod auth;
 pub(crate) mod copy;
+pub(crate) mod numeric;
 pub(crate) mod text;
 
 use std::fmt::Debug;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 
 use arrow_pg::datatypes::df::deserialize_parameters_with_server_types;
 use arrow_pg::datatypes::{arrow_schema_to_pg_fields, into_pg_type};
-use arrow_pg::encoder::{Encoder, encode_value};
+use arrow_pg::encoder::Encoder;
 use async_trait::async_trait;
 use cirro_common::{CirroError, SqlState};
 use cirro_engine::{Engine, Outcome, Prepared, split_statements};
@@ -165,11 +166,12 @@ fn encode_rows(
 }
 
 /// The rows of `batch`, up to and including the first that cannot be
-/// encoded, times in PostgreSQL's text form ([`text`]). (arrow-pg 0.16's row iterator returns the same error again and
-/// again without moving on, so collecting it whole never ended and grew
-/// without bound: a DECIMAL(36,15) value, which its NUMERIC encoder cannot
-/// hold, hung the statement and ate the server's memory; found by the fuzz
-/// test.)
+/// encoded, times in PostgreSQL's text form ([`text`]), NUMERICs of up to
+/// 38 digits ([`numeric`]). (arrow-pg 0.16's row iterator returns the same
+/// error again and again without moving on, so collecting it whole never
+/// ended and grew without bound: a DECIMAL(36,15) value, which its NUMERIC
+/// encoder cannot hold, hung the statement and ate the server's memory;
+/// found by the fuzz test.)
 fn encoded_rows(
     fields: &Arc<Vec<FieldInfo>>,
     batch: RecordBatch,
@@ -179,7 +181,7 @@ fn encoded_rows(
     let schema = batch.schema();
     'rows: for row in 0..batch.num_rows() {
         for (column, array) in batch.columns().iter().enumerate() {
-            let encoded = encode_value(
+            let encoded = numeric::encode_cell(
                 &mut encoder,
                 array,
                 row,
