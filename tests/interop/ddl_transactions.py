@@ -3,7 +3,8 @@ default (non-autocommit) connection and SQLAlchemy's `create_all` create,
 fill and drop tables in transactions, rolled back and committed; what a
 transaction creates is invisible to other sessions until COMMIT; two
 transactions creating one name: the second COMMIT gets 42P07; a
-transaction with DDL may not write a table that existed before it (0A000).
+transaction with DDL may not write a table that existed before it (0A000);
+ALTER TABLE of an existing table takes effect at COMMIT.
 Run by crates/cirro/tests/ddl_transactions.rs; prints "ok" when every check
 passed, raises otherwise.
 
@@ -90,6 +91,42 @@ def psycopg_default_connection(dsn):
     check(sqlstate_of(lambda: conn.execute("CREATE TABLE tx_e (x INT)")), "0A000", "a write, then DDL")
     conn.rollback()
     check(watcher.execute("SELECT count(*) FROM tx_a").fetchone()[0], 2, "nothing of those committed")
+    # ALTER TABLE of an existing table (as in an Alembic migration): staged
+    # until COMMIT, read and written under its new columns meanwhile.
+    def columns(c):
+        return [r[0] for r in c.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'tx_a' "
+            "ORDER BY ordinal_position"
+        ).fetchall()]
+
+    conn.execute("ALTER TABLE tx_a ADD COLUMN note TEXT")
+    conn.execute("UPDATE tx_a SET note = name || '!'")
+    check(
+        conn.execute("SELECT note FROM tx_a ORDER BY id").fetchall(),
+        [("one!",), ("two!",)],
+        "the transaction's altered table",
+    )
+    check(columns(watcher), ["id", "name"], "others see the table as it was")
+    check(watcher.execute("SELECT count(*) FROM tx_a").fetchone()[0], 2, "and its rows")
+    conn.rollback()
+    check(columns(conn), ["id", "name"], "rolled back ALTER")
+    conn.execute("ALTER TABLE tx_a ADD COLUMN note TEXT")
+    conn.execute("UPDATE tx_a SET note = name || '!'")
+    conn.commit()
+    check(columns(watcher), ["id", "name", "note"], "committed ALTER")
+    check(
+        watcher.execute("SELECT note FROM tx_a ORDER BY id").fetchall(),
+        [("one!",), ("two!",)],
+        "committed rows under the new column",
+    )
+    # Another session writes the table before the ALTER commits: 40001, and
+    # neither the ALTER nor any row is lost.
+    conn.execute("ALTER TABLE tx_a DROP COLUMN note")
+    watcher.execute("INSERT INTO tx_a VALUES (3, 'three', 'third')")
+    check(sqlstate_of(conn.commit), "40001", "ALTER after another session's write")
+    check(columns(watcher), ["id", "name", "note"], "the failed ALTER changed nothing")
+    check(watcher.execute("SELECT count(*) FROM tx_a").fetchone()[0], 3, "the other session's row")
+    watcher.execute("DELETE FROM tx_a WHERE id = 3")
     # Two transactions create one name: the second COMMIT fails with 42P07.
     other = psycopg.connect(dsn)
     conn.execute("CREATE TABLE tx_same (x INT)")

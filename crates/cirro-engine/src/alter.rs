@@ -15,7 +15,8 @@
 //! Several column operations in one statement are applied in order to one
 //! model of the columns and committed together. A value that does not fit a
 //! new type fails the statement (22003/22P02) and nothing changes, as in
-//! PostgreSQL. DDL is refused inside a transaction block (see txn.rs).
+//! PostgreSQL. Inside a transaction block the change is staged until COMMIT
+//! (see txn.rs).
 
 use std::sync::Arc;
 
@@ -153,12 +154,7 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
         ));
     }
     let location = location_of(engine, &db, &schema, &name)?;
-    engine.check_transaction_alters(&location, &name)?;
-    let table = engine
-        .catalog()
-        .open_table(&location)
-        .await?
-        .without_row_ids();
+    let table = engine.table_to_alter(&location).await?;
     let mut model = Model {
         columns: table
             .stored_schema()
@@ -255,7 +251,17 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     } else {
         None
     };
-    cirro_storage::evolve::change_schema(&table, &new_schema, &options, rows, operation).await?;
+    engine
+        .change_table_schema(
+            &location,
+            &name,
+            &table,
+            &new_schema,
+            &options,
+            rows,
+            operation,
+        )
+        .await?;
     Ok(notice_outcome(model.notices))
 }
 

@@ -106,8 +106,7 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
                 .execute_stream()
                 .await?
                 .map(|b| b.map_err(CirroError::from));
-            let (adds, count) =
-                write_files(table.delta(), Arc::clone(table.stored_schema()), stream).await?;
+            let (adds, count) = write_files(&table, stream).await?;
             let mode = if overwrite {
                 SaveMode::Overwrite
             } else {

@@ -54,7 +54,7 @@ async fn schema_tables(
         .collect();
     let mut tables = Vec::new();
     for (name, location) in entries {
-        let table = engine.catalog().open_table(&location).await?;
+        let table = engine.table_to_alter(&location).await?;
         tables.push((name, location, table));
     }
     Ok(tables)
@@ -127,12 +127,7 @@ pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Resul
     }
     let location = location_of(engine, &db, &schema, &table_name)?;
     engine.check_owner(&db, &schema, &table_name, "index it")?;
-    engine.check_transaction_alters(&location, &table_name)?;
-    let table = engine
-        .catalog()
-        .open_table(&location)
-        .await?
-        .without_row_ids();
+    let table = engine.table_to_alter(&location).await?;
     let mut columns = Vec::new();
     for column in &create.columns {
         let SqlExpr::Identifier(ident) = &column.column.expr else {
@@ -231,14 +226,17 @@ pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Resul
         partition_by: None,
         predicate: Some(index.definition(&table_name)),
     };
-    cirro_storage::evolve::change_schema(
-        &table,
-        table.stored_schema(),
-        &options,
-        Some(rows),
-        operation,
-    )
-    .await?;
+    engine
+        .change_table_schema(
+            &location,
+            &table_name,
+            &table,
+            table.stored_schema(),
+            &options,
+            Some(rows),
+            operation,
+        )
+        .await?;
     Ok(Outcome::command("CREATE INDEX"))
 }
 
@@ -280,7 +278,6 @@ pub(crate) async fn drop_index(
             ));
         };
         engine.check_owner(&db, &schema, table_name, "drop its index")?;
-        engine.check_transaction_alters(location, table_name)?;
         let table = table.without_row_ids();
         let mut options = table.options().clone();
         options.indexes.retain(|i| i.name != index_name);
@@ -289,14 +286,17 @@ pub(crate) async fn drop_index(
             partition_by: None,
             predicate: Some(format!("DROP INDEX {index_name}")),
         };
-        cirro_storage::evolve::change_schema::<futures::stream::Empty<Result<_>>>(
-            &table,
-            table.stored_schema(),
-            &options,
-            None,
-            operation,
-        )
-        .await?;
+        engine
+            .change_table_schema::<futures::stream::Empty<Result<_>>>(
+                location,
+                table_name,
+                &table,
+                table.stored_schema(),
+                &options,
+                None,
+                operation,
+            )
+            .await?;
     }
     Ok(if notices.is_empty() {
         Outcome::command("DROP INDEX")

@@ -23,20 +23,32 @@
 //! the transaction is aborted: statements fail with 25P02 until ROLLBACK
 //! (COMMIT then rolls back).
 //!
-//! DDL in a transaction (CREATE/DROP TABLE, VIEW, SCHEMA; ALTER TABLE and
-//! CREATE INDEX of the tables it created) changes the transaction's own copy
-//! of the catalog ([`CatalogDdl`]), which only its session sees (through
-//! `SessionTables`' overlay). A table it creates is written at once to a new
-//! directory no other session can name, so the rows the transaction writes
-//! to it commit there directly; a table it drops keeps its files. COMMIT
+//! DDL in a transaction (CREATE/DROP TABLE, VIEW, SCHEMA, ALTER TABLE …
+//! RENAME TO; ALTER TABLE and CREATE/DROP INDEX of the tables it created)
+//! changes the transaction's own copy of the catalog ([`CatalogDdl`]),
+//! which only its session sees (through `SessionTables`' overlay). A table
+//! it creates is written at once to a new directory no other session can
+//! name, so the rows the transaction writes to it, and its ALTER TABLEs,
+//! commit there directly; a table it drops keeps its files. COMMIT
 //! publishes every created, changed and dropped object in one catalog
 //! commit, merged into the catalog as other sessions left it: a name another
 //! session took meanwhile is 42P07, an object another session changed or
 //! dropped meanwhile 40001. Only after that commit are the dropped tables'
 //! files removed; ROLLBACK (or a failed COMMIT) removes the created tables'
-//! directories. Until multi-table transactions exist, a transaction that
-//! ran DDL may not also write a table that existed before it (0A000), nor
-//! roll back to a savepoint.
+//! directories.
+//!
+//! ALTER TABLE (and CREATE/DROP INDEX) of a table that existed before the
+//! transaction changes only that table's Delta log (its schema and options
+//! live there), so it is staged like DML: the rewritten files are written at
+//! once, the transaction's view takes the new schema (later statements read
+//! and write the table under it, [`cirro_storage::CirroTable::with_changes`]),
+//! and COMMIT writes the metadata with the view's files in one exclusive
+//! commit (40001 if any writer committed to the table since the transaction
+//! read it). It is the transaction's one written table.
+//!
+//! Until multi-table transactions exist, a transaction that changed the
+//! catalog may not also write (or alter) a table that existed before it
+//! (0A000), nor roll back to a savepoint.
 //!
 //! A session's transaction is one state machine ([`TxnState`]):
 //!
@@ -60,7 +72,8 @@
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_sql::TransactionStatement;
 use cirro_storage::CirroTable;
-use cirro_storage::mutate::{Change, commit_difference, difference, remove_paths};
+use cirro_storage::mutate::{Change, difference, remove_paths};
+use cirro_storage::write::{commit_actions, commit_exclusive};
 use deltalake::protocol::DeltaOperation;
 use object_store::path::Path;
 
@@ -82,14 +95,33 @@ pub(crate) struct WrittenTable {
     pub new_files: Vec<Path>,
     /// Whether any statement removed or changed rows (not only appended).
     pub changes_rows: bool,
+    /// A staged ALTER TABLE (CREATE/DROP INDEX): the table's new metadata
+    /// and the operation the commit is recorded as. COMMIT then commits
+    /// exclusively.
+    pub schema: Option<SchemaChange>,
+}
+
+/// The metadata a transaction's ALTER TABLE gives a table, and its operation.
+#[derive(Clone)]
+pub(crate) struct SchemaChange {
+    metadata: deltalake::kernel::Metadata,
+    operation: DeltaOperation,
 }
 
 /// What `ROLLBACK TO SAVEPOINT` returns the written table to.
 struct Savepoint {
     name: String,
-    /// The written table's view, its new files' count and `changes_rows`
-    /// then (None: nothing was written yet).
-    written: Option<(CirroTable, usize, bool)>,
+    /// The written table then (None: nothing was written yet).
+    written: Option<Staged>,
+}
+
+/// What a transaction had staged of its written table at a savepoint.
+#[derive(Clone)]
+struct Staged {
+    view: CirroTable,
+    new_files: usize,
+    changes_rows: bool,
+    schema: Option<SchemaChange>,
 }
 
 #[derive(Default)]
@@ -308,6 +340,7 @@ impl Transaction {
             current: current.clone(),
             new_files: Vec::new(),
             changes_rows: false,
+            schema: None,
         });
         written.current = current.clone();
         written.new_files.extend(change.new_files().iter().cloned());
@@ -315,12 +348,38 @@ impl Transaction {
         Ok(current)
     }
 
+    /// Take a schema change (a staged ALTER TABLE, CREATE/DROP INDEX of
+    /// `name`, computed against the transaction's view) into the
+    /// transaction, as [`Self::stage`]; COMMIT records it as `operation`.
+    pub async fn stage_schema(
+        &mut self,
+        location: &str,
+        name: &str,
+        change: Change,
+        operation: DeltaOperation,
+    ) -> Result<CirroTable> {
+        let Some(metadata) = change.metadata().cloned() else {
+            change.discard().await;
+            return Err(CirroError::internal("a schema change without metadata"));
+        };
+        let view = self.stage(location, name, change, true).await?;
+        if let Some(written) = self.written.as_mut() {
+            written.schema = Some(SchemaChange {
+                metadata,
+                operation,
+            });
+        }
+        Ok(view)
+    }
+
     /// `SAVEPOINT name`: remember the transaction's changes so far.
     pub fn savepoint(&mut self, name: &str) {
-        let written = self
-            .written
-            .as_ref()
-            .map(|w| (w.current.clone(), w.new_files.len(), w.changes_rows));
+        let written = self.written.as_ref().map(|w| Staged {
+            view: w.current.clone(),
+            new_files: w.new_files.len(),
+            changes_rows: w.changes_rows,
+            schema: w.schema.clone(),
+        });
         self.savepoints.push(Savepoint {
             name: name.to_string(),
             written,
@@ -353,36 +412,61 @@ impl Transaction {
             return Ok(None);
         };
         let nothing_written_then = saved.is_none();
-        let (view, kept, changes_rows) = saved.unwrap_or_else(|| (written.base.clone(), 0, false));
-        let dropped: Vec<Path> = written.new_files.drain(kept..).collect();
+        let saved = saved.unwrap_or_else(|| Staged {
+            view: written.base.clone(),
+            new_files: 0,
+            changes_rows: false,
+            schema: None,
+        });
+        let dropped: Vec<Path> = written.new_files.drain(saved.new_files..).collect();
         remove_paths(&written.base, &dropped).await;
         let location = written.location.clone();
         if nothing_written_then {
             self.written = None;
         } else {
-            written.current = view.clone();
-            written.changes_rows = changes_rows;
+            written.current = saved.view.clone();
+            written.changes_rows = saved.changes_rows;
+            written.schema = saved.schema;
         }
-        Ok(Some((location, view)))
+        Ok(Some((location, saved.view)))
     }
 
-    /// Commit the transaction's changes (one Delta commit). On failure the
-    /// files it wrote are removed and the table is unchanged.
+    /// Commit the transaction's changes (one Delta commit; exclusive if it
+    /// changed the table's schema). On failure the files it wrote are
+    /// removed and the table is unchanged.
     pub async fn commit(self) -> Result<()> {
         let Some(written) = self.written else {
             return Ok(());
         };
-        let operation = if written.changes_rows {
-            DeltaOperation::Update { predicate: None }
-        } else {
-            DeltaOperation::Write {
-                mode: deltalake::protocol::SaveMode::Append,
-                partition_by: None,
-                predicate: None,
+        let mut actions = difference(&written.base, &written.current);
+        let committed = match &written.schema {
+            Some(schema) => {
+                actions.insert(
+                    0,
+                    deltalake::kernel::Action::Metadata(schema.metadata.clone()),
+                );
+                commit_exclusive(written.base.delta(), actions, schema.operation.clone())
+                    .await
+                    .map(|_| ())
+            }
+            None if actions.is_empty() => Ok(()),
+            None => {
+                let operation = if written.changes_rows {
+                    DeltaOperation::Update { predicate: None }
+                } else {
+                    DeltaOperation::Write {
+                        mode: deltalake::protocol::SaveMode::Append,
+                        partition_by: None,
+                        predicate: None,
+                    }
+                };
+                commit_actions(written.base.delta(), actions, operation)
+                    .await
+                    .map(|_| ())
             }
         };
-        match commit_difference(&written.base, &written.current, operation).await {
-            Ok(_) => {
+        match committed {
+            Ok(()) => {
                 // Files written by one statement and dropped by a later one
                 // (e.g. rows inserted, then deleted) were never committed.
                 let kept: std::collections::HashSet<&str> = written
@@ -603,16 +687,81 @@ impl Engine {
             .unwrap_or(false)
     }
 
-    /// Refuse ALTER TABLE (and CREATE INDEX) of a table in a transaction
-    /// unless the transaction created it.
-    pub(crate) fn check_transaction_alters(&self, location: &str, name: &str) -> Result<()> {
-        if self.in_transaction() && !self.created_in_transaction(location) {
-            return Err(CirroError::unsupported(format!(
-                "ALTER TABLE and CREATE INDEX of \"{name}\" cannot run inside a transaction block \
-                 (only of tables the transaction created); COMMIT or ROLLBACK first"
-            )));
+    /// The table at `location` as ALTER TABLE, CREATE INDEX and DROP INDEX
+    /// in this session read it: in a transaction, its view.
+    pub(crate) async fn table_to_alter(&self, location: &str) -> Result<CirroTable> {
+        let table = match self.session.get(location) {
+            Some(view) => view,
+            None => self.catalog.open_table(location).await?,
+        };
+        Ok(table.without_row_ids())
+    }
+
+    /// Change table `name` at `location` (`table`, read by
+    /// [`Self::table_to_alter`]) to `schema` and `options`, with `rows` its
+    /// rewritten rows where the change needs them (see
+    /// `cirro_storage::evolve`): one exclusive commit now; in a transaction
+    /// staged as its write of the table until COMMIT, unless the
+    /// transaction created the table (then committed at once into the
+    /// directory only it can name).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn change_table_schema<S>(
+        &self,
+        location: &str,
+        name: &str,
+        table: &CirroTable,
+        schema: &arrow::datatypes::Schema,
+        options: &cirro_storage::TableOptions,
+        rows: Option<S>,
+        operation: DeltaOperation,
+    ) -> Result<()>
+    where
+        S: futures::Stream<Item = Result<arrow::array::RecordBatch>> + Unpin,
+    {
+        use cirro_storage::evolve::{change_schema, prepare_schema_change};
+        if !self.in_transaction() {
+            change_schema(table, schema, options, rows, operation).await?;
+            return Ok(());
         }
+        if self.created_in_transaction(location) {
+            change_schema(table, schema, options, rows, operation).await?;
+            let now = self.catalog.open_table(location).await?;
+            self.session.set(location, now);
+            return Ok(());
+        }
+        if self.transaction_ran_ddl() {
+            // Refused before any row is rewritten.
+            return Err(ddl_and_writes(name));
+        }
+        let change = prepare_schema_change(table, schema, options, rows).await?;
+        let Some(mut held) = self.hold_transaction() else {
+            change.discard().await;
+            return Err(aborted());
+        };
+        let staged = match held.txn.as_mut() {
+            Some(txn) => txn.stage_schema(location, name, change, operation).await,
+            None => {
+                change.discard().await;
+                Err(CirroError::internal(
+                    "the transaction ended during a statement",
+                ))
+            }
+        };
+        let view = staged?;
+        held.put_back();
+        self.session.set(location, view);
         Ok(())
+    }
+
+    /// Whether the open transaction changed the catalog (CREATE, DROP, …).
+    fn transaction_ran_ddl(&self) -> bool {
+        self.txn
+            .lock()
+            .map(|state| match &*state {
+                TxnState::InProgress(txn) | TxnState::Failed(txn) => txn.ddl.is_some(),
+                TxnState::Idle => false,
+            })
+            .unwrap_or(false)
     }
 
     /// Publish a transaction's DDL (one catalog commit), then remove what

@@ -15,9 +15,12 @@
 //! the rewritten table carries none). Old files stay for time travel until
 //! VACUUM.
 //!
-//! The commit is exclusive ([`commit_exclusive`]): if any writer committed
-//! after the snapshot the change read, it fails with 40001 and changes
-//! nothing, so no row written under the old schema slips in unconverted.
+//! The commit is exclusive ([`crate::write::commit_exclusive`]): if any
+//! writer committed after the snapshot the change read, it fails with 40001
+//! and changes nothing, so no row written under the old schema slips in
+//! unconverted. In a transaction the change is staged instead
+//! ([`prepare_schema_change`]): the transaction's view of the table takes
+//! the new schema, and COMMIT makes the one exclusive commit.
 
 use std::sync::Arc;
 
@@ -30,11 +33,11 @@ use deltalake::protocol::DeltaOperation;
 use futures::Stream;
 
 use crate::failpoint;
-use crate::mutate::remove_of;
+use crate::mutate::{Change, remove_of};
 use crate::options::TableOptions;
 use crate::schema::storage_schema;
 use crate::table::CirroTable;
-use crate::write::{TableWriter, commit_exclusive, fill, remove_files};
+use crate::write::{TableWriter, fill};
 
 /// Change `table` (at the snapshot it holds) to `schema` and `options` in one
 /// commit. `rows`, if given, are the table's rows under the new schema (by
@@ -47,6 +50,25 @@ pub async fn change_schema<S>(
     rows: Option<S>,
     operation: DeltaOperation,
 ) -> Result<i64>
+where
+    S: Stream<Item = Result<RecordBatch>> + Unpin,
+{
+    let change = prepare_schema_change(table, schema, options, rows).await?;
+    failpoint::reach("alter.before_commit", 1);
+    change.commit(operation).await
+}
+
+/// Write what changing `table` (a snapshot, or a transaction's view of it)
+/// to `schema` and `options` needs (see [`change_schema`]) and return the
+/// change, uncommitted: a metadata action, and with `rows` the removes of
+/// every file and the adds of the rewritten ones. Its commit is exclusive
+/// ([`Change::commit`]).
+pub async fn prepare_schema_change<S>(
+    table: &CirroTable,
+    schema: &Schema,
+    options: &TableOptions,
+    rows: Option<S>,
+) -> Result<Change>
 where
     S: Stream<Item = Result<RecordBatch>> + Unpin,
 {
@@ -83,14 +105,7 @@ where
         actions.extend(table.files().iter().map(|f| Action::Remove(remove_of(f))));
         actions.extend(adds.iter().cloned().map(Action::Add));
     }
-    failpoint::reach("alter.before_commit", 1);
-    match commit_exclusive(table.delta(), actions, operation).await {
-        Ok(version) => Ok(version),
-        Err(e) => {
-            remove_files(table.delta(), &adds).await;
-            Err(e)
-        }
-    }
+    Ok(Change::new(table, actions, &adds))
 }
 
 fn bad_metadata(e: deltalake::kernel::Error) -> CirroError {

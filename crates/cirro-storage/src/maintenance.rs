@@ -100,8 +100,7 @@ pub async fn optimize(table: &CirroTable, state: &dyn Session) -> Result<Optimiz
         }
     }
     let stream = execute_stream(plan, state.task_ctx())?.map(|b| b.map_err(CirroError::from));
-    let (adds, rows_written) =
-        write_files(table.delta(), Arc::clone(table.stored_schema()), stream).await?;
+    let (adds, rows_written) = write_files(&table, stream).await?;
     let new_files: Vec<object_store::path::Path> = adds
         .iter()
         .map(|a| object_store::path::Path::from(a.path.as_str()))

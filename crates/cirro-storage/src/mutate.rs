@@ -24,7 +24,6 @@
 //! and the table stays at the version it was read at.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, UInt32Type};
@@ -41,7 +40,7 @@ use roaring::RoaringTreemap;
 use crate::dv;
 use crate::failpoint;
 use crate::table::CirroTable;
-use crate::write::{TableWriter, commit_actions};
+use crate::write::{TableWriter, commit_actions, commit_exclusive};
 
 /// Share of a file's rows that may be deleted before the file is rewritten
 /// instead of carrying a deletion vector.
@@ -57,11 +56,7 @@ pub struct Mutation {
 
 impl Mutation {
     pub fn new(table: &CirroTable) -> Result<Self> {
-        let writer = TableWriter::new(
-            table.delta(),
-            Arc::clone(table.stored_schema()),
-            SaveMode::Append,
-        )?;
+        let writer = TableWriter::for_view(table, SaveMode::Append)?;
         Ok(Self {
             table: table.without_row_ids(),
             deleted: BTreeMap::new(),
@@ -201,6 +196,29 @@ pub struct Change {
 }
 
 impl Change {
+    /// A change of `table` made of `actions`, which wrote the data files
+    /// `adds`.
+    pub(crate) fn new(
+        table: &CirroTable,
+        actions: Vec<Action>,
+        adds: &[deltalake::kernel::Add],
+    ) -> Self {
+        Self {
+            table: table.without_row_ids(),
+            actions,
+            new_files: adds.iter().map(|a| Path::from(a.path.as_str())).collect(),
+        }
+    }
+
+    /// The table's new metadata (schema and options), if the change sets one
+    /// (ALTER TABLE).
+    pub fn metadata(&self) -> Option<&deltalake::kernel::Metadata> {
+        self.actions.iter().find_map(|a| match a {
+            Action::Metadata(m) => Some(m),
+            _ => None,
+        })
+    }
+
     /// A change that adds the data files `adds` (an INSERT), and with
     /// `replace_all` removes every file the table had (INSERT OVERWRITE,
     /// TRUNCATE).
@@ -247,10 +265,17 @@ impl Change {
     }
 
     /// Commit the change as one new version; returns the version. If the
-    /// commit fails (conflict, I/O), the change's files are removed.
+    /// commit fails (conflict, I/O), the change's files are removed. A change
+    /// of the schema commits exclusively: it fails with 40001 if any writer
+    /// committed after the snapshot it read.
     pub async fn commit(self, operation: DeltaOperation) -> Result<i64> {
         failpoint::reach("mutate.before_commit", 1);
-        match commit_actions(self.table.delta(), self.actions, operation).await {
+        let committed = if self.metadata().is_some() {
+            commit_exclusive(self.table.delta(), self.actions, operation).await
+        } else {
+            commit_actions(self.table.delta(), self.actions, operation).await
+        };
+        match committed {
             Ok(version) => {
                 failpoint::reach("mutate.after_commit", 1);
                 Ok(version)
@@ -266,25 +291,6 @@ impl Change {
     pub async fn discard(self) {
         remove_paths(&self.table, &self.new_files).await;
     }
-}
-
-/// Commit, as one new version of `base`'s table, the difference between the
-/// snapshot `base` and the view `current` (the two share the table): removes
-/// for files that are gone or whose deletion vector changed, adds for files
-/// that are new or changed. Returns the new version, or `None` when nothing
-/// differs.
-pub async fn commit_difference(
-    base: &CirroTable,
-    current: &CirroTable,
-    operation: DeltaOperation,
-) -> Result<Option<i64>> {
-    let actions = difference(base, current);
-    if actions.is_empty() {
-        return Ok(None);
-    }
-    commit_actions(base.delta(), actions, operation)
-        .await
-        .map(Some)
 }
 
 /// The actions that take snapshot `base` to the view `current`: removes for

@@ -130,6 +130,9 @@ pub struct CirroTable {
     row_ids: bool,
     /// What the last `ANALYZE` found (kept in the catalog).
     analyzed: Option<Arc<TableStatistics>>,
+    /// The schema and options are a transaction's staged ALTER TABLE, not
+    /// the Delta snapshot's: writers must use them (see [`Self::with_changes`]).
+    schema_staged: bool,
 }
 
 /// One data file of a snapshot.
@@ -222,6 +225,7 @@ impl CirroTable {
             options,
             row_ids: false,
             analyzed: None,
+            schema_staged: false,
         })
     }
 
@@ -287,21 +291,40 @@ impl CirroTable {
         self
     }
 
-    /// The table as `actions` (adds and removes, in order) would leave it:
-    /// the view a transaction has of a table it changed but has not committed.
+    /// The table as `actions` (adds, removes and a new metadata, in order)
+    /// would leave it: the view a transaction has of a table it changed but
+    /// has not committed. A metadata action (a staged ALTER TABLE) gives the
+    /// view its schema and options.
     pub fn with_changes(&self, actions: &[Action]) -> Result<Self> {
         let mut files: Vec<DataFile> = self.files.as_ref().clone();
+        let mut changed = self.clone();
         for action in actions {
             match action {
                 Action::Remove(remove) => files.retain(|f| f.add.path != remove.path),
                 Action::Add(add) => files.push(DataFile::from_add(&self.url, add.clone())?),
+                Action::Metadata(metadata) => {
+                    let kernel = metadata.parse_schema().map_err(|e| {
+                        CirroError::internal(format!("bad staged table schema: {e}"))
+                    })?;
+                    let stored: Schema = (&kernel).try_into_arrow().map_err(|e| {
+                        CirroError::internal(format!("bad staged table schema: {e}"))
+                    })?;
+                    changed.stored_schema = Arc::new(stored);
+                    changed.schema = scan_schema(&changed.stored_schema);
+                    changed.options = TableOptions::from_configuration(metadata.configuration());
+                    changed.schema_staged = true;
+                }
                 _ => {}
             }
         }
-        Ok(Self {
-            files: Arc::new(files),
-            ..self.clone()
-        })
+        changed.files = Arc::new(files);
+        Ok(changed)
+    }
+
+    /// Whether the schema and options are a transaction's staged ALTER
+    /// TABLE (not yet in the Delta log).
+    pub fn schema_staged(&self) -> bool {
+        self.schema_staged
     }
 
     /// The same snapshot restricted to the data files named in `paths`

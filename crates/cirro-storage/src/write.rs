@@ -40,6 +40,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::failpoint;
 use crate::options::TableOptions;
+use crate::table::CirroTable;
 
 /// Environment override of the data file size, for tests that need many files.
 const DATA_FILE_BYTES_ENV: &str = "CIRRO_DATA_FILE_BYTES";
@@ -123,6 +124,18 @@ impl TableWriter {
     /// `mode` is `Append` (INSERT) or `Overwrite` (replace all rows).
     pub fn new(table: &DeltaTable, stored_schema: SchemaRef, mode: SaveMode) -> Result<Self> {
         Self::build(table, stored_schema, mode, None)
+    }
+
+    /// A writer of new files of `table` as its reader sees it: with the
+    /// schema and options of a transaction's staged ALTER TABLE where it has
+    /// one, else as the Delta snapshot has them.
+    pub fn for_view(table: &CirroTable, mode: SaveMode) -> Result<Self> {
+        let stored = Arc::clone(table.stored_schema());
+        if table.schema_staged() {
+            Self::build(table.delta(), stored, mode, Some(table.options()))
+        } else {
+            Self::new(table.delta(), stored, mode)
+        }
     }
 
     /// A writer of files with `stored_schema` instead of the table's current
@@ -616,15 +629,11 @@ where
 /// Write all of `batches` into new data files of `table` without committing
 /// them (the caller commits them with other actions, or removes them).
 /// Returns the files and the number of rows. On an error nothing is left.
-pub async fn write_files<S>(
-    table: &DeltaTable,
-    stored_schema: SchemaRef,
-    mut batches: S,
-) -> Result<(Vec<Add>, u64)>
+pub async fn write_files<S>(table: &CirroTable, mut batches: S) -> Result<(Vec<Add>, u64)>
 where
     S: futures::Stream<Item = Result<RecordBatch>> + Unpin,
 {
-    let mut writer = TableWriter::new(table, stored_schema, SaveMode::Append)?;
+    let mut writer = TableWriter::for_view(table, SaveMode::Append)?;
     fill(&mut writer, &mut batches).await?;
     let rows = writer.rows();
     Ok((writer.finish().await?, rows))
