@@ -441,17 +441,8 @@ impl Engine {
             };
             return Ok(unplanned(schema));
         };
-        let planning: Vec<Option<DataType>> = declared
-            .iter()
-            .map(|d| {
-                if is_numeric_at_bind(d) {
-                    Some(NUMERIC_PLANNED)
-                } else {
-                    d.clone()
-                }
-            })
-            .collect();
-        let (plan, replans) = self.plan_prepared(&statement, &planning).await?;
+        // plan_prepared plans a NUMERIC bound at Bind as NUMERIC_PLANNED.
+        let (plan, replans) = self.plan_prepared(&statement, &declared).await?;
         let types = plan.get_parameter_types()?;
         let placeholder_types = (1..=placeholders)
             .map(|i| types.get(&format!("${i}")).cloned().flatten())
