@@ -18,9 +18,8 @@ use serde::{Deserialize, Serialize};
 /// A held cluster-wide lock; dropping it releases the lock.
 pub type HeldLock = Box<dyn Any + Send + Sync>;
 
-/// The highest node number (the bits of a backend pid above its session
-/// bits; `cirro_engine::activity` splits pids the same way).
-pub const NODE_NUMBER_MAX: u32 = 511;
+// The highest node number (defined in `cirro_common::limits`).
+pub use cirro_common::limits::NODE_NUMBER_MAX;
 
 /// One member of the cluster, as it registered itself.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]

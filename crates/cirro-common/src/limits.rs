@@ -1,4 +1,42 @@
-//! Named limits. Every bound in Cirro lives here, with its unit last in the name.
+//! Named limits, each with its unit last in the name: the bounds several
+//! crates share (the node number a backend pid can carry) and those a user
+//! meets in SQL (statement size and nesting, view nesting, data file and
+//! row group sizes, catalog retries).
+//!
+//! Bounds that belong to one module's algorithm are named beside the code
+//! they bound, where a reader of that code needs them:
+//!
+//! - storage (`cirro-storage`): `write.rs` (dictionary page size, bloom
+//!   filter false-positive rate, bucket write buffer, blind-append commit
+//!   attempts), `mutate.rs` (`REWRITE_FRACTION`), `cache/mod.rs` (the
+//!   hot-data tier's piece size, default share, hot share and kept footers
+//!   and ghosts), `cache/disk.rs`, `cache/scan.rs`, `cache/routed.rs`,
+//!   `bucket.rs`, `options.rs`;
+//! - execution (`cirro-exec`): `resources/mod.rs` (memory shares, a
+//!   query's minimum memory), `spill_join/grace.rs`, `functions/sized.rs`
+//!   (the largest scalar result), `functions/average.rs`,
+//!   `functions/pg_datetime.rs`, `filtered_aggregate.rs` and the rules'
+//!   thresholds (`rules/aggregation.rs`, `rules/build_sides.rs`,
+//!   `rules/join_order.rs`);
+//! - cluster (`cirro-cluster`): `lib.rs` (ZooKeeper session, request and
+//!   lock timeouts, refresh interval), `distributed.rs` (connect, keepalive
+//!   and probe timeouts, how long a node stays suspect), `locality.rs`;
+//! - engine and server: `cirro-engine/src/activity.rs` (finished queries
+//!   kept, query id bits), `history.rs` (VACUUM's default retention),
+//!   `settings.rs` (the largest priority), `constraints.rs` (keys per
+//!   checking IN list); `cirro-server`'s `console/mod.rs` (login lifetime,
+//!   request body size), `http_client.rs` (call timeout, answer size),
+//!   `lib.rs` (startup timeout), `flight/prepared.rs` (prepared statements
+//!   per session); `cirro-sql`'s `types.rs` (CHAR/VARCHAR length, NUMERIC
+//!   precision) and `shape.rs` (numeric literal digits).
+
+/// Bits of a backend pid below the node number: a pid is
+/// `node << PID_NODE_SHIFT_BITS | n`, unique across a cluster's nodes.
+pub const PID_NODE_SHIFT_BITS: u32 = 22;
+
+/// The highest node number: what a pid's bits above [`PID_NODE_SHIFT_BITS`]
+/// can carry, the sign bit kept clear (pids are int4).
+pub const NODE_NUMBER_MAX: u32 = (1 << (31 - PID_NODE_SHIFT_BITS)) - 1;
 
 /// Rows a Parquet row group holds unless the table says otherwise.
 pub const ROW_GROUP_ROWS_DEFAULT: usize = 1024 * 1024;

@@ -20,10 +20,9 @@ use cirro_common::{CirroError, Result, SqlState};
 use cirro_exec::resources::QueryMemory;
 use datafusion::physical_plan::ExecutionPlan;
 
-/// Bits of a pid below the node id.
-const PID_NODE_SHIFT: u32 = 22;
-/// Nodes a pid can name (the sign bit stays clear).
-pub const NODE_ID_MAX: u32 = (1 << (31 - PID_NODE_SHIFT)) - 1;
+// Bits of a pid below the node number; the highest node number a pid can
+// carry (one definition for the cluster's numbering and the pids).
+use cirro_common::limits::{NODE_NUMBER_MAX, PID_NODE_SHIFT_BITS as PID_NODE_SHIFT};
 
 /// What a backend is doing (`pg_stat_activity.state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -456,10 +455,10 @@ fn now_micros() -> i64 {
 impl Activity {
     /// The registry of node `node` (0 on a single node).
     pub fn new(node: u32) -> Result<Arc<Self>> {
-        if node > NODE_ID_MAX {
+        if node > NODE_NUMBER_MAX {
             return Err(CirroError::new(
                 SqlState::INVALID_PARAMETER_VALUE,
-                format!("node id {node} is above the largest, {NODE_ID_MAX}"),
+                format!("node id {node} is above the largest, {NODE_NUMBER_MAX}"),
             ));
         }
         Ok(Arc::new(Self {
@@ -904,9 +903,7 @@ mod tests {
         assert_eq!(*flags.0.lock().expect("lock"), ["terminate", "cancel"]);
         drop(a);
         assert_eq!(activity.backends().len(), 1);
-        assert!(Activity::new(NODE_ID_MAX + 1).is_err());
-        // The cluster numbers nodes within what a pid can carry.
-        assert_eq!(NODE_ID_MAX, cirro_catalog::coordination::NODE_NUMBER_MAX);
+        assert!(Activity::new(NODE_NUMBER_MAX + 1).is_err());
     }
 
     #[test]
