@@ -28,6 +28,7 @@ use cirro_common::{CirroError, Result, SqlState};
 use zookeeper_client as zk;
 
 mod analyze;
+mod deletion_vectors;
 pub mod distributed;
 mod locality;
 mod placement;

@@ -21,7 +21,7 @@
 //! - cluster (`cirro-cluster`): `lib.rs` (ZooKeeper session, request and
 //!   lock timeouts, refresh interval), `distributed.rs` (connect, keepalive
 //!   and probe timeouts, how long a node stays suspect), `locality.rs`;
-//! - engine and server: `cirro-engine/src/activity.rs` (finished queries
+//! - engine and server: `cirro-engine/src/system/activity.rs` (finished queries
 //!   kept, query id bits), `history.rs` (VACUUM's default retention),
 //!   `settings.rs` (the largest priority), `constraints.rs` (keys per
 //!   checking IN list); `cirro-server`'s `console/mod.rs` (login lifetime,

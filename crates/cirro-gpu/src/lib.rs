@@ -49,6 +49,26 @@ pub use projection::GpuProjectionExec;
 pub use rule::{GpuOperators, GpuOptions};
 pub use sort::GpuSortExec;
 
+/// Whether `plan` is one of this crate's operators (for the engine's view
+/// of a statement: `cirro.queries` shows where its GPU work stands).
+pub fn is_gpu_operator(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> bool {
+    plan.is::<GpuFilterExec>()
+        || plan.is::<GpuSortExec>()
+        || plan.is::<GpuAggregateExec>()
+        || plan.is::<GpuHashJoinExec>()
+        || plan.is::<GpuProjectionExec>()
+}
+
+/// Whether `plan` is this crate's hash join (its left input the build side).
+pub fn is_gpu_join(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> bool {
+    plan.is::<GpuHashJoinExec>()
+}
+
+/// Whether `plan` works row by row (the projection).
+pub fn is_gpu_row_wise(plan: &dyn datafusion::physical_plan::ExecutionPlan) -> bool {
+    plan.is::<GpuProjectionExec>()
+}
+
 /// Device memory when `--gpu-memory` does not say: 1 GiB.
 pub const DEFAULT_MEMORY: u64 = 1 << 30;
 

@@ -146,7 +146,7 @@ fn parse_statement(sql: &str) -> Result<Parsed> {
         "copy" => {
             let statement = match parsers::copy::parse(&tokens, &solid)? {
                 Some(copy) => Statement::Copy(copy),
-                None => Statement::Sql(Box::new(parse_datafusion(tokens)?)),
+                None => Statement::classify(parse_datafusion(tokens)?),
             };
             return parsed(statement);
         }
@@ -161,7 +161,7 @@ fn parse_statement(sql: &str) -> Result<Parsed> {
         if let Some(statement) = pg_catalog::parse_catalog_query(sql) {
             let mut statement = datafusion::sql::parser::Statement::Statement(Box::new(statement));
             shape::shape(&mut statement)?;
-            return parsed(Statement::Sql(Box::new(statement)));
+            return parsed(Statement::classify(statement));
         }
     }
     if first == "alter" {
@@ -171,13 +171,18 @@ fn parse_statement(sql: &str) -> Result<Parsed> {
     if first == "create"
         && let Some(distributed_by) = parsers::distribution::take(&mut tokens)?
     {
-        let create = Box::new(parse_datafusion(tokens)?);
-        return parsed(Statement::CreateDistributed {
-            create,
-            distributed_by,
-        });
+        return match Statement::classify(parse_datafusion(tokens)?) {
+            Statement::CreateTable { create, .. } => parsed(Statement::CreateTable {
+                create,
+                distributed_by: Some(distributed_by),
+            }),
+            _ => Err(CirroError::new(
+                SqlState::SYNTAX_ERROR,
+                "DISTRIBUTED BY belongs to CREATE TABLE",
+            )),
+        };
     }
-    parsed(Statement::Sql(Box::new(parse_datafusion(tokens)?)))
+    parsed(Statement::classify(parse_datafusion(tokens)?))
 }
 
 /// DataFusion's parser over the statement's tokens.
@@ -205,7 +210,7 @@ fn parse_datafusion(tokens: Vec<TokenWithSpan>) -> Result<datafusion::sql::parse
 pub(crate) mod tests {
     use super::*;
     use datafusion::sql::sqlparser::ast::{
-        SetExpr, Statement as SqlStatement, TableFactor, TableVersion,
+        SetExpr, TableFactor, TableVersion,
     };
 
     /// The solid tokens of `sql`, as the kind parsers get them.
@@ -240,17 +245,58 @@ pub(crate) mod tests {
         let kind = |sql: &str| parse(sql).expect(sql).statement;
         assert!(matches!(kind("  -- nothing\n"), Statement::Empty));
         assert!(matches!(kind("show all;"), Statement::Setting(_)));
-        assert!(matches!(kind("show tables"), Statement::Sql(_)));
+        assert!(matches!(kind("show tables"), Statement::Show(_)));
         assert!(matches!(
             kind("grant select on t to u"),
             Statement::Access(_)
         ));
-        assert!(matches!(kind("drop table t"), Statement::Sql(_)));
+        assert!(matches!(kind("drop table t"), Statement::Drop(_)));
+        assert!(matches!(kind("select 1"), Statement::Query(_)));
+        assert!(matches!(kind("insert into t values (1)"), Statement::Insert(_)));
+        assert!(matches!(kind("update t set a = 1"), Statement::Update(_)));
+        assert!(matches!(kind("delete from t"), Statement::Delete(_)));
+        assert!(matches!(kind("truncate t"), Statement::Truncate(_)));
+        assert!(matches!(
+            kind("explain analyze select 1"),
+            Statement::Explain { analyze: true, .. }
+        ));
+        assert!(matches!(
+            kind("create table t (a int) distributed by hash (a) buckets 4"),
+            Statement::CreateTable {
+                distributed_by: Some(_),
+                ..
+            }
+        ));
+        assert!(matches!(
+            kind("create table t (a int)"),
+            Statement::CreateTable {
+                distributed_by: None,
+                ..
+            }
+        ));
+        assert!(matches!(kind("alter table t add column b int"), Statement::AlterTable(_)));
+        assert!(matches!(kind("create index i on t (a)"), Statement::CreateIndex(_)));
+        assert!(matches!(kind("create view v as select 1"), Statement::CreateView(_)));
+        assert!(matches!(kind("create schema s"), Statement::CreateSchema { .. }));
+        assert!(matches!(kind("create database d"), Statement::CreateDatabase { .. }));
+        assert!(matches!(kind("show create table t"), Statement::ShowCreateTable(_)));
+        assert!(matches!(kind("set datafusion.execution.batch_size = 10"), Statement::DataFusionSetting(_)));
+        let Statement::Prepare { name, statement, .. } = kind("PREPARE Q1 AS select $1") else {
+            panic!("not a PREPARE");
+        };
+        assert_eq!(name, "q1");
+        assert!(matches!(*statement, Statement::Query(_)));
+        assert!(matches!(
+            kind("execute q1 (1)"),
+            Statement::Execute { name, parameters } if name == "q1" && parameters.len() == 1
+        ));
+        assert!(matches!(kind("create external table t stored as parquet location 'x'"), Statement::Unsupported(_)));
+        assert!(matches!(kind("use d"), Statement::Unsupported(_)));
         assert!(matches!(
             kind("describe history t"),
             Statement::Maintenance(_)
         ));
-        assert!(matches!(kind("describe t"), Statement::Sql(_)));
+        assert!(matches!(kind("describe t"), Statement::Describe(_)));
         assert!(matches!(kind("ANALYZE t"), Statement::Maintenance(_)));
         assert!(matches!(kind("commit"), Statement::Transaction(_)));
         assert!(matches!(
@@ -267,7 +313,7 @@ pub(crate) mod tests {
         ));
         assert!(matches!(
             kind("copy t to 'x.csv' stored as csv"),
-            Statement::Sql(_)
+            Statement::CopyStored(_)
         ));
         assert_eq!(parse("select $1 + $12").expect("parse").placeholders, 12);
         let err = parse("select 1; select 2").expect_err("two statements");
@@ -279,7 +325,7 @@ pub(crate) mod tests {
     #[test]
     fn time_travel_is_in_the_ast() {
         let parsed = parse("SELECT * FROM s.t VERSION AS OF 7 AS old").expect("parse");
-        let Some(SqlStatement::Query(query)) = parsed.statement.sql() else {
+        let Statement::Query(query) = &parsed.statement else {
             panic!("not a query");
         };
         let SetExpr::Select(select) = query.body.as_ref() else {
@@ -332,7 +378,7 @@ pub(crate) mod tests {
     #[test]
     fn catalog_queries_go_through_the_compatibility_parser() {
         let parsed = parse("SELECT 'x'::regclass").expect("parse");
-        assert!(matches!(parsed.statement, Statement::Sql(_)));
+        assert!(matches!(parsed.statement, Statement::Query(_)));
         // A string that merely mentions pg_ is an ordinary query.
         assert!(!pg_catalog::is_catalog_query(&solid("SELECT 'pg_class'")));
         assert!(pg_catalog::is_catalog_query(&solid(

@@ -291,10 +291,10 @@ fn pg_type_name(data_type: &datafusion::sql::sqlparser::ast::DataType) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Statement as Cirro, parse};
+    use crate::parse;
 
     fn named(sql: &str) -> String {
-        let Cirro::Sql(mut statement) = parse(sql).expect("parse").statement else {
+        let Some(mut statement) = parse(sql).expect("parse").statement.to_datafusion() else {
             panic!("not SQL");
         };
         name_projections(&mut statement);
@@ -302,7 +302,7 @@ mod tests {
     }
 
     fn outputs(sql: &str) -> String {
-        let Cirro::Sql(mut statement) = parse(sql).expect("parse").statement else {
+        let Some(mut statement) = parse(sql).expect("parse").statement.to_datafusion() else {
             panic!("not SQL");
         };
         name_outputs(&mut statement);

@@ -797,11 +797,11 @@ mod tests {
     }
 
     use super::*;
-    use crate::{Statement, parse};
+    use crate::parse;
 
     fn where_clause(sql: &str) -> String {
         let parsed = parse(sql).expect("parse");
-        let Statement::Sql(statement) = parsed.statement else {
+        let Some(statement) = parsed.statement.to_datafusion() else {
             panic!("not SQL")
         };
         let text = statement.to_string();
@@ -870,7 +870,7 @@ mod tests {
         let terms: Vec<String> = (0..64).map(|i| format!("c{i} > 0")).collect();
         let sql = format!("SELECT 1 FROM t WHERE {}", terms.join(" AND "));
         let parsed = parse(&sql).expect("parse");
-        let Statement::Sql(statement) = parsed.statement else {
+        let Some(statement) = parsed.statement.to_datafusion() else {
             panic!("not SQL")
         };
         let text = statement.to_string();
@@ -880,7 +880,7 @@ mod tests {
             .map(|i| text.find(&format!("c{i} > 0")).expect("term kept"))
             .collect();
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
-        let DFStatement::Statement(inner) = *statement else {
+        let DFStatement::Statement(inner) = statement else {
             panic!()
         };
         let datafusion::sql::sqlparser::ast::Statement::Query(query) = *inner else {

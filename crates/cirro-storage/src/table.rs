@@ -448,6 +448,106 @@ impl CirroTable {
         Arc::new(Schema::new(fields))
     }
 
+    /// One data file as DataFusion's scan takes it: its metadata and
+    /// statistics, the rows its deletion vector leaves (a selection, so
+    /// that deleted rows are never decoded), its index as the file-index
+    /// column with row ids.
+    #[allow(clippy::too_many_arguments)]
+    async fn partitioned_file(
+        &self,
+        state: &dyn Session,
+        format: &ParquetFormat,
+        store: &Arc<dyn object_store::ObjectStore>,
+        file_schema: &SchemaRef,
+        collect_statistics: bool,
+        index: usize,
+        deleted: Option<RoaringTreemap>,
+    ) -> DfResult<PartitionedFile> {
+        let file = &self.files[index];
+        let location = ListingTableUrl::parse(&file.url)?.prefix().clone();
+        let meta = ObjectMeta {
+            location,
+            last_modified: chrono::DateTime::from_timestamp_millis(
+                file.add.modification_time,
+            )
+            .unwrap_or_default(),
+            size: file.size,
+            e_tag: None,
+            version: None,
+        };
+        let mut statistics = if collect_statistics {
+            format
+                .infer_stats_and_ordering(state, store, Arc::clone(file_schema), &meta)
+                .await?
+                .statistics
+        } else {
+            Statistics::new_unknown(file_schema)
+        };
+        let mut part = PartitionedFile::new_from_meta(meta);
+        if let Some(deleted) = deleted.filter(|d| !d.is_empty()) {
+            // Rows a deletion vector removes are never decoded:
+            // the reader gets the surviving rows as a selection.
+            let rows = match (file.num_records, &statistics.num_rows) {
+                (Some(n), _) => n as u64,
+                (None, Precision::Exact(n)) => *n as u64,
+                _ => {
+                    return Err(CirroError::internal(format!(
+                        "data file {} has a deletion vector but no row count",
+                        file.url
+                    ))
+                    .into_datafusion());
+                }
+            };
+            statistics = statistics.to_inexact();
+            statistics.num_rows =
+                Precision::Inexact(rows.saturating_sub(deleted.len()) as usize);
+            part = part.with_extension(ParquetRowSelection::new(dv::surviving_rows(
+                &deleted, rows,
+            )));
+        }
+        if self.row_ids {
+            part = part
+                .with_partition_values(vec![ScalarValue::UInt32(Some(index as u32))]);
+        }
+        let mut part = part.with_statistics(Arc::new(statistics));
+        if self.row_ids {
+            if let Some(stats) = part.statistics.as_mut() {
+                Arc::make_mut(stats)
+                    .column_statistics
+                    .push(ColumnStatistics::new_unknown());
+            }
+        }
+        Ok(part)
+    }
+
+    /// The distinct counts ANALYZE kept, into a scan's statistics.
+    fn apply_analyzed(&self, statistics: &mut Statistics) {
+        if let Some(analyzed) = &self.analyzed {
+            let rows = statistics.num_rows.get_value().copied();
+            for (field, column) in self
+                .schema
+                .fields()
+                .iter()
+                .zip(statistics.column_statistics.iter_mut())
+            {
+                // Only where no value range bounds the column (text keys),
+                // for adaptive aggregation's group estimates: DataFusion's
+                // join selection takes an aggregation's output from the
+                // distinct counts but a filter's from a fixed 20 %, and
+                // with l_partkey's count TPC-H Q17 built its semi join from
+                // 2 M aggregated rows instead of the 61 K that part ⋈
+                // lineitem gives: 2.4 s instead of 1.2 s at SF10. Integer
+                // and date keys have their ranges; join order reads the
+                // counts itself ([`Self::distinct_estimate`]).
+                let ranged =
+                    field.data_type().is_integer() || *field.data_type() == DataType::Date32;
+                if !ranged && let Some(distinct) = analyzed.distinct(field.name(), rows) {
+                    column.distinct_count = Precision::Inexact(distinct);
+                }
+            }
+        }
+    }
+
     /// A physical scan of the files `files` (indices into [`Self::files`]),
     /// each paired with the rows to skip. With `self.row_ids`, every row also
     /// carries its file index and its position in the file.
@@ -491,66 +591,15 @@ impl CirroTable {
             .collect();
         let partitioned = futures::stream::iter(files)
             .map(|(index, deleted)| {
-                let format = &format;
-                let store = &store;
-                let file_schema = &file_schema;
-                async move {
-                    let file = &self.files[index];
-                    let location = ListingTableUrl::parse(&file.url)?.prefix().clone();
-                    let meta = ObjectMeta {
-                        location,
-                        last_modified: chrono::DateTime::from_timestamp_millis(
-                            file.add.modification_time,
-                        )
-                        .unwrap_or_default(),
-                        size: file.size,
-                        e_tag: None,
-                        version: None,
-                    };
-                    let mut statistics = if collect_statistics {
-                        format
-                            .infer_stats_and_ordering(state, store, Arc::clone(file_schema), &meta)
-                            .await?
-                            .statistics
-                    } else {
-                        Statistics::new_unknown(file_schema)
-                    };
-                    let mut part = PartitionedFile::new_from_meta(meta);
-                    if let Some(deleted) = deleted.filter(|d| !d.is_empty()) {
-                        // Rows a deletion vector removes are never decoded:
-                        // the reader gets the surviving rows as a selection.
-                        let rows = match (file.num_records, &statistics.num_rows) {
-                            (Some(n), _) => n as u64,
-                            (None, Precision::Exact(n)) => *n as u64,
-                            _ => {
-                                return Err(CirroError::internal(format!(
-                                    "data file {} has a deletion vector but no row count",
-                                    file.url
-                                ))
-                                .into_datafusion());
-                            }
-                        };
-                        statistics = statistics.to_inexact();
-                        statistics.num_rows =
-                            Precision::Inexact(rows.saturating_sub(deleted.len()) as usize);
-                        part = part.with_extension(ParquetRowSelection::new(dv::surviving_rows(
-                            &deleted, rows,
-                        )));
-                    }
-                    if row_ids {
-                        part = part
-                            .with_partition_values(vec![ScalarValue::UInt32(Some(index as u32))]);
-                    }
-                    let mut part = part.with_statistics(Arc::new(statistics));
-                    if row_ids {
-                        if let Some(stats) = part.statistics.as_mut() {
-                            Arc::make_mut(stats)
-                                .column_statistics
-                                .push(ColumnStatistics::new_unknown());
-                        }
-                    }
-                    Ok::<_, datafusion::error::DataFusionError>(part)
-                }
+                self.partitioned_file(
+                    state,
+                    &format,
+                    &store,
+                    &file_schema,
+                    collect_statistics,
+                    index,
+                    deleted,
+                )
             })
             .buffered(concurrency)
             .try_collect::<Vec<_>>()
@@ -568,30 +617,7 @@ impl CirroTable {
             partitioned.iter().filter_map(|p| p.statistics.as_deref()),
             &full_schema,
         )?;
-        if let Some(analyzed) = &self.analyzed {
-            let rows = statistics.num_rows.get_value().copied();
-            for (field, column) in self
-                .schema
-                .fields()
-                .iter()
-                .zip(statistics.column_statistics.iter_mut())
-            {
-                // Only where no value range bounds the column (text keys),
-                // for adaptive aggregation's group estimates: DataFusion's
-                // join selection takes an aggregation's output from the
-                // distinct counts but a filter's from a fixed 20 %, and
-                // with l_partkey's count TPC-H Q17 built its semi join from
-                // 2 M aggregated rows instead of the 61 K that part ⋈
-                // lineitem gives: 2.4 s instead of 1.2 s at SF10. Integer
-                // and date keys have their ranges; join order reads the
-                // counts itself ([`Self::distinct_estimate`]).
-                let ranged =
-                    field.data_type().is_integer() || *field.data_type() == DataType::Date32;
-                if !ranged && let Some(distinct) = analyzed.distinct(field.name(), rows) {
-                    column.distinct_count = Precision::Inexact(distinct);
-                }
-            }
-        }
+        self.apply_analyzed(&mut statistics);
         let target = state.config().target_partitions().max(1);
         let (groups, partitioning) = match self.bucketed_groups(&partitioned, &buckets, target)? {
             Some((groups, partitioning)) => (groups, Some(partitioning)),

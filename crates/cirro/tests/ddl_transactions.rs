@@ -1,4 +1,4 @@
-//! DDL inside transactions (see `cirro-engine/src/txn.rs`): over the wire
+//! DDL inside transactions (see `cirro-engine/src/session/txn.rs`): over the wire
 //! with psycopg's default connection and SQLAlchemy (`ddl_transactions.py`),
 //! and a process killed in the middle of COMMIT leaves no half-created
 //! table.

@@ -68,8 +68,8 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::union::InterleaveExec;
 
-use crate::filtered_aggregate::{FilteredAggregateExec, GROUPS_HELD_MAX};
-use crate::run_aggregate::RunAggregateExec;
+use crate::operators::filtered_aggregate::{FilteredAggregateExec, GROUPS_HELD_MAX};
+use crate::operators::run_aggregate::RunAggregateExec;
 
 datafusion::common::extensions_options! {
     /// The session's switches of adaptive aggregation.

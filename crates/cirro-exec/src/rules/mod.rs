@@ -1,4 +1,5 @@
-//! Cirro's planning rules and where they run among DataFusion's.
+//! Cirro's planning rules. Where each runs among DataFusion's is listed in
+//! one place, the engine's planner (`cirro-engine/src/planner.rs`).
 
 mod aggregation;
 mod build_sides;
@@ -23,8 +24,6 @@ use datafusion::common::{DFSchema, Result};
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::utils::merge_schema;
 use datafusion::logical_expr::{Expr, LogicalPlan};
-use datafusion::optimizer::AnalyzerRule;
-use datafusion::optimizer::analyzer::Analyzer;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
@@ -42,55 +41,10 @@ pub use jit::{CompileExpressions, JitOptions};
 pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRange, ScanRows};
 pub use segment::segment_udf;
 pub use selectivity::FilterEstimates;
-pub use shared::{SharedExec, SharedSubplans};
+pub use crate::operators::shared::SharedExec;
+pub use shared::SharedSubplans;
 pub use spilling::SpillingJoins;
 pub use yields::YieldAfterJoins;
-
-/// DataFusion's analyzer rules with Cirro's in their places:
-/// [`TypeChainSegments`] and [`PgOperators`] before type coercion,
-/// [`CheckedArithmetic`] and [`GuardFallibleConditions`] after it.
-pub fn analyzer_rules() -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
-    let mut rules = Vec::new();
-    for rule in Analyzer::new().rules {
-        if rule.name() == "type_coercion" {
-            rules.push(Arc::new(TypeChainSegments) as Arc<dyn AnalyzerRule + Send + Sync>);
-            rules.push(Arc::new(PgOperators));
-        }
-        let coercion = rule.name() == "type_coercion";
-        rules.push(rule);
-        if coercion {
-            rules.push(Arc::new(CheckedArithmetic) as Arc<dyn AnalyzerRule + Send + Sync>);
-            rules.push(Arc::new(GuardFallibleConditions));
-        }
-    }
-    rules
-}
-
-/// DataFusion's physical optimizer rules with Cirro's around them:
-/// [`LazyGuards`] first, [`BuildSides`] right after DataFusion's join
-/// selection, [`OrderConjuncts`] and [`YieldAfterJoins`] last.
-pub fn physical_optimizer_rules()
--> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
-    let mut rules: Vec<
-        Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>,
-    > = vec![Arc::new(LazyGuards)];
-    for rule in datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules {
-        let join_selection = rule.name() == "join_selection";
-        if join_selection {
-            // Before it: the join's keys decide partitioning and sides,
-            // the filters' estimates its sides.
-            rules.push(Arc::new(JoinOnGroupKeys));
-            rules.push(Arc::new(FilterEstimates));
-        }
-        rules.push(rule);
-        if join_selection {
-            rules.push(Arc::new(BuildSides));
-        }
-    }
-    rules.push(Arc::new(OrderConjuncts));
-    rules.push(Arc::new(YieldAfterJoins));
-    rules
-}
 
 /// An integer constant or statistic as a float; None for other values.
 pub(crate) fn integer_value(value: &datafusion::common::ScalarValue) -> Option<f64> {

@@ -30,25 +30,18 @@
 //! aggregations only, whose results are small beside their inputs.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::Result;
 use datafusion::config::ConfigOptions;
-use datafusion::execution::TaskContext;
 use datafusion::logical_expr::Volatility;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-    displayable,
-};
-use futures::future::{BoxFuture, Shared};
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use datafusion::physical_plan::{ExecutionPlan, displayable};
+
+use crate::operators::shared::{SharedExec, SharedState};
 
 /// The operators a shared subtree may hold (DataFusion's names, and
 /// Cirro's partial aggregations).
@@ -111,10 +104,7 @@ impl PhysicalOptimizerRule for SharedSubplans {
             };
             let state = shared.entry(text).or_insert_with(|| {
                 let partitions = input.properties().output_partitioning().partition_count();
-                Arc::new(SharedState {
-                    input: Arc::clone(input),
-                    partitions: (0..partitions).map(|_| Mutex::new(None)).collect(),
-                })
+                Arc::new(SharedState::new(Arc::clone(input), partitions))
             });
             let exec = SharedExec::new(Arc::clone(state));
             Ok(Transformed::new(
@@ -207,128 +197,6 @@ fn volatile(node: &dyn ExecutionPlan) -> bool {
         })
     });
     found
-}
-
-type Output = std::result::Result<Arc<Vec<RecordBatch>>, Arc<DataFusionError>>;
-
-/// The one copy of a shared subtree and its output partitions, each
-/// started once.
-#[derive(Debug)]
-struct SharedState {
-    input: Arc<dyn ExecutionPlan>,
-    partitions: Vec<Mutex<Option<Shared<BoxFuture<'static, Output>>>>>,
-}
-
-impl SharedState {
-    /// Output partition `partition`, started on its own task by the first
-    /// caller.
-    fn output(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<Shared<BoxFuture<'static, Output>>> {
-        let slot = self.partitions.get(partition).ok_or_else(|| {
-            DataFusionError::Internal(format!("SharedExec has no partition {partition}"))
-        })?;
-        let mut slot = slot
-            .lock()
-            .map_err(|_| DataFusionError::Internal("SharedExec: a poisoned lock".into()))?;
-        if let Some(output) = slot.as_ref() {
-            return Ok(output.clone());
-        }
-        let stream = self.input.execute(partition, context)?;
-        let task = SpawnedTask::spawn(async move {
-            stream
-                .try_collect::<Vec<_>>()
-                .await
-                .map(Arc::new)
-                .map_err(Arc::new)
-        });
-        let output = async move {
-            match task.join().await {
-                Ok(output) => output,
-                Err(e) => Err(Arc::new(DataFusionError::ExecutionJoin(Box::new(e)))),
-            }
-        }
-        .boxed()
-        .shared();
-        *slot = Some(output.clone());
-        Ok(output)
-    }
-}
-
-/// One occurrence of a shared subtree; see the module documentation.
-#[derive(Debug)]
-pub struct SharedExec {
-    state: Arc<SharedState>,
-    /// The one copy, as this node's child (for EXPLAIN and the tree walks).
-    input: Arc<dyn ExecutionPlan>,
-}
-
-impl SharedExec {
-    fn new(state: Arc<SharedState>) -> Self {
-        Self {
-            input: Arc::clone(&state.input),
-            state,
-        }
-    }
-}
-
-impl DisplayAs for SharedExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "SharedExec: id={:p}", Arc::as_ptr(&self.state))
-    }
-}
-
-impl ExecutionPlan for SharedExec {
-    fn name(&self) -> &str {
-        "SharedExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.as_slice() {
-            [child] if Arc::ptr_eq(child, &self.input) => Ok(self),
-            // A new child is no longer the shared copy: run it on its own.
-            [child] => Ok(Arc::clone(child)),
-            _ => Err(DataFusionError::Internal("SharedExec has one child".into())),
-        }
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let output = self.state.output(partition, context)?;
-        let batches = futures::stream::once(async move {
-            let batches = output.await.map_err(DataFusionError::Shared)?;
-            let replay: Vec<Result<RecordBatch>> = batches.iter().cloned().map(Ok).collect();
-            Ok::<_, DataFusionError>(futures::stream::iter(replay))
-        })
-        .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.input.schema(),
-            batches.boxed(),
-        )))
-    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
 
 use super::JoinOrderOptions;
-use crate::spill_join::SpillingHashJoinExec;
+use crate::operators::spill_join::SpillingHashJoinExec;
 
 /// The rule; see the module documentation.
 #[derive(Debug, Default)]

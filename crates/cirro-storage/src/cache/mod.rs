@@ -48,7 +48,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use arrow::array::ArrayRef;
 use parquet::file::metadata::ParquetMetaData;
 
-pub use scan::{CacheOptions, CacheScans, CachedParquetSource};
+pub use scan::{CacheOptions, CacheScans, CachedParquetSource, OperatorRoles};
 
 /// How valuable a scan's chunks are, from the plan (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

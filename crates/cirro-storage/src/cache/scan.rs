@@ -1309,11 +1309,32 @@ impl Above {
 #[derive(Debug)]
 pub struct CacheScans {
     cache: Arc<ColumnCache>,
+    others: Vec<Arc<dyn OperatorRoles>>,
+}
+
+/// What the tier's rule needs to know of operators other crates define
+/// (the GPU's twins of DataFusion's): the crate that defines them answers
+/// by their types, and the node hands the answers to [`CacheScans`].
+pub trait OperatorRoles: std::fmt::Debug + Send + Sync {
+    /// A join whose left input is its build side (and that fills no
+    /// dynamic filter).
+    fn is_join(&self, plan: &dyn ExecutionPlan) -> bool;
+    /// An operator that works row by row, as a projection does.
+    fn is_row_wise(&self, plan: &dyn ExecutionPlan) -> bool;
 }
 
 impl CacheScans {
     pub fn new(cache: Arc<ColumnCache>) -> Self {
-        Self { cache }
+        Self {
+            cache,
+            others: Vec::new(),
+        }
+    }
+
+    /// Also know the operators `roles` describes.
+    pub fn with_roles(mut self, roles: Arc<dyn OperatorRoles>) -> Self {
+        self.others.push(roles);
+        self
     }
 
     /// `build_side`: whether `plan` feeds the build side of a join.
@@ -1327,9 +1348,9 @@ impl CacheScans {
     /// between too, which the scan evaluates while it pays.
     ///
     /// The GPU twins (`cirro-gpu`, placed before this rule) are known by
-    /// name: a `GpuHashJoinExec` is a join (its build side `Hot`) that fills
-    /// no dynamic filter, a `GpuProjectionExec` works row by row as a
-    /// `ProjectionExec` does; under a `GpuFilterExec` the scan drops no rows,
+    /// their [`OperatorRoles`]: a GPU hash join is a join (its build side
+    /// `Hot`) that fills no dynamic filter, a GPU projection works row by
+    /// row as a `ProjectionExec` does; under a GPU filter the scan drops no rows,
     /// so the filter gets the batches the cache holds, the same buffers
     /// every query, which its device-side column cache is keyed by.
     fn rewrite(
@@ -1365,7 +1386,7 @@ impl CacheScans {
         // The build side of a join: its left input.
         let hash_join = plan.downcast_ref::<HashJoinExec>().is_some();
         let joins = hash_join
-            || plan.name() == "GpuHashJoinExec"
+            || self.others.iter().any(|o| o.is_join(plan.as_ref()))
             || plan.downcast_ref::<NestedLoopJoinExec>().is_some()
             || plan.downcast_ref::<CrossJoinExec>().is_some();
         let hash_shuffle = plan
@@ -1379,7 +1400,7 @@ impl CacheScans {
         };
         let row_wise = filters
             || plan.downcast_ref::<ProjectionExec>().is_some()
-            || plan.name() == "GpuProjectionExec"
+            || self.others.iter().any(|o| o.is_row_wise(plan.as_ref()))
             || (plan.downcast_ref::<RepartitionExec>().is_some() && !hash_shuffle)
             || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
             || plan.downcast_ref::<CooperativeExec>().is_some();

@@ -374,6 +374,49 @@ async fn run(
     Ok((change, counts.affected))
 }
 
+/// The value a MERGE clause gives `field` (None: the clause deletes).
+fn clause_value(
+    clause: &MergeIntoClause,
+    field: &arrow::datatypes::FieldRef,
+    fields: &arrow::datatypes::Fields,
+    target_column: &dyn Fn(&str) -> Expr,
+) -> Result<Option<Expr>> {
+    Ok(match &clause.action {
+        MergeIntoAction::Update(assignments) => Some(
+            assignments
+                .iter()
+                .find(|(column, _)| column == field.name())
+                .map(|(_, value)| value.clone())
+                .unwrap_or_else(|| target_column(field.name())),
+        ),
+        MergeIntoAction::Insert { columns, values } => {
+            if columns.is_empty() {
+                let position = fields.iter().position(|f| f.name() == field.name());
+                if values.len() != fields.len() {
+                    return Err(CirroError::new(
+                        SqlState::SYNTAX_ERROR,
+                        format!(
+                            "INSERT has {} values but the table has {} columns",
+                            values.len(),
+                            fields.len()
+                        ),
+                    ));
+                }
+                position.map(|p| values[p].clone())
+            } else {
+                Some(
+                    columns
+                        .iter()
+                        .position(|c| c == field.name())
+                        .map(|p| values[p].clone())
+                        .unwrap_or_else(|| lit(datafusion::common::ScalarValue::Null)),
+                )
+            }
+        }
+        MergeIntoAction::Delete => None,
+    })
+}
+
 /// Build the MERGE plan: `[action, file, row, new values…]`, one row per
 /// joined row that some WHEN clause applies to.
 fn merge_plan(
@@ -442,40 +485,7 @@ fn merge_plan(
     for field in fields.iter() {
         let mut branches = Vec::new();
         for (index, clause) in clauses.iter().enumerate() {
-            let value = match &clause.action {
-                MergeIntoAction::Update(assignments) => Some(
-                    assignments
-                        .iter()
-                        .find(|(column, _)| column == field.name())
-                        .map(|(_, value)| value.clone())
-                        .unwrap_or_else(|| target_column(field.name())),
-                ),
-                MergeIntoAction::Insert { columns, values } => {
-                    if columns.is_empty() {
-                        let position = fields.iter().position(|f| f.name() == field.name());
-                        if values.len() != fields.len() {
-                            return Err(CirroError::new(
-                                SqlState::SYNTAX_ERROR,
-                                format!(
-                                    "INSERT has {} values but the table has {} columns",
-                                    values.len(),
-                                    fields.len()
-                                ),
-                            ));
-                        }
-                        position.map(|p| values[p].clone())
-                    } else {
-                        Some(
-                            columns
-                                .iter()
-                                .position(|c| c == field.name())
-                                .map(|p| values[p].clone())
-                                .unwrap_or_else(|| lit(datafusion::common::ScalarValue::Null)),
-                        )
-                    }
-                }
-                MergeIntoAction::Delete => None,
-            };
+            let value = clause_value(clause, field, fields, &target_column)?;
             if let Some(value) = value {
                 branches.push((
                     Box::new(row_id(ACTION_COLUMN).eq(lit(index as i32))),

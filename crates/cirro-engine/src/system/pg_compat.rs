@@ -27,9 +27,9 @@ use datafusion_pg_catalog::pg_catalog::{PgCatalogSchemaProvider, PgCatalogStatic
 use datafusion::logical_expr::planner::TypePlanner;
 
 use crate::Engine;
-use crate::access::SuperuserCheck;
-use crate::activity::{Backend, BackendInfo, BackendState};
-use crate::settings::{SERVER_VERSION, Settings, setting_name};
+use crate::statement::access::SuperuserCheck;
+use crate::system::activity::{Backend, BackendInfo, BackendState};
+use crate::session::settings::{SERVER_VERSION, Settings, setting_name};
 
 /// Type planners asked in order; the first that plans a type wins.
 #[derive(Debug)]
@@ -97,7 +97,7 @@ impl Engine {
             inner,
             list,
             backend: Arc::clone(&self.backend),
-            viewer: crate::visibility::StatementViewer::new(
+            viewer: crate::system::visibility::StatementViewer::new(
                 Arc::clone(self.catalog()),
                 self.user().map(str::to_string),
             ),
@@ -105,9 +105,9 @@ impl Engine {
         ctx.catalog(database)
             .ok_or_else(|| CirroError::internal(format!("no catalog for database {database}")))?
             .register_schema("pg_catalog", schema)?;
-        crate::functions::register_identity(
+        crate::session::functions::register_identity(
             ctx,
-            &crate::functions::session_user_name(self.user()),
+            &crate::session::functions::session_user_name(self.user()),
             database,
         );
         ctx.register_udf(user_by_id_udf(Arc::clone(self.catalog())));
@@ -199,7 +199,7 @@ fn signal_udf(terminate: bool, slot: BackendSlot, superuser: SuperuserCheck) -> 
                 };
                 let activity = backend.activity();
                 let remote =
-                    activity.in_cluster() && crate::activity::pid_node(pid) != activity.node();
+                    activity.in_cluster() && crate::system::activity::pid_node(pid) != activity.node();
                 let signalled = if !remote {
                     activity.signal(pid, superuser.user(), superuser.holds(), terminate)
                 } else {
@@ -409,7 +409,7 @@ struct CirroPgCatalog {
     inner: PgCatalogSchemaProvider<OneDatabase, CirroRoles>,
     list: Arc<dyn CatalogProviderList>,
     backend: BackendSlot,
-    viewer: crate::visibility::StatementViewer,
+    viewer: crate::system::visibility::StatementViewer,
 }
 
 #[async_trait]

@@ -238,12 +238,17 @@ fn plan_metric(plan: &dyn ExecutionPlan, name: &str) -> u64 {
         .sum::<u64>()
 }
 
-/// Where a plan's GPU operators (`Gpu…Exec`) are: `waiting` while one
-/// waits for its turn on the device (its `gpu_waiting` gauge), `running`
-/// otherwise; None without any.
+/// Where a plan's GPU operators are: `waiting` while one waits for its
+/// turn on the device (its `gpu_waiting` gauge), `running` otherwise; None
+/// without any (always, in a build without the `gpu` feature).
 fn gpu_state(plan: &dyn ExecutionPlan, state: QueryState) -> Option<String> {
+    #[cfg(feature = "gpu")]
     fn has_gpu(plan: &dyn ExecutionPlan) -> bool {
-        plan.name().starts_with("Gpu") || plan.children().iter().any(|c| has_gpu(c.as_ref()))
+        cirro_gpu::is_gpu_operator(plan) || plan.children().iter().any(|c| has_gpu(c.as_ref()))
+    }
+    #[cfg(not(feature = "gpu"))]
+    fn has_gpu(_: &dyn ExecutionPlan) -> bool {
+        false
     }
     if !has_gpu(plan) {
         return None;

@@ -47,7 +47,7 @@ use datafusion::sql::sqlparser::ast::{
 use object_store::path::Path;
 
 use crate::Engine;
-use crate::alter::ident_name;
+use crate::statement::alter::ident_name;
 
 /// Most distinct new keys looked up as literal `IN` lists.
 pub(crate) const IN_LIST_KEYS_MAX: usize = 1000;

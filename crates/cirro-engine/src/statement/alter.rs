@@ -23,22 +23,23 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema};
 use cirro_catalog::TableEntry;
 use cirro_common::{CirroError, Result, SqlState};
-use cirro_storage::CirroTable;
+use cirro_storage::{CirroTable, TableOptions};
 use cirro_storage::options::{ConstraintDef, ConstraintKind};
 use cirro_storage::schema::storage_type;
 use datafusion::common::{Column, DFSchema, TableReference};
 use datafusion::logical_expr::{Expr, ExprSchemable, cast, col, lit};
 use datafusion::prelude::DataFrame;
 use datafusion::sql::sqlparser::ast::{
-    AlterColumnOperation, AlterTable, AlterTableOperation, ColumnOption, DataType as SqlType,
-    Expr as SqlExpr, ExprWithAlias, Ident, ObjectName, RenameTableNameKind, Value,
+    AlterColumnOperation, AlterTable, AlterTableOperation, ColumnDef, ColumnOption,
+    DataType as SqlType, Expr as SqlExpr, ExprWithAlias, Ident, MySQLColumnPosition, ObjectName,
+    RenameTableNameKind, TableConstraint, Value,
 };
 use deltalake::kernel::StructField;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use futures::StreamExt;
 
-use crate::time_travel::location_of;
+use crate::statement::time_travel::location_of;
 use crate::{Engine, Outcome};
 
 /// Where a column of the changed table gets its values.
@@ -111,6 +112,40 @@ pub(crate) fn ident_name(ident: &Ident) -> String {
     }
 }
 
+impl Model {
+    /// The table's columns as they are, before any operation.
+    fn of(table: &CirroTable) -> Model {
+        Model {
+            columns: table
+                .stored_schema()
+                .fields()
+                .iter()
+                .map(|f| NewColumn {
+                    name: f.name().clone(),
+                    data_type: f.data_type().clone(),
+                    nullable: f.is_nullable(),
+                    source: Source::Old(f.name().clone()),
+                })
+                .collect(),
+            rewrite: false,
+            check_not_null: Vec::new(),
+            operations: Vec::new(),
+            notices: Vec::new(),
+            cluster_by: table.options().cluster_by.clone(),
+            distribution: table
+                .options()
+                .distribution
+                .as_ref()
+                .map(|d| d.columns.clone())
+                .unwrap_or_default(),
+            renamed: Vec::new(),
+            dropped: Vec::new(),
+            constraints: table.options().constraints.clone(),
+            added_constraints: Vec::new(),
+        }
+    }
+}
+
 pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<Outcome> {
     let reference = object_reference(&alter.name)?;
     let (db, schema, name) = engine.resolve(&reference);
@@ -136,10 +171,10 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     engine.check_owner(&db, &schema, &name, "ALTER it")?;
     let relation = (db.clone(), schema.clone(), name.clone());
     if let [AlterTableOperation::RenameTable { table_name }] = alter.operations.as_slice() {
-        let views = crate::views::dependents(&snapshot, &relation);
+        let views = crate::statement::views::dependents(&snapshot, &relation);
         if !views.is_empty() {
             // A view keeps its query's text: it would lose the table.
-            return Err(crate::views::objects_depend(
+            return Err(crate::statement::views::objects_depend(
                 &format!("rename table {name}"),
                 &format!("table {name}"),
                 &views,
@@ -155,34 +190,7 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     }
     let location = location_of(engine, &db, &schema, &name)?;
     let table = engine.table_to_alter(&location).await?;
-    let mut model = Model {
-        columns: table
-            .stored_schema()
-            .fields()
-            .iter()
-            .map(|f| NewColumn {
-                name: f.name().clone(),
-                data_type: f.data_type().clone(),
-                nullable: f.is_nullable(),
-                source: Source::Old(f.name().clone()),
-            })
-            .collect(),
-        rewrite: false,
-        check_not_null: Vec::new(),
-        operations: Vec::new(),
-        notices: Vec::new(),
-        cluster_by: table.options().cluster_by.clone(),
-        distribution: table
-            .options()
-            .distribution
-            .as_ref()
-            .map(|d| d.columns.clone())
-            .unwrap_or_default(),
-        renamed: Vec::new(),
-        dropped: Vec::new(),
-        constraints: table.options().constraints.clone(),
-        added_constraints: Vec::new(),
-    };
+    let mut model = Model::of(&table);
     for operation in &alter.operations {
         apply(engine, &mut model, operation, &name)?;
     }
@@ -195,24 +203,7 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
     for column in &model.check_not_null {
         check_no_nulls(&frame, &model, column, &name).await?;
     }
-    if !model.added_constraints.is_empty() {
-        if model.rewrite {
-            return Err(CirroError::unsupported(
-                "ADD CONSTRAINT cannot be combined with dropping, renaming or retyping columns: use two ALTER TABLE statements",
-            ));
-        }
-        let schema = Schema::new(
-            model
-                .columns
-                .iter()
-                .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
-                .collect::<Vec<_>>(),
-        );
-        crate::constraints::validate(engine, &name, &schema, &model.added_constraints)?;
-        for def in &model.added_constraints {
-            crate::constraints::validate_rows(&frame, &name, def).await?;
-        }
-    }
+    check_added_constraints(engine, &frame, &model, &name).await?;
     let new_schema = Schema::new(
         model
             .columns
@@ -220,25 +211,7 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
             .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
             .collect::<Vec<_>>(),
     );
-    let mut options = table.options().clone();
-    options.cluster_by = model.cluster_by.clone();
-    options.constraints = model.constraints.clone();
-    follow_columns(&mut options, &model);
-    if let Some(old) = &options.distribution {
-        // The key's columns must still have types with a stable hash.
-        let checked = cirro_storage::options::Distribution::new(
-            model.distribution.clone(),
-            old.buckets as i64,
-            &new_schema,
-        )?;
-        // Rewritten rows are placed by this build's hash; kept files keep theirs.
-        let hash = if model.rewrite {
-            checked.hash.clone()
-        } else {
-            old.hash.clone()
-        };
-        options.distribution = Some(cirro_storage::options::Distribution { hash, ..checked });
-    }
+    let options = new_options(&table, &model, &new_schema)?;
     let operation = delta_operation(&model, &table, &new_schema)?;
     let rows = if model.rewrite {
         let exprs = model
@@ -263,6 +236,61 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
         )
         .await?;
     Ok(notice_outcome(model.notices))
+}
+
+/// The constraints the statement adds, checked against the new columns
+/// and the table's rows.
+async fn check_added_constraints(
+    engine: &Engine,
+    frame: &DataFrame,
+    model: &Model,
+    name: &str,
+) -> Result<()> {
+    if model.added_constraints.is_empty() {
+        return Ok(());
+    }
+    if model.rewrite {
+        return Err(CirroError::unsupported(
+            "ADD CONSTRAINT cannot be combined with dropping, renaming or retyping columns: use two ALTER TABLE statements",
+        ));
+    }
+    let schema = Schema::new(
+        model
+            .columns
+            .iter()
+            .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
+            .collect::<Vec<_>>(),
+    );
+    crate::statement::constraints::validate(engine, name, &schema, &model.added_constraints)?;
+    for def in &model.added_constraints {
+        crate::statement::constraints::validate_rows(frame, name, def).await?;
+    }
+    Ok(())
+}
+
+/// The table's options after the statement: clustering, constraints,
+/// indexes and distribution following the columns.
+fn new_options(table: &CirroTable, model: &Model, new_schema: &Schema) -> Result<TableOptions> {
+    let mut options = table.options().clone();
+    options.cluster_by = model.cluster_by.clone();
+    options.constraints = model.constraints.clone();
+    follow_columns(&mut options, model);
+    if let Some(old) = &options.distribution {
+        // The key's columns must still have types with a stable hash.
+        let checked = cirro_storage::options::Distribution::new(
+            model.distribution.clone(),
+            old.buckets as i64,
+            new_schema,
+        )?;
+        // Rewritten rows are placed by this build's hash; kept files keep theirs.
+        let hash = if model.rewrite {
+            checked.hash.clone()
+        } else {
+            old.hash.clone()
+        };
+        options.distribution = Some(cirro_storage::options::Distribution { hash, ..checked });
+    }
+    Ok(options)
 }
 
 /// Indexes and constraints after the statement's column changes, as in
@@ -305,7 +333,7 @@ fn follow_columns(options: &mut cirro_storage::TableOptions, model: &Model) {
 }
 
 fn parse_sql_expr(sql: &str) -> Option<SqlExpr> {
-    crate::constraints::parse_check(sql).ok()
+    crate::statement::constraints::parse_check(sql).ok()
 }
 
 /// `sql` (an expression) with column `old` named `new`.
@@ -381,248 +409,293 @@ fn apply(
             column_def,
             column_position,
             ..
-        } => {
-            if column_position.is_some() {
-                return Err(CirroError::unsupported(
-                    "FIRST/AFTER column positions are not supported: new columns go last",
-                ));
-            }
-            let name = ident_name(&column_def.name);
-            if model.position(&name).is_some() {
-                if *if_not_exists {
-                    model.notices.push(format!(
-                        "column \"{name}\" of relation \"{table}\" already exists, skipping"
-                    ));
-                    return Ok(());
-                }
-                return Err(CirroError::new(
-                    SqlState::DUPLICATE_COLUMN,
-                    format!("column \"{name}\" of relation \"{table}\" already exists"),
-                ));
-            }
-            let mut nullable = true;
-            for option in &column_def.options {
-                match &option.option {
-                    ColumnOption::Null => nullable = true,
-                    ColumnOption::NotNull => nullable = false,
-                    ColumnOption::Default(_) => {
-                        // Refused, as in CREATE TABLE: an ignored DEFAULT would store NULLs.
-                        return Err(CirroError::unsupported(format!(
-                            "column defaults are not supported yet (DEFAULT on \"{name}\")"
-                        )));
-                    }
-                    other => {
-                        return Err(CirroError::unsupported(format!(
-                            "ADD COLUMN … {other} is not supported"
-                        )));
-                    }
-                }
-            }
-            let data_type = sql_type(engine, &name, &column_def.data_type)?;
-            if !nullable {
-                // PostgreSQL allows it on an empty table only: check no row exists.
-                model.check_not_null.push(name.clone());
-            }
-            model.columns.push(NewColumn {
-                name: name.clone(),
-                data_type,
-                nullable,
-                source: Source::Added,
-            });
-            model.operations.push(format!("ADD COLUMN {name}"));
-        }
+        } => add_column(engine, model, *if_not_exists, column_def, column_position.as_ref(), table),
         AlterTableOperation::DropColumn {
             column_names,
             if_exists,
             ..
-        } => {
-            for ident in column_names {
-                let name = ident_name(ident);
-                let Some(index) = model.position(&name) else {
-                    if *if_exists {
-                        model.notices.push(format!(
-                            "column \"{name}\" of relation \"{table}\" does not exist, skipping"
-                        ));
-                        continue;
-                    }
-                    return Err(undefined_column(&name, table));
-                };
-                if model.columns.len() == 1 {
-                    return Err(CirroError::unsupported(format!(
-                        "cannot drop column \"{name}\": it is the only column of \"{table}\", and tables need one"
-                    )));
-                }
-                if model.distribution.contains(&name) {
-                    return Err(CirroError::new(
-                        SqlState::DEPENDENT_OBJECTS_STILL_EXIST,
-                        format!(
-                            "cannot drop column \"{name}\" of \"{table}\": the table is distributed by it"
-                        ),
-                    ));
-                }
-                model.columns.remove(index);
-                model.cluster_by.retain(|c| c != &name);
-                model.dropped.push(name.clone());
-                model.rewrite = true;
-                model.operations.push(format!("DROP COLUMN {name}"));
-            }
-        }
+        } => drop_columns(model, column_names, *if_exists, table),
         AlterTableOperation::RenameColumn {
             old_column_name,
             new_column_name,
-        } => {
-            let old = ident_name(old_column_name);
-            let new = ident_name(new_column_name);
-            let index = model.column(&old, table)?;
-            if old == new {
-                return Ok(());
-            }
-            if model.position(&new).is_some() {
-                return Err(CirroError::new(
-                    SqlState::DUPLICATE_COLUMN,
-                    format!("column \"{new}\" of relation \"{table}\" already exists"),
-                ));
-            }
-            model.columns[index].name = new.clone();
-            model.renamed.push((old.clone(), new.clone()));
-            for key in model.cluster_by.iter_mut().chain(&mut model.distribution) {
-                if *key == old {
-                    *key = new.clone();
-                }
-            }
-            model.rewrite = true;
-            model
-                .operations
-                .push(format!("RENAME COLUMN {old} TO {new}"));
-        }
-        AlterTableOperation::AlterColumn { column_name, op } => {
-            let name = ident_name(column_name);
-            let index = model.column(&name, table)?;
-            match op {
-                AlterColumnOperation::SetNotNull => {
-                    if model.columns[index].nullable {
-                        model.columns[index].nullable = false;
-                        model.check_not_null.push(name.clone());
-                        model.operations.push(format!("SET NOT NULL {name}"));
-                    }
-                }
-                AlterColumnOperation::DropNotNull => {
-                    if !model.columns[index].nullable {
-                        model.columns[index].nullable = true;
-                        model.operations.push(format!("DROP NOT NULL {name}"));
-                    }
-                }
-                AlterColumnOperation::SetDataType {
-                    data_type, using, ..
-                } => {
-                    let new_type = sql_type(engine, &name, data_type)?;
-                    let column = &mut model.columns[index];
-                    if let Some(using) = using {
-                        if !matches!(column.source, Source::Old(_)) {
-                            return Err(CirroError::unsupported(format!(
-                                "USING on column \"{name}\", which this statement already changed"
-                            )));
-                        }
-                        column.source = Source::Using(Box::new(using.clone()));
-                    } else if new_type == column.data_type {
-                        return Ok(());
-                    }
-                    column.data_type = new_type;
-                    model.rewrite = true;
-                    model
-                        .operations
-                        .push(format!("ALTER COLUMN {name} TYPE {data_type}"));
-                }
-                other => {
-                    return Err(CirroError::unsupported(format!(
-                        "ALTER COLUMN … {other} is not supported"
-                    )));
-                }
-            }
-        }
-        AlterTableOperation::RenameTable { .. } => {
-            return Err(CirroError::new(
-                SqlState::SYNTAX_ERROR,
-                "RENAME TO cannot be combined with other ALTER TABLE operations",
-            ));
-        }
+        } => rename_column(model, old_column_name, new_column_name, table),
+        AlterTableOperation::AlterColumn { column_name, op } => alter_column(engine, model, column_name, op, table),
+        AlterTableOperation::RenameTable { .. } => Err(CirroError::new(
+            SqlState::SYNTAX_ERROR,
+            "RENAME TO cannot be combined with other ALTER TABLE operations",
+        )),
         AlterTableOperation::AddConstraint {
             constraint,
             not_valid,
-        } => {
-            let Some((given, kind, check_column)) =
-                crate::constraints::from_table_constraint(constraint)?
-            else {
-                return Err(CirroError::unsupported(format!(
-                    "ALTER TABLE … ADD {constraint} is not supported"
-                )));
-            };
-            if *not_valid {
-                return Err(CirroError::unsupported(
-                    "NOT VALID constraints are not supported: existing rows are always checked",
-                ));
-            }
-            if let ConstraintKind::PrimaryKey(columns) = &kind {
-                if model
-                    .constraints
-                    .iter()
-                    .any(|c| matches!(c.kind, ConstraintKind::PrimaryKey(_)))
-                {
-                    return Err(CirroError::new(
-                        SqlState::INVALID_TABLE_DEFINITION,
-                        format!("multiple primary keys for table \"{table}\" are not allowed"),
-                    ));
-                }
-                // A primary key's columns become NOT NULL (checked below).
-                for column in columns {
-                    let index = model.column(column, table)?;
-                    if model.columns[index].nullable {
-                        model.columns[index].nullable = false;
-                        model.check_not_null.push(column.clone());
-                    }
-                }
-            }
-            let taken: Vec<String> = model.constraints.iter().map(|c| c.name.clone()).collect();
-            let name = crate::constraints::constraint_name(
-                table,
-                given,
-                &kind,
-                check_column.as_deref(),
-                &taken,
-            )?;
-            let def = ConstraintDef { name, kind };
-            model
-                .operations
-                .push(format!("ADD CONSTRAINT {}", def.name));
-            model.constraints.push(def.clone());
-            model.added_constraints.push(def);
-        }
+        } => add_constraint(model, constraint, *not_valid, table),
         AlterTableOperation::DropConstraint {
             if_exists, name, ..
-        } => {
-            let name = ident_name(name);
-            let before = model.constraints.len();
-            model.constraints.retain(|c| c.name != name);
-            if model.constraints.len() == before {
-                if *if_exists {
-                    model.notices.push(format!(
-                        "constraint \"{name}\" of relation \"{table}\" does not exist, skipping"
-                    ));
-                    return Ok(());
-                }
-                return Err(CirroError::new(
-                    SqlState::UNDEFINED_OBJECT,
-                    format!("constraint \"{name}\" of relation \"{table}\" does not exist"),
-                ));
+        } => drop_constraint(model, *if_exists, name, table),
+        other => Err(CirroError::unsupported(format!(
+            "ALTER TABLE … {other} is not supported"
+        ))),
+    }
+}
+
+/// ADD COLUMN.
+fn add_column(
+    engine: &Engine,
+    model: &mut Model,
+    if_not_exists: bool, column_def: &ColumnDef, column_position: Option<&MySQLColumnPosition>,
+    table: &str,
+) -> Result<()> {
+    if column_position.is_some() {
+        return Err(CirroError::unsupported(
+            "FIRST/AFTER column positions are not supported: new columns go last",
+        ));
+    }
+    let name = ident_name(&column_def.name);
+    if model.position(&name).is_some() {
+        if if_not_exists {
+            model.notices.push(format!(
+                "column \"{name}\" of relation \"{table}\" already exists, skipping"
+            ));
+            return Ok(());
+        }
+        return Err(CirroError::new(
+            SqlState::DUPLICATE_COLUMN,
+            format!("column \"{name}\" of relation \"{table}\" already exists"),
+        ));
+    }
+    let mut nullable = true;
+    for option in &column_def.options {
+        match &option.option {
+            ColumnOption::Null => nullable = true,
+            ColumnOption::NotNull => nullable = false,
+            ColumnOption::Default(_) => {
+                // Refused, as in CREATE TABLE: an ignored DEFAULT would store NULLs.
+                return Err(CirroError::unsupported(format!(
+                    "column defaults are not supported yet (DEFAULT on \"{name}\")"
+                )));
             }
-            model.operations.push(format!("DROP CONSTRAINT {name}"));
+            other => {
+                return Err(CirroError::unsupported(format!(
+                    "ADD COLUMN … {other} is not supported"
+                )));
+            }
+        }
+    }
+    let data_type = sql_type(engine, &name, &column_def.data_type)?;
+    if !nullable {
+        // PostgreSQL allows it on an empty table only: check no row exists.
+        model.check_not_null.push(name.clone());
+    }
+    model.columns.push(NewColumn {
+        name: name.clone(),
+        data_type,
+        nullable,
+        source: Source::Added,
+    });
+    model.operations.push(format!("ADD COLUMN {name}"));
+    Ok(())
+}
+
+/// DROP COLUMN.
+fn drop_columns(
+    model: &mut Model,
+    column_names: &[Ident], if_exists: bool,
+    table: &str,
+) -> Result<()> {
+    for ident in column_names {
+        let name = ident_name(ident);
+        let Some(index) = model.position(&name) else {
+            if if_exists {
+                model.notices.push(format!(
+                    "column \"{name}\" of relation \"{table}\" does not exist, skipping"
+                ));
+                continue;
+            }
+            return Err(undefined_column(&name, table));
+        };
+        if model.columns.len() == 1 {
+            return Err(CirroError::unsupported(format!(
+                "cannot drop column \"{name}\": it is the only column of \"{table}\", and tables need one"
+            )));
+        }
+        if model.distribution.contains(&name) {
+            return Err(CirroError::new(
+                SqlState::DEPENDENT_OBJECTS_STILL_EXIST,
+                format!(
+                    "cannot drop column \"{name}\" of \"{table}\": the table is distributed by it"
+                ),
+            ));
+        }
+        model.columns.remove(index);
+        model.cluster_by.retain(|c| c != &name);
+        model.dropped.push(name.clone());
+        model.rewrite = true;
+        model.operations.push(format!("DROP COLUMN {name}"));
+    }
+    Ok(())
+}
+
+/// RENAME COLUMN.
+fn rename_column(
+    model: &mut Model,
+    old_column_name: &Ident, new_column_name: &Ident,
+    table: &str,
+) -> Result<()> {
+    let old = ident_name(old_column_name);
+    let new = ident_name(new_column_name);
+    let index = model.column(&old, table)?;
+    if old == new {
+        return Ok(());
+    }
+    if model.position(&new).is_some() {
+        return Err(CirroError::new(
+            SqlState::DUPLICATE_COLUMN,
+            format!("column \"{new}\" of relation \"{table}\" already exists"),
+        ));
+    }
+    model.columns[index].name = new.clone();
+    model.renamed.push((old.clone(), new.clone()));
+    for key in model.cluster_by.iter_mut().chain(&mut model.distribution) {
+        if *key == old {
+            *key = new.clone();
+        }
+    }
+    model.rewrite = true;
+    model
+        .operations
+        .push(format!("RENAME COLUMN {old} TO {new}"));
+    Ok(())
+}
+
+/// ALTER COLUMN … SET/DROP NOT NULL, TYPE.
+fn alter_column(
+    engine: &Engine,
+    model: &mut Model,
+    column_name: &Ident, op: &AlterColumnOperation,
+    table: &str,
+) -> Result<()> {
+    let name = ident_name(column_name);
+    let index = model.column(&name, table)?;
+    match op {
+        AlterColumnOperation::SetNotNull => {
+            if model.columns[index].nullable {
+                model.columns[index].nullable = false;
+                model.check_not_null.push(name.clone());
+                model.operations.push(format!("SET NOT NULL {name}"));
+            }
+        }
+        AlterColumnOperation::DropNotNull => {
+            if !model.columns[index].nullable {
+                model.columns[index].nullable = true;
+                model.operations.push(format!("DROP NOT NULL {name}"));
+            }
+        }
+        AlterColumnOperation::SetDataType {
+            data_type, using, ..
+        } => {
+            let new_type = sql_type(engine, &name, data_type)?;
+            let column = &mut model.columns[index];
+            if let Some(using) = using {
+                if !matches!(column.source, Source::Old(_)) {
+                    return Err(CirroError::unsupported(format!(
+                        "USING on column \"{name}\", which this statement already changed"
+                    )));
+                }
+                column.source = Source::Using(Box::new(using.clone()));
+            } else if new_type == column.data_type {
+                return Ok(());
+            }
+            column.data_type = new_type;
+            model.rewrite = true;
+            model
+                .operations
+                .push(format!("ALTER COLUMN {name} TYPE {data_type}"));
         }
         other => {
             return Err(CirroError::unsupported(format!(
-                "ALTER TABLE … {other} is not supported"
+                "ALTER COLUMN … {other} is not supported"
             )));
         }
     }
+    Ok(())
+}
+
+/// ADD CONSTRAINT.
+fn add_constraint(
+    model: &mut Model,
+    constraint: &TableConstraint, not_valid: bool,
+    table: &str,
+) -> Result<()> {
+    let Some((given, kind, check_column)) =
+        crate::statement::constraints::from_table_constraint(constraint)?
+    else {
+        return Err(CirroError::unsupported(format!(
+            "ALTER TABLE … ADD {constraint} is not supported"
+        )));
+    };
+    if not_valid {
+        return Err(CirroError::unsupported(
+            "NOT VALID constraints are not supported: existing rows are always checked",
+        ));
+    }
+    if let ConstraintKind::PrimaryKey(columns) = &kind {
+        if model
+            .constraints
+            .iter()
+            .any(|c| matches!(c.kind, ConstraintKind::PrimaryKey(_)))
+        {
+            return Err(CirroError::new(
+                SqlState::INVALID_TABLE_DEFINITION,
+                format!("multiple primary keys for table \"{table}\" are not allowed"),
+            ));
+        }
+        // A primary key's columns become NOT NULL (checked below).
+        for column in columns {
+            let index = model.column(column, table)?;
+            if model.columns[index].nullable {
+                model.columns[index].nullable = false;
+                model.check_not_null.push(column.clone());
+            }
+        }
+    }
+    let taken: Vec<String> = model.constraints.iter().map(|c| c.name.clone()).collect();
+    let name = crate::statement::constraints::constraint_name(
+        table,
+        given,
+        &kind,
+        check_column.as_deref(),
+        &taken,
+    )?;
+    let def = ConstraintDef { name, kind };
+    model
+        .operations
+        .push(format!("ADD CONSTRAINT {}", def.name));
+    model.constraints.push(def.clone());
+    model.added_constraints.push(def);
+    Ok(())
+}
+
+/// DROP CONSTRAINT.
+fn drop_constraint(
+    model: &mut Model,
+    if_exists: bool, name: &Ident,
+    table: &str,
+) -> Result<()> {
+    let name = ident_name(name);
+    let before = model.constraints.len();
+    model.constraints.retain(|c| c.name != name);
+    if model.constraints.len() == before {
+        if if_exists {
+            model.notices.push(format!(
+                "constraint \"{name}\" of relation \"{table}\" does not exist, skipping"
+            ));
+            return Ok(());
+        }
+        return Err(CirroError::new(
+            SqlState::UNDEFINED_OBJECT,
+            format!("constraint \"{name}\" of relation \"{table}\" does not exist"),
+        ));
+    }
+    model.operations.push(format!("DROP CONSTRAINT {name}"));
     Ok(())
 }
 
@@ -757,7 +830,7 @@ async fn check_dependent_views(
     engine: &Engine,
     operations: &[AlterTableOperation],
     model: &Model,
-    relation: &crate::views::Relation,
+    relation: &crate::statement::views::Relation,
 ) -> Result<()> {
     let mut affected: Vec<String> = model.dropped.clone();
     affected.extend(model.renamed.iter().map(|(old, _)| old.clone()));
@@ -774,7 +847,7 @@ async fn check_dependent_views(
         return Ok(());
     }
     let snapshot = engine.snapshot();
-    let views = crate::views::column_dependents(&snapshot, relation, &affected);
+    let views = crate::statement::views::column_dependents(&snapshot, relation, &affected);
     if views.is_empty() {
         return Ok(());
     }
@@ -795,7 +868,7 @@ async fn check_dependent_views(
         } else {
             "alter"
         };
-        return Err(crate::views::objects_depend(
+        return Err(crate::statement::views::objects_depend(
             &format!("{verb} column {column} of table {table}"),
             &format!("column {column} of table {table}"),
             &views,
@@ -803,15 +876,15 @@ async fn check_dependent_views(
     }
     engine
         .commit_catalog(|state| {
-            let all: Vec<_> = crate::views::column_dependents(state, relation, &affected)
+            let all: Vec<_> = crate::statement::views::column_dependents(state, relation, &affected)
                 .iter()
                 .flat_map(|v| {
-                    let mut closure = crate::views::dependents_closure(state, v);
+                    let mut closure = crate::statement::views::dependents_closure(state, v);
                     closure.push(v.clone());
                     closure
                 })
                 .collect();
-            crate::views::remove_views(state, &all);
+            crate::statement::views::remove_views(state, &all);
             Ok(())
         })
         .await?;

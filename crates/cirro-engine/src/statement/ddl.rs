@@ -11,8 +11,9 @@ use cirro_storage::write::write_stream;
 use cirro_storage::{CirroTable, TableOptions};
 use datafusion::common::SchemaReference;
 use datafusion::common::TableReference;
-use datafusion::logical_expr::{CreateMemoryTable, LogicalPlan};
-use datafusion::sql::sqlparser::ast::ObjectName;
+use datafusion::logical_expr::{CreateMemoryTable, DdlStatement, LogicalPlan};
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{CreateTableOptions, ObjectName, ObjectType, Statement as SqlStatement};
 use deltalake::protocol::SaveMode;
 use futures::StreamExt;
 
@@ -76,7 +77,7 @@ pub(crate) async fn create_table(
         .collect();
     let table_schema = Schema::new(columns);
     let mut options = TableOptions::from_sql(options, &table_schema)?;
-    crate::constraints::validate(engine, &name, &table_schema, &constraints)?;
+    crate::statement::constraints::validate(engine, &name, &table_schema, &constraints)?;
     if is_query && !constraints.is_empty() {
         return Err(CirroError::unsupported(
             "constraints in CREATE TABLE … AS are not supported: create the table, then INSERT … SELECT",
@@ -228,18 +229,18 @@ pub(crate) async fn drop_table(
             removed = None;
             let relation = (db.clone(), schema.clone(), table.clone());
             cascaded = if state.table(&db, &schema, &table).is_some() {
-                crate::views::dependents_closure(state, &relation)
+                crate::statement::views::dependents_closure(state, &relation)
             } else {
                 Vec::new()
             };
             if !cascaded.is_empty() && !cascade {
-                return Err(crate::views::objects_depend(
+                return Err(crate::statement::views::objects_depend(
                     &format!("drop table {table}"),
                     &format!("table {table}"),
-                    &crate::views::dependents(state, &relation),
+                    &crate::statement::views::dependents(state, &relation),
                 ));
             }
-            crate::views::remove_views(state, &cascaded);
+            crate::statement::views::remove_views(state, &cascaded);
             let target = match state.schema_mut(&db, &schema) {
                 Ok(target) => target,
                 Err(_) if if_exists => return Ok(()),
@@ -264,7 +265,7 @@ pub(crate) async fn drop_table(
     match removed {
         Some(entry) => {
             engine.remove_table_dir(&entry.location).await;
-            Ok(match crate::views::cascade_notice(&cascaded) {
+            Ok(match crate::statement::views::cascade_notice(&cascaded) {
                 Some(notice) => Outcome::with_notice("DROP TABLE", notice),
                 None => Outcome::command("DROP TABLE"),
             })
@@ -529,94 +530,162 @@ pub(crate) async fn open_named_table(
     reference: &TableReference,
 ) -> Result<(String, CirroTable)> {
     let (db, schema, name) = engine.resolve(reference);
-    let location = crate::time_travel::location_of(engine, &db, &schema, &name)?;
+    let location = crate::statement::time_travel::location_of(engine, &db, &schema, &name)?;
     let table = engine.catalog().open_table(&location).await?;
     Ok((name, table))
 }
 
-/// The columns DESCRIBE returns (DataFusion's).
-pub(crate) fn describe_schema() -> arrow::datatypes::SchemaRef {
-    use arrow::datatypes::DataType;
-    Arc::new(Schema::new(vec![
-        Field::new("column_name", DataType::Utf8, false),
-        Field::new("data_type", DataType::Utf8, false),
-        Field::new("is_nullable", DataType::Utf8, false),
-    ]))
+/// 25001 for what PostgreSQL does not run inside a transaction block.
+fn refuse_in_transaction(engine: &Engine, what: &str) -> Result<()> {
+    if engine.in_transaction() {
+        return Err(CirroError::new(
+            SqlState::ACTIVE_SQL_TRANSACTION,
+            format!("{what} cannot run inside a transaction block"),
+        ));
+    }
+    Ok(())
 }
 
-/// The columns SHOW CREATE TABLE returns.
-pub(crate) fn show_create_schema() -> arrow::datatypes::SchemaRef {
-    use arrow::datatypes::DataType;
-    Arc::new(Schema::new(vec![
-        Field::new("table_name", DataType::Utf8, false),
-        Field::new("definition", DataType::Utf8, false),
-    ]))
+/// `CREATE DATABASE name [IF NOT EXISTS]` (superusers, outside a transaction).
+pub(crate) async fn create_database_sql(
+    engine: &Engine,
+    name: &ObjectName,
+    if_not_exists: bool,
+) -> Result<Outcome> {
+    refuse_in_transaction(engine, "CREATE DATABASE")?;
+    engine.require_superuser("CREATE DATABASE")?;
+    create_database(engine, &name.to_string(), if_not_exists).await
 }
 
-/// `SHOW CREATE TABLE name`: one row (`table_name`, `definition`) with the
-/// statements that make the table as it is: CREATE TABLE with its columns,
-/// constraints, options and distribution, then its CREATE INDEX statements.
-pub(crate) async fn show_create_table(engine: &Engine, name: &ObjectName) -> Result<Outcome> {
-    let reference = datafusion::sql::planner::object_name_to_table_reference(name.clone(), true)?;
-    let (name, table) = open_named_table(engine, &reference).await?;
-    let definition = create_table_text(&name, &table);
-    let batch = arrow::array::RecordBatch::try_new(
-        show_create_schema(),
-        vec![
-            Arc::new(arrow::array::StringArray::from(vec![name])),
-            Arc::new(arrow::array::StringArray::from(vec![definition])),
-        ],
-    )?;
-    engine.batch_rows(batch).await
+/// `CREATE SCHEMA` (superusers), as DataFusion names the schema.
+pub(crate) async fn create_schema_sql(
+    engine: &Engine,
+    statement: &cirro_sql::Statement,
+) -> Result<Outcome> {
+    match planned(engine, statement).await? {
+        LogicalPlan::Ddl(DdlStatement::CreateCatalogSchema(cmd)) => {
+            engine.require_superuser("CREATE SCHEMA")?;
+            create_schema(engine, &cmd.schema_name, cmd.if_not_exists).await
+        }
+        _ => Err(CirroError::internal("CREATE SCHEMA planned as something else")),
+    }
 }
 
-/// The statements that create `table` as `name` (see [`show_create_table`]).
-pub(crate) fn create_table_text(name: &str, table: &CirroTable) -> String {
-    use cirro_storage::bucket::quote_ident;
-    let options = table.options();
-    let mut lines: Vec<String> = table
-        .stored_schema()
-        .fields()
-        .iter()
-        .map(|f| {
-            format!(
-                "    {} {}{}",
-                quote_ident(f.name()),
-                cirro_storage::schema::sql_type_name(f.data_type()),
-                if f.is_nullable() { "" } else { " NOT NULL" }
+/// DataFusion's plan of a DDL statement, privileges checked.
+async fn planned(engine: &Engine, statement: &cirro_sql::Statement) -> Result<LogicalPlan> {
+    let Some(statement) = statement.to_datafusion() else {
+        return Err(CirroError::internal("a statement DataFusion does not plan"));
+    };
+    let plan = engine.plan(statement).await?;
+    engine.check_plan(&plan)?;
+    Ok(plan)
+}
+
+/// `DROP kind names`: databases, tables, views and indexes as Cirro drops
+/// them; schemas (and what DataFusion refuses) as DataFusion plans them.
+pub(crate) async fn drop_objects(engine: &Engine, drop: &cirro_sql::Drop) -> Result<Outcome> {
+    match drop.object_type {
+        ObjectType::Database => {
+            refuse_in_transaction(engine, "DROP DATABASE")?;
+            engine.require_superuser("DROP DATABASE")?;
+            drop_database(engine, &drop.names, drop.if_exists, drop.cascade).await
+        }
+        ObjectType::Table | ObjectType::View => {
+            drop_relations(
+                engine,
+                drop.object_type == ObjectType::View,
+                &drop.names,
+                drop.if_exists,
+                drop.cascade,
             )
-        })
-        .collect();
-    lines.extend(
-        options
-            .constraints
-            .iter()
-            .map(|c| format!("    CONSTRAINT {} {}", quote_ident(&c.name), c.definition())),
-    );
-    let mut text = format!(
-        "CREATE TABLE {} (\n{}\n)",
-        quote_ident(name),
-        lines.join(",\n")
-    );
-    let mut with = Vec::new();
-    if let Some(codec) = &options.compression {
-        with.push(format!("compression = '{codec}'"));
+            .await
+        }
+        ObjectType::Index => {
+            crate::statement::indexes::drop_index(engine, &drop.names, drop.if_exists).await
+        }
+        _ => {
+            let statement = cirro_sql::Statement::Drop(drop.clone());
+            match planned(engine, &statement).await? {
+                LogicalPlan::Ddl(DdlStatement::DropCatalogSchema(cmd)) => {
+                    engine.require_superuser("DROP SCHEMA")?;
+                    drop_schema(engine, &cmd.name, cmd.if_exists, cmd.cascade).await
+                }
+                other => Err(CirroError::unsupported(format!(
+                    "{} is not supported",
+                    other.display()
+                ))),
+            }
+        }
     }
-    if let Some(rows) = options.row_group_rows {
-        with.push(format!("row_group_rows = {rows}"));
+}
+
+/// `DROP TABLE|VIEW names [CASCADE]`, one relation after the other; the
+/// notices of all of them.
+async fn drop_relations(
+    engine: &Engine,
+    views: bool,
+    names: &[datafusion::sql::sqlparser::ast::ObjectName],
+    if_exists: bool,
+    cascade: bool,
+) -> Result<Outcome> {
+    let mut notices = Vec::new();
+    let tag = if views { "DROP VIEW" } else { "DROP TABLE" };
+    for name in names {
+        let reference =
+            datafusion::sql::planner::object_name_to_table_reference(name.clone(), true)?;
+        let outcome = if views {
+            crate::statement::views::drop_view(engine, &reference, if_exists, cascade).await?
+        } else {
+            let (db, schema, table) = engine.resolve(&reference);
+            engine.check_owner(&db, &schema, &table, "DROP it")?;
+            drop_table(engine, &reference, if_exists, cascade).await?
+        };
+        if let Outcome::Command {
+            notice: Some(notice),
+            ..
+        } = outcome
+        {
+            notices.push(notice);
+        }
     }
-    if !options.cluster_by.is_empty() {
-        with.push(format!("cluster_by = '{}'", options.cluster_by.join(", ")));
+    Ok(if notices.is_empty() {
+        Outcome::command(tag)
+    } else {
+        Outcome::with_notice(tag, notices.join("\n"))
+    })
+}
+
+/// CREATE TABLE: DataFusion refuses WITH (…) and does not enforce
+/// constraints: take both out, plan the rest, and create the table with
+/// them (and its distribution, if it has one).
+pub(crate) async fn create_table_sql(
+    engine: &Engine,
+    create: &datafusion::sql::sqlparser::ast::CreateTable,
+    distributed_by: Option<cirro_sql::DistributedBy>,
+) -> Result<Outcome> {
+    let options = table_options(&create.table_options)?;
+    let mut stripped = create.clone();
+    stripped.table_options = CreateTableOptions::None;
+    let table_name = create
+        .name
+        .0
+        .last()
+        .and_then(|part| part.as_ident())
+        .map(crate::statement::alter::ident_name)
+        .unwrap_or_default();
+    let constraints = crate::statement::constraints::take_from_create(&mut stripped, &table_name)?;
+    let plan = engine
+        .plan(DfStatement::Statement(Box::new(SqlStatement::CreateTable(
+            stripped,
+        ))))
+        .await?;
+    engine.check_plan(&plan)?;
+    match plan {
+        LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
+            create_table(engine, cmd, &options, constraints, distributed_by).await
+        }
+        _ => Err(CirroError::internal(
+            "CREATE TABLE planned as something else",
+        )),
     }
-    if !with.is_empty() {
-        text.push_str(&format!("\nWITH ({})", with.join(", ")));
-    }
-    if let Some(distribution) = &options.distribution {
-        text.push_str(&format!("\n{}", distribution.definition()));
-    }
-    text.push(';');
-    for index in &options.indexes {
-        text.push_str(&format!("\n{};", index.definition(&quote_ident(name))));
-    }
-    text
 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use cirro_catalog::users::{PREDEFINED_ROLES, Privilege, ScramVerifier, UserEntry, undefined_user};
 use cirro_catalog::{Catalog, TableEntry};
 use cirro_common::{CirroError, Result, SqlState};
-use cirro_sql::AccessStatement;
+use cirro_sql::{AccessStatement, UserOptions};
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::TableReference;
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -267,235 +267,259 @@ impl Engine {
 
     pub(crate) async fn execute_access(&self, statement: AccessStatement) -> Result<Outcome> {
         match statement {
-            AccessStatement::CreateUser { name, options } => {
-                self.require_superuser("CREATE USER")?;
-                let password = options.password.ok_or_else(|| {
-                    CirroError::new(
-                        SqlState::INVALID_PARAMETER_VALUE,
-                        format!("CREATE USER {name} needs PASSWORD '…' (users log in with it)"),
-                    )
-                })?;
-                let verifier = ScramVerifier::new(valid_password(&password)?).to_string();
-                let superuser = options.superuser.unwrap_or(false);
-                self.catalog
-                    .commit(|state| {
-                        if state.users.contains_key(&name) {
-                            return Err(CirroError::new(
-                                SqlState::DUPLICATE_OBJECT,
-                                format!("role \"{name}\" already exists"),
-                            ));
-                        }
-                        state.users.insert(
-                            name.clone(),
-                            UserEntry {
-                                verifier: verifier.clone(),
-                                superuser,
-                                created_ms: cirro_catalog::state::now_ms(),
-                                settings: Default::default(),
-                                roles: Default::default(),
-                            },
-                        );
-                        Ok(())
-                    })
-                    .await?;
-                Ok(Outcome::command("CREATE ROLE"))
-            }
-            AccessStatement::AlterUser { name, options } => {
-                let own_password =
-                    self.user.as_deref() == Some(name.as_str()) && options.superuser.is_none();
-                if !own_password {
-                    self.require_superuser("ALTER USER (except a user's own password)")?;
-                }
-                let verifier = match &options.password {
-                    Some(p) => Some(ScramVerifier::new(valid_password(p)?).to_string()),
-                    None => None,
-                };
-                self.catalog
-                    .commit(|state| {
-                        let user = state
-                            .users
-                            .get_mut(&name)
-                            .ok_or_else(|| undefined_user(&name))?;
-                        if let Some(v) = &verifier {
-                            user.verifier = v.clone();
-                        }
-                        if let Some(s) = options.superuser {
-                            user.superuser = s;
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                Ok(Outcome::command("ALTER ROLE"))
-            }
+            AccessStatement::CreateUser { name, options } => self.create_user(name, options).await,
+            AccessStatement::AlterUser { name, options } => self.alter_user(name, options).await,
             AccessStatement::AlterUserSetting {
                 name,
                 setting,
                 value,
-            } => {
-                self.require_superuser("ALTER USER … SET")?;
-                // Checked as SET would check it; kept as given.
-                let checked = match (&setting, &value) {
-                    (Some(setting), Some(value)) => {
-                        let known = crate::settings::setting_name(setting)?;
-                        Some((known, crate::settings::checked_value(known, value.clone())?))
-                    }
-                    (Some(setting), None) => {
-                        crate::settings::setting_name(setting)?;
-                        None
-                    }
-                    (None, _) => None,
-                };
-                self.catalog
-                    .commit(|state| {
-                        let user = state
-                            .users
-                            .get_mut(&name)
-                            .ok_or_else(|| undefined_user(&name))?;
-                        match (&checked, &setting) {
-                            (Some((known, value)), _) => {
-                                user.settings.insert(known.to_string(), value.clone());
-                            }
-                            (None, Some(setting)) => {
-                                user.settings.remove(&setting.to_ascii_lowercase());
-                            }
-                            (None, None) => user.settings.clear(),
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                Ok(Outcome::command("ALTER ROLE"))
-            }
-            AccessStatement::DropUser { names, if_exists } => {
-                self.require_superuser("DROP USER")?;
-                if let Some(me) = &self.user
-                    && names.contains(me)
-                {
-                    return Err(CirroError::new(
-                        SqlState::INSUFFICIENT_PRIVILEGE,
-                        "current user cannot be dropped",
-                    ));
-                }
-                let mut missing = Vec::new();
-                self.catalog
-                    .commit(|state| {
-                        missing.clear();
-                        for name in &names {
-                            if state.users.remove(name).is_none() {
-                                if !if_exists {
-                                    return Err(undefined_user(name));
-                                }
-                                missing.push(name.clone());
-                            }
-                            // Grants go with the user; tables it owns stay
-                            // (superusers can still reach them).
-                            for db in state.databases.values_mut() {
-                                for schema in db.schemas.values_mut() {
-                                    for table in schema.tables.values_mut() {
-                                        table.grants.remove(name);
-                                    }
-                                }
-                            }
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                Ok(match missing.first() {
-                    Some(name) => Outcome::with_notice(
-                        "DROP ROLE",
-                        format!("role \"{name}\" does not exist, skipping"),
-                    ),
-                    None => Outcome::command("DROP ROLE"),
-                })
-            }
+            } => self.alter_user_setting(name, setting, value).await,
+            AccessStatement::DropUser { names, if_exists } => self.drop_users(names, if_exists).await,
             AccessStatement::Grant {
                 privileges,
                 tables,
                 users,
                 revoke,
-            } => {
-                let targets: Vec<_> = tables.iter().map(|t| self.resolve(t)).collect();
-                let what = if revoke { "REVOKE" } else { "GRANT" };
-                for (db, schema, name) in &targets {
-                    self.check_owner(db, schema, name, &format!("{what} on it"))?;
-                }
-                self.catalog
-                    .commit(|state| {
-                        for user in &users {
-                            if !state.users.contains_key(user) {
-                                return Err(undefined_user(user));
-                            }
-                        }
-                        for (db, schema, name) in &targets {
-                            let entry = state
-                                .schema_mut(db, schema)?
-                                .tables
-                                .get_mut(name)
-                                .ok_or_else(|| {
-                                    CirroError::new(
-                                        SqlState::UNDEFINED_TABLE,
-                                        format!("relation \"{name}\" does not exist"),
-                                    )
-                                })?;
-                            for user in &users {
-                                let granted = entry.grants.entry(user.clone()).or_default();
-                                if revoke {
-                                    granted.retain(|p| !privileges.contains(p));
-                                } else {
-                                    granted.extend(privileges.iter().copied());
-                                }
-                                if granted.is_empty() {
-                                    entry.grants.remove(user);
-                                }
-                            }
-                        }
-                        Ok(())
-                    })
-                    .await?;
-                Ok(Outcome::command(what))
-            }
+            } => self.grant(privileges, tables, users, revoke).await,
             AccessStatement::GrantRole {
                 roles,
                 users,
                 revoke,
-            } => {
-                let what = if revoke { "REVOKE" } else { "GRANT" };
-                self.require_superuser(&format!("{what} of a role"))?;
-                for role in &roles {
-                    if !PREDEFINED_ROLES.contains(&role.as_str()) {
-                        return Err(CirroError::new(
-                            SqlState::UNDEFINED_OBJECT,
-                            format!(
-                                "role \"{role}\" does not exist (the roles that can be granted: {})",
-                                PREDEFINED_ROLES.join(", ")
-                            ),
-                        ));
-                    }
+            } => self.grant_role(roles, users, revoke).await,
+        }
+    }
+
+    /// CREATE USER.
+    async fn create_user(&self, name: String, options: UserOptions) -> Result<Outcome> {
+        self.require_superuser("CREATE USER")?;
+        let password = options.password.ok_or_else(|| {
+            CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!("CREATE USER {name} needs PASSWORD '…' (users log in with it)"),
+            )
+        })?;
+        let verifier = ScramVerifier::new(valid_password(&password)?).to_string();
+        let superuser = options.superuser.unwrap_or(false);
+        self.catalog
+            .commit(|state| {
+                if state.users.contains_key(&name) {
+                    return Err(CirroError::new(
+                        SqlState::DUPLICATE_OBJECT,
+                        format!("role \"{name}\" already exists"),
+                    ));
                 }
-                self.catalog
-                    .commit(|state| {
-                        for name in &users {
-                            let user = state
-                                .users
-                                .get_mut(name)
-                                .ok_or_else(|| undefined_user(name))?;
-                            for role in &roles {
-                                if revoke {
-                                    user.roles.remove(role);
-                                } else {
-                                    user.roles.insert(role.clone());
-                                }
+                state.users.insert(
+                    name.clone(),
+                    UserEntry {
+                        verifier: verifier.clone(),
+                        superuser,
+                        created_ms: cirro_catalog::state::now_ms(),
+                        settings: Default::default(),
+                        roles: Default::default(),
+                    },
+                );
+                Ok(())
+            })
+            .await?;
+        Ok(Outcome::command("CREATE ROLE"))
+    }
+
+    /// ALTER USER.
+    async fn alter_user(&self, name: String, options: UserOptions) -> Result<Outcome> {
+        let own_password =
+            self.user.as_deref() == Some(name.as_str()) && options.superuser.is_none();
+        if !own_password {
+            self.require_superuser("ALTER USER (except a user's own password)")?;
+        }
+        let verifier = match &options.password {
+            Some(p) => Some(ScramVerifier::new(valid_password(p)?).to_string()),
+            None => None,
+        };
+        self.catalog
+            .commit(|state| {
+                let user = state
+                    .users
+                    .get_mut(&name)
+                    .ok_or_else(|| undefined_user(&name))?;
+                if let Some(v) = &verifier {
+                    user.verifier = v.clone();
+                }
+                if let Some(s) = options.superuser {
+                    user.superuser = s;
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(Outcome::command("ALTER ROLE"))
+    }
+
+    /// ALTER USER … SET.
+    async fn alter_user_setting(&self, name: String, setting: Option<String>, value: Option<String>) -> Result<Outcome> {
+        self.require_superuser("ALTER USER … SET")?;
+        // Checked as SET would check it; kept as given.
+        let checked = match (&setting, &value) {
+            (Some(setting), Some(value)) => {
+                let known = crate::session::settings::setting_name(setting)?;
+                Some((known, crate::session::settings::checked_value(known, value.clone())?))
+            }
+            (Some(setting), None) => {
+                crate::session::settings::setting_name(setting)?;
+                None
+            }
+            (None, _) => None,
+        };
+        self.catalog
+            .commit(|state| {
+                let user = state
+                    .users
+                    .get_mut(&name)
+                    .ok_or_else(|| undefined_user(&name))?;
+                match (&checked, &setting) {
+                    (Some((known, value)), _) => {
+                        user.settings.insert(known.to_string(), value.clone());
+                    }
+                    (None, Some(setting)) => {
+                        user.settings.remove(&setting.to_ascii_lowercase());
+                    }
+                    (None, None) => user.settings.clear(),
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(Outcome::command("ALTER ROLE"))
+    }
+
+    /// DROP USER.
+    async fn drop_users(&self, names: Vec<String>, if_exists: bool) -> Result<Outcome> {
+        self.require_superuser("DROP USER")?;
+        if let Some(me) = &self.user
+            && names.contains(me)
+        {
+            return Err(CirroError::new(
+                SqlState::INSUFFICIENT_PRIVILEGE,
+                "current user cannot be dropped",
+            ));
+        }
+        let mut missing = Vec::new();
+        self.catalog
+            .commit(|state| {
+                missing.clear();
+                for name in &names {
+                    if state.users.remove(name).is_none() {
+                        if !if_exists {
+                            return Err(undefined_user(name));
+                        }
+                        missing.push(name.clone());
+                    }
+                    // Grants go with the user; tables it owns stay
+                    // (superusers can still reach them).
+                    for db in state.databases.values_mut() {
+                        for schema in db.schemas.values_mut() {
+                            for table in schema.tables.values_mut() {
+                                table.grants.remove(name);
                             }
                         }
-                        Ok(())
-                    })
-                    .await?;
-                Ok(Outcome::command(if revoke {
-                    "REVOKE ROLE"
-                } else {
-                    "GRANT ROLE"
-                }))
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(match missing.first() {
+            Some(name) => Outcome::with_notice(
+                "DROP ROLE",
+                format!("role \"{name}\" does not exist, skipping"),
+            ),
+            None => Outcome::command("DROP ROLE"),
+        })
+    }
+
+    /// GRANT and REVOKE on tables.
+    async fn grant(
+        &self,
+        privileges: std::collections::BTreeSet<Privilege>,
+        tables: Vec<TableReference>,
+        users: Vec<String>,
+        revoke: bool,
+    ) -> Result<Outcome> {
+        let targets: Vec<_> = tables.iter().map(|t| self.resolve(t)).collect();
+        let what = if revoke { "REVOKE" } else { "GRANT" };
+        for (db, schema, name) in &targets {
+            self.check_owner(db, schema, name, &format!("{what} on it"))?;
+        }
+        self.catalog
+            .commit(|state| {
+                for user in &users {
+                    if !state.users.contains_key(user) {
+                        return Err(undefined_user(user));
+                    }
+                }
+                for (db, schema, name) in &targets {
+                    let entry = state
+                        .schema_mut(db, schema)?
+                        .tables
+                        .get_mut(name)
+                        .ok_or_else(|| {
+                            CirroError::new(
+                                SqlState::UNDEFINED_TABLE,
+                                format!("relation \"{name}\" does not exist"),
+                            )
+                        })?;
+                    for user in &users {
+                        let granted = entry.grants.entry(user.clone()).or_default();
+                        if revoke {
+                            granted.retain(|p| !privileges.contains(p));
+                        } else {
+                            granted.extend(privileges.iter().copied());
+                        }
+                        if granted.is_empty() {
+                            entry.grants.remove(user);
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(Outcome::command(what))
+    }
+
+    /// GRANT and REVOKE of roles.
+    async fn grant_role(&self, roles: Vec<String>, users: Vec<String>, revoke: bool) -> Result<Outcome> {
+        let what = if revoke { "REVOKE" } else { "GRANT" };
+        self.require_superuser(&format!("{what} of a role"))?;
+        for role in &roles {
+            if !PREDEFINED_ROLES.contains(&role.as_str()) {
+                return Err(CirroError::new(
+                    SqlState::UNDEFINED_OBJECT,
+                    format!(
+                        "role \"{role}\" does not exist (the roles that can be granted: {})",
+                        PREDEFINED_ROLES.join(", ")
+                    ),
+                ));
             }
         }
+        self.catalog
+            .commit(|state| {
+                for name in &users {
+                    let user = state
+                        .users
+                        .get_mut(name)
+                        .ok_or_else(|| undefined_user(name))?;
+                    for role in &roles {
+                        if revoke {
+                            user.roles.remove(role);
+                        } else {
+                            user.roles.insert(role.clone());
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+        Ok(Outcome::command(if revoke {
+            "REVOKE ROLE"
+        } else {
+            "GRANT ROLE"
+        }))
     }
 }
 

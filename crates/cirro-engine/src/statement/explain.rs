@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use cirro_exec::spill_join::SpillingHashJoinExec;
+use cirro_exec::operators::spill_join::SpillingHashJoinExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, displayable};

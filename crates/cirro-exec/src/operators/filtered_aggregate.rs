@@ -64,7 +64,7 @@ use datafusion::physical_plan::metrics::{
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 
-use crate::run_aggregate::{
+use crate::operators::run_aggregate::{
     AggregateInputs, PartialAggregates, PartialPhase, PartialSpec, PartialStream,
     partial_properties, supported_partial, visit,
 };
@@ -424,7 +424,7 @@ impl PartialPhase for Fused {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run_aggregate::tests::{answer_with, partitions};
+    use crate::operators::run_aggregate::tests::{answer_with, partitions};
     use datafusion::datasource::MemTable;
     use datafusion::prelude::{SessionConfig, SessionContext};
 

@@ -24,11 +24,10 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::error::Result as DfResult;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::{ExecutionPlan, RecordBatchStream, SendableRecordBatchStream};
-use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use futures::Stream;
 
-use crate::activity::{QueryHandle, QueryRecord, QueryState, QueryView};
-use crate::pg_compat::memory_table;
+use crate::system::activity::{QueryHandle, QueryRecord, QueryState, QueryView};
+use crate::system::pg_compat::memory_table;
 use crate::{Engine, Outcome};
 
 /// The record of the statement a session runs now, for [`RecordPlan`].
@@ -75,44 +74,28 @@ const SYSTEM_SCHEMAS: &[&str] = &[
     "information_schema",
 ];
 
-/// Whether `statement` waits for admission: a query, DML, COPY, OPTIMIZE or
-/// ANALYZE that touches a table outside the system schemas.
+/// Whether `statement` waits for admission: a statement that runs work
+/// (see [`CirroStatement::takes_admission`]) and touches a table outside
+/// the system schemas. COPY and maintenance always wait.
 pub(crate) fn needs_admission(engine: &Engine, statement: &CirroStatement) -> bool {
-    match statement {
-        CirroStatement::Copy(_) => true,
-        CirroStatement::Maintenance(m) => !matches!(
-            m,
-            cirro_sql::Maintenance::CancelQuery(_) | cirro_sql::Maintenance::History(_)
-        ),
-        CirroStatement::Sql(inner) => {
-            let runs = match statement.sql() {
-                Some(SqlStatement::Query(_))
-                | Some(SqlStatement::Insert(_))
-                | Some(SqlStatement::Update { .. })
-                | Some(SqlStatement::Delete(_))
-                | Some(SqlStatement::Merge { .. }) => true,
-                Some(SqlStatement::CreateTable(create)) => create.query.is_some(),
-                Some(SqlStatement::Explain { analyze, .. }) => *analyze,
-                _ => false,
-            };
-            if !runs {
-                return false;
-            }
-            let Ok(tables) = engine.context().state().resolve_table_references(inner) else {
-                return true;
-            };
-            tables.iter().any(|t| {
-                let system = match t.schema() {
-                    Some(schema) => SYSTEM_SCHEMAS
-                        .iter()
-                        .any(|s| s.eq_ignore_ascii_case(schema)),
-                    None => t.table().eq_ignore_ascii_case("pg_stat_activity"),
-                };
-                !system
-            })
-        }
-        _ => false,
+    if !statement.takes_admission() {
+        return false;
     }
+    let Some(sql) = statement.to_datafusion() else {
+        return true;
+    };
+    let Ok(tables) = engine.context().state().resolve_table_references(&sql) else {
+        return true;
+    };
+    tables.iter().any(|t| {
+        let system = match t.schema() {
+            Some(schema) => SYSTEM_SCHEMAS
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(schema)),
+            None => t.table().eq_ignore_ascii_case("pg_stat_activity"),
+        };
+        !system
+    })
 }
 
 /// The rows a command's tag reports (`UPDATE 3`, `INSERT 0 5`).

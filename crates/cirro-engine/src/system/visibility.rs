@@ -16,7 +16,7 @@ use std::sync::Arc;
 use cirro_catalog::users::READ_ALL_STATS;
 use cirro_catalog::{Catalog, CatalogState, DEFAULT_SCHEMA, Privilege};
 
-use crate::activity::{BackendInfo, QueryView};
+use crate::system::activity::{BackendInfo, QueryView};
 
 /// What PostgreSQL shows in place of a text the viewer may not see.
 pub const HIDDEN_TEXT: &str = "<insufficient privilege>";
@@ -95,7 +95,7 @@ impl StatementViewer {
             _ => return false,
         };
         if let Some(entry) = state.table(db, schema, table) {
-            return crate::access::user_holds(user, entry, Privilege::Select);
+            return crate::statement::access::user_holds(user, entry, Privilege::Select);
         }
         if let Some(view) = state.view(db, schema, table) {
             return view.owner.as_deref() == Some(user);

@@ -27,9 +27,9 @@ use datafusion::sql::sqlparser::ast::{CreateIndex, Expr as SqlExpr, IndexType, O
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use futures::StreamExt;
 
-use crate::alter::ident_name;
-use crate::constraints::{free_name, validate_rows};
-use crate::time_travel::location_of;
+use crate::statement::alter::ident_name;
+use crate::statement::constraints::{free_name, validate_rows};
+use crate::statement::time_travel::location_of;
 use crate::{Engine, Outcome};
 
 fn reference(name: &ObjectName) -> Result<TableReference> {
@@ -90,7 +90,8 @@ fn taken_names(
     Ok(names)
 }
 
-pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Result<Outcome> {
+/// What Cirro's indexes (sorted keys with bloom filters) do not have.
+fn refuse_unsupported(create: &CreateIndex) -> Result<()> {
     if !create.include.is_empty() {
         return Err(CirroError::unsupported(
             "INCLUDE columns are not supported: an index holds its key columns only",
@@ -116,18 +117,11 @@ pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Resul
             "index method {using} is not supported (Cirro's indexes are sorted keys with bloom filters: btree, hash, brin, bloom)"
         )));
     }
-    let table_ref = reference(&create.table_name)?;
-    let (db, schema, table_name) = engine.resolve(&table_ref);
-    let snapshot = engine.snapshot();
-    if snapshot.view(&db, &schema, &table_name).is_some() {
-        return Err(CirroError::new(
-            SqlState::WRONG_OBJECT_TYPE,
-            format!("\"{table_name}\" is a view; indexes are on tables only"),
-        ));
-    }
-    let location = location_of(engine, &db, &schema, &table_name)?;
-    engine.check_owner(&db, &schema, &table_name, "index it")?;
-    let table = engine.table_to_alter(&location).await?;
+    Ok(())
+}
+
+/// The index's key: columns of the table, each ascending or descending.
+fn key_columns(create: &CreateIndex, table: &CirroTable) -> Result<Vec<KeyColumn>> {
     let mut columns = Vec::new();
     for column in &create.columns {
         let SqlExpr::Identifier(ident) = &column.column.expr else {
@@ -154,6 +148,26 @@ pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Resul
             "an index needs at least one column",
         ));
     }
+    Ok(columns)
+}
+
+/// `CREATE [UNIQUE] INDEX`: the table's rows rewritten in the index's
+/// order, in one commit with the index's definition.
+pub(crate) async fn create_index(engine: &Engine, create: &CreateIndex) -> Result<Outcome> {
+    refuse_unsupported(create)?;
+    let table_ref = reference(&create.table_name)?;
+    let (db, schema, table_name) = engine.resolve(&table_ref);
+    let snapshot = engine.snapshot();
+    if snapshot.view(&db, &schema, &table_name).is_some() {
+        return Err(CirroError::new(
+            SqlState::WRONG_OBJECT_TYPE,
+            format!("\"{table_name}\" is a view; indexes are on tables only"),
+        ));
+    }
+    let location = location_of(engine, &db, &schema, &table_name)?;
+    engine.check_owner(&db, &schema, &table_name, "index it")?;
+    let table = engine.table_to_alter(&location).await?;
+    let columns = key_columns(create, &table)?;
     let tables = schema_tables(engine, &db, &schema).await?;
     let taken = taken_names(engine, &db, &schema, &tables)?;
     let name = match &create.name {

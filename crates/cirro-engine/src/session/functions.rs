@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cirro_common::{CirroError, SqlState};
 
-use crate::access::SuperuserCheck;
+use crate::statement::access::SuperuserCheck;
 use datafusion::catalog::{DynamicFileCatalog, UrlTableFactory};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl};
 use datafusion::common::ScalarValue;

@@ -13,7 +13,7 @@ use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
-use crate::time_travel::location_of;
+use crate::statement::time_travel::location_of;
 use crate::{Engine, Outcome};
 
 /// The columns a maintenance statement returns.

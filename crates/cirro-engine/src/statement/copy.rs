@@ -37,8 +37,8 @@ use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
 use futures::{StreamExt, stream};
 use object_store::ObjectStoreExt;
 
-use crate::copy_text::CopyParser;
-use crate::txn::aborted;
+use crate::statement::copy_text::CopyParser;
+use crate::session::txn::aborted;
 use crate::{Engine, Outcome};
 
 const TRAILING_COLUMN: &str = "__cirro_trailing_delimiter";
@@ -84,6 +84,27 @@ fn check_exists(path: &str) -> Result<()> {
             SqlState::UNDEFINED_FILE,
             format!("could not open file \"{path}\" for reading: No such file or directory"),
         ))
+    }
+}
+
+/// `COPY`: a file on the server (superusers only), or the rows to the
+/// client (`TO STDOUT`); `FROM STDIN` needs the client's connection, which
+/// the server's front end holds.
+pub(crate) async fn run_copy(engine: &Engine, copy: cirro_sql::CopyStatement) -> Result<Outcome> {
+    use cirro_sql::CopyStatement;
+    match copy {
+        CopyStatement::FromFile(copy) => {
+            engine.require_superuser("COPY … FROM a file on the server")?;
+            copy_from(engine, copy).await
+        }
+        CopyStatement::ToFile(copy) => {
+            engine.require_superuser("COPY … TO a file on the server")?;
+            copy_to(engine, copy).await
+        }
+        CopyStatement::FromStdin(_) => Err(CirroError::unsupported(
+            "COPY FROM STDIN needs a client connection (cirro serve, psql's \\copy)",
+        )),
+        CopyStatement::ToStdout { source, .. } => copy_out(engine, source).await,
     }
 }
 
@@ -211,7 +232,7 @@ async fn write_text_file(
     if format.header {
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         let mut line = Vec::new();
-        crate::copy_text::encode_row(&mut line, format, names.iter().map(|n| Some(*n)), |_| false);
+        crate::statement::copy_text::encode_row(&mut line, format, names.iter().map(|n| Some(*n)), |_| false);
         out.write_all(&line)?;
     }
     let options = arrow::util::display::FormatOptions::new()
@@ -248,7 +269,7 @@ async fn write_text_file(
                 });
             }
             line.clear();
-            crate::copy_text::encode_row(
+            crate::statement::copy_text::encode_row(
                 &mut line,
                 format,
                 values.iter().map(|v| v.as_deref()),
@@ -282,9 +303,7 @@ pub(crate) async fn copy_out(engine: &Engine, source: CopyOutSource) -> Result<O
     match source {
         CopyOutSource::Query(query) => {
             engine
-                .run_sql(datafusion::sql::parser::Statement::Statement(Box::new(
-                    datafusion::sql::sqlparser::ast::Statement::Query(query),
-                )))
+                .run_planned(&cirro_sql::Statement::Query(query))
                 .await
         }
         CopyOutSource::Table { table, columns } => {

@@ -18,7 +18,7 @@ use datafusion::common::{Column, TableReference};
 use datafusion::functions_aggregate::expr_fn::{approx_distinct, count};
 use datafusion::logical_expr::{Expr, lit};
 
-use crate::time_travel::location_of;
+use crate::statement::time_travel::location_of;
 use crate::{Engine, Outcome};
 
 /// Run `ANALYZE` over `tables` (none: every table of the database the user

@@ -16,6 +16,16 @@
 //!   name (NULL without one), its memory manager's budget, policy and
 //!   counters, the kernels' dispatches and bytes moved, the statements the
 //!   scheduler runs and keeps waiting (see `docs/gpu.md`).
+//!
+//! Beside them in this folder: the PostgreSQL catalog and views the tools
+//! read (`pg_compat.rs`), the server's registry of sessions and statements
+//! (`activity.rs`), which statements a user may see (`visibility.rs`) and
+//! the statements' record and admission (`queries.rs`).
+
+pub mod activity;
+pub(crate) mod pg_compat;
+pub(crate) mod queries;
+pub mod visibility;
 
 use std::sync::Arc;
 
@@ -27,7 +37,7 @@ use cirro_catalog::{Catalog, NodeInfo};
 use datafusion::catalog::{SchemaProvider, TableProvider};
 use datafusion::error::Result as DfResult;
 
-use crate::pg_compat::memory_table;
+use crate::system::pg_compat::memory_table;
 
 /// The system schema's name (reserved: CREATE SCHEMA refuses it).
 pub const SYSTEM_SCHEMA: &str = "cirro";
@@ -39,9 +49,9 @@ const TABLES: &[&str] = &["nodes", "cache", "statistics", "queries", "gpu"];
 pub(crate) struct SystemSchema {
     pub(crate) catalog: Arc<Catalog>,
     /// The session's entry in the server's registry (for `queries`).
-    pub(crate) backend: Arc<std::sync::OnceLock<crate::activity::Backend>>,
+    pub(crate) backend: Arc<std::sync::OnceLock<crate::system::activity::Backend>>,
     /// What of other sessions' statements the session's user may see.
-    pub(crate) viewer: crate::visibility::StatementViewer,
+    pub(crate) viewer: crate::system::visibility::StatementViewer,
 }
 
 #[async_trait]
@@ -63,7 +73,7 @@ impl SchemaProvider for SystemSchema {
                         .queries(backend.activity().cluster_queries().await),
                     None => Vec::new(),
                 };
-                Ok(Some(crate::queries::queries_table(&views)?))
+                Ok(Some(crate::system::queries::queries_table(&views)?))
             }
             _ => Ok(None),
         }

@@ -878,7 +878,7 @@ impl Engine {
                         return Ok(Some(held));
                     }
                     let post = latest.with_changes(&difference(&written.base, &written.current))?;
-                    crate::constraints::check(self, &written.name, &post, &written.new_files)
+                    crate::statement::constraints::check(self, &written.name, &post, &written.new_files)
                         .await?;
                     Ok(Some(held))
                 }

@@ -44,12 +44,13 @@ use datafusion::logical_expr::expr::{InList, Placeholder};
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, TableType};
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::planner::IdentNormalizer;
 use datafusion::sql::sqlparser::ast::{
-    Expr as SqlExpr, Ident, Parens, Query, SetExpr, Statement as SqlStatement, Values,
+    Expr as SqlExpr, Parens, Query, SetExpr, Statement as SqlStatement, Values,
 };
 
-use crate::{Engine, Outcome, ends_transaction, no_parameter, txn};
+use crate::session::txn;
+use crate::statement::no_parameter;
+use crate::{Engine, Outcome};
 
 /// A statement prepared for execution with parameters.
 pub struct Prepared {
@@ -103,48 +104,16 @@ impl Prepared {
     }
 }
 
-/// Whether a statement keeps its plan between executions, and whether it
-/// returns rows.
-fn keeps_plan(statement: &DfStatement) -> Option<bool> {
-    if shows_data(statement) {
-        return Some(true);
-    }
+/// The columns of the rows a statement that keeps no plan returns (it is
+/// run at each execution).
+fn unplanned_schema(statement: &CirroStatement) -> Option<SchemaRef> {
     match statement {
-        DfStatement::Statement(inner) => match inner.as_ref() {
-            SqlStatement::Query(_) | SqlStatement::Explain { .. } => Some(true),
-            SqlStatement::Insert(_)
-            | SqlStatement::Update(_)
-            | SqlStatement::Delete(_)
-            | SqlStatement::Merge(_) => Some(false),
-            _ => None,
-        },
-        DfStatement::Explain(_) => Some(true),
-        _ => None,
-    }
-}
-
-/// Whether a statement shows settings or the catalog (SHOW …): its plan
-/// holds that data, so it is planned at every execution.
-fn shows_data(statement: &DfStatement) -> bool {
-    matches!(
-        statement,
-        DfStatement::Statement(inner) if matches!(
-            inner.as_ref(),
-            SqlStatement::ShowVariable { .. }
-                | SqlStatement::ShowVariables { .. }
-                | SqlStatement::ShowTables { .. }
-                | SqlStatement::ShowColumns { .. }
-                | SqlStatement::ShowFunctions { .. }
-        )
-    )
-}
-
-/// The name of an `EXECUTE name (…)`.
-fn execute_name(statement: &CirroStatement) -> Option<String> {
-    match statement.sql() {
-        Some(SqlStatement::Execute {
-            name: Some(name), ..
-        }) => Some(IdentNormalizer::new(true).normalize(name.0.last()?.as_ident()?.clone())),
+        CirroStatement::Setting(setting) => crate::session::settings::setting_schema(setting),
+        CirroStatement::Maintenance(m) => Some(crate::statement::history::result_schema(m)),
+        CirroStatement::Describe(_) => Some(crate::statement::describe::describe_schema()),
+        CirroStatement::ShowCreateTable(_) => {
+            Some(crate::statement::describe::show_create_schema())
+        }
         _ => None,
     }
 }
@@ -387,7 +356,7 @@ impl Engine {
         parsed: Parsed,
         declared: Vec<Option<DataType>>,
     ) -> Result<Prepared> {
-        if self.transaction_aborted() && !ends_transaction(&parsed.statement) {
+        if self.transaction_aborted() && !parsed.statement.ends_transaction() {
             return Err(txn::aborted());
         }
         self.catalog.refresh().await?;
@@ -400,8 +369,8 @@ impl Engine {
         } = parsed;
         // `PREPARE p AS … $1 …` binds nothing itself: its `$n` are the inner
         // statement's.
-        let own_placeholders = match statement.sql() {
-            Some(SqlStatement::Prepare { .. }) => 0,
+        let own_placeholders = match statement {
+            CirroStatement::Prepare { .. } => 0,
             _ => placeholders,
         };
         let unplanned = |schema| Prepared {
@@ -412,35 +381,19 @@ impl Engine {
             inner_placeholders: placeholders - own_placeholders,
             plan: None,
         };
-        if let Some(name) = execute_name(&statement) {
+        if let CirroStatement::Execute { name, .. } = &statement {
             // `EXECUTE name (…)` returns what the named statement returns.
-            let schema = self.sql_prepared(&name)?.schema.clone();
+            let schema = self.sql_prepared(name)?.schema.clone();
             return Ok(unplanned(schema));
         }
-        let returns_rows = match &statement {
-            CirroStatement::Sql(sql) => keeps_plan(sql),
-            _ => None,
-        };
-        let Some(returns_rows) = returns_rows else {
+        let returns_rows = statement.returns_rows();
+        if !statement.keeps_plan() {
             if own_placeholders > 0 {
                 return Err(no_parameter(1));
             }
-            let schema = match &statement {
-                CirroStatement::Setting(setting) => crate::settings::setting_schema(setting),
-                CirroStatement::Maintenance(
-                    cirro_sql::Maintenance::Analyze(_) | cirro_sql::Maintenance::CancelQuery(_),
-                ) => None,
-                CirroStatement::Maintenance(m) => Some(crate::history::result_schema(m)),
-                // Cirro's own (see `ddl.rs`): run at each execution.
-                CirroStatement::Sql(_) => match statement.sql() {
-                    Some(SqlStatement::ExplainTable { .. }) => Some(crate::ddl::describe_schema()),
-                    Some(SqlStatement::ShowCreate { .. }) => Some(crate::ddl::show_create_schema()),
-                    _ => None,
-                },
-                _ => None,
-            };
+            let schema = returns_rows.then(|| unplanned_schema(&statement)).flatten();
             return Ok(unplanned(schema));
-        };
+        }
         // plan_prepared plans a NUMERIC bound at Bind as NUMERIC_PLANNED.
         let (plan, replans) = self.plan_prepared(&statement, &declared).await?;
         let types = plan.get_parameter_types()?;
@@ -486,12 +439,11 @@ impl Engine {
         statement: &CirroStatement,
         declared: &[Option<DataType>],
     ) -> Result<(LogicalPlan, bool)> {
-        let CirroStatement::Sql(sql) = statement else {
+        let Some(mut sql) = statement.to_datafusion() else {
             return Err(CirroError::internal("only SQL statements keep a plan"));
         };
-        let mut sql = sql.as_ref().clone();
-        crate::time_travel::resolve_time_travel(self, &mut sql).await?;
-        let shows = shows_data(&sql);
+        crate::statement::time_travel::resolve_time_travel(self, &mut sql).await?;
+        let shows = statement.shows_data();
         let declared: Vec<Option<DataType>> = declared
             .iter()
             .map(|d| {
@@ -528,7 +480,7 @@ impl Engine {
         Box::pin(async move {
             let result = self
                 .tracked(
-                    crate::queries::needs_admission(self, &prepared.statement),
+                    crate::system::queries::needs_admission(self, &prepared.statement),
                     self.execute_prepared_inner(prepared, values),
                 )
                 .await;
@@ -655,14 +607,14 @@ impl Engine {
     /// by the session under `name` (42P05 if taken).
     pub(crate) async fn prepare_sql(
         &self,
-        name: &Ident,
+        name: &str,
         data_types: &[datafusion::sql::sqlparser::ast::DataType],
-        statement: SqlStatement,
+        statement: CirroStatement,
         placeholders: usize,
     ) -> Result<Outcome> {
-        let name = IdentNormalizer::new(true).normalize(name.clone());
+        let name = name.to_string();
         let parsed = Parsed {
-            statement: CirroStatement::Sql(Box::new(DfStatement::Statement(Box::new(statement)))),
+            statement,
             placeholders,
             parses: 0,
         };
@@ -697,10 +649,10 @@ impl Engine {
             .collect();
         let sql = format!("SELECT {}", casts.join(", "));
         let statement = cirro_sql::parse(&sql)?.statement;
-        let CirroStatement::Sql(statement) = statement else {
+        let Some(statement) = statement.to_datafusion() else {
             return Err(CirroError::internal("a cast parsed into another statement"));
         };
-        let plan = self.plan(*statement).await?;
+        let plan = self.plan(statement).await?;
         Ok(plan
             .schema()
             .fields()
@@ -711,14 +663,8 @@ impl Engine {
 
     /// `EXECUTE name (values)`: the values are computed (they may be any
     /// expressions without columns), then the statement runs with them.
-    pub(crate) async fn execute_sql(&self, statement: &CirroStatement) -> Result<Outcome> {
-        let Some(name) = execute_name(statement) else {
-            return Err(CirroError::internal("not an EXECUTE"));
-        };
-        let Some(SqlStatement::Execute { parameters, .. }) = statement.sql() else {
-            return Err(CirroError::internal("not an EXECUTE"));
-        };
-        let prepared = self.sql_prepared(&name)?;
+    pub(crate) async fn execute_sql(&self, name: &str, parameters: &[SqlExpr]) -> Result<Outcome> {
+        let prepared = self.sql_prepared(name)?;
         let values = self.values_of(parameters).await?;
         // Boxed (execute_prepared): running an unplanned statement may come
         // back here.
@@ -731,6 +677,22 @@ impl Engine {
             .lock()
             .map(|mut p| p.remove(name).is_some())
             .unwrap_or(false)
+    }
+
+    /// `DEALLOCATE name` (26000 if there is none) or
+    /// `DEALLOCATE ALL` (None), of statements PREPAREd in SQL.
+    pub(crate) fn deallocate(&self, name: Option<String>) -> Result<Outcome> {
+        match name {
+            None => {
+                self.forget_all_prepared();
+                Ok(Outcome::command("DEALLOCATE ALL"))
+            }
+            Some(name) if self.forget_prepared(&name) => Ok(Outcome::command("DEALLOCATE")),
+            Some(name) => Err(CirroError::new(
+                SqlState::INVALID_SQL_STATEMENT_NAME,
+                format!("prepared statement \"{name}\" does not exist"),
+            )),
+        }
     }
 
     /// `DEALLOCATE ALL` of the statements PREPAREd in SQL.

@@ -1,0 +1,208 @@
+//! Running a DML plan: committed at once (under the table's write lock
+//! when constraints are checked), or taken into the open transaction, whose
+//! COMMIT writes it. The rows a statement changes are worked out by
+//! `dml.rs`.
+
+use std::sync::Arc;
+
+use cirro_common::{CirroError, Result, SqlState};
+use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
+
+use crate::Engine;
+use crate::statement::{Outcome, constraints, dml, time_travel};
+
+/// Run a DML plan: plain INSERTs commit in their sink; row changes,
+/// INSERTs into tables with constraints and anything inside a transaction
+/// go through [`execute_dml`].
+pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcome> {
+    let (db, schema, name) = engine.resolve(&dml.table_name);
+    if engine.snapshot().view(&db, &schema, &name).is_some() {
+        return Err(CirroError::new(
+            SqlState::WRONG_OBJECT_TYPE,
+            format!("cannot change view \"{name}\": views are read-only"),
+        ));
+    }
+    let tag = match dml.op {
+        WriteOp::Insert(_) => "INSERT 0",
+        WriteOp::Delete => "DELETE",
+        WriteOp::Update => "UPDATE",
+        WriteOp::MergeInto(_) => "MERGE",
+        WriteOp::Truncate => "TRUNCATE TABLE",
+        _ => "DML",
+    };
+    let in_txn = engine.in_transaction();
+    // Plain INSERTs commit in their sink, unless the table has
+    // constraints to check before the commit.
+    let constrained = matches!(dml.op, WriteOp::Insert(_))
+        && dml::target_table(&dml, tag)
+            .map(|t| t.options().has_checks())
+            .unwrap_or(false);
+    if in_txn || constrained || dml::row_change_tag(&dml.op).is_some() {
+        let input = Arc::clone(&dml.input);
+        return execute_dml(engine, &dml, tag, (db, schema, name.clone()), in_txn)
+            .await
+            .map_err(|e| name_not_null_column(e, &input, &name));
+    }
+    let input = Arc::clone(&dml.input);
+    let count = engine
+        .run_for_count(LogicalPlan::Dml(dml))
+        .await
+        .map_err(|e| name_not_null_column(e, &input, &name))?;
+    Ok(Outcome::command(if tag == "TRUNCATE TABLE" {
+        tag.to_string()
+    } else {
+        format!("{tag} {count}")
+    }))
+}
+
+/// Run a row-changing statement: commit it at once, or inside an open
+/// transaction take it into the transaction.
+async fn execute_dml(
+    engine: &Engine,
+    dml: &DmlStatement,
+    tag: &str,
+    (db, schema, name): (String, String, String),
+    in_txn: bool,
+) -> Result<Outcome> {
+    let prepared = dml::prepare(engine, dml, tag).await?;
+    let outcome = Outcome::command(dml::tag_of(tag, prepared.count));
+    let location = match time_travel::location_of(engine, &db, &schema, &name) {
+        Ok(location) => location,
+        Err(e) => {
+            prepared.change.discard().await;
+            return Err(e);
+        }
+    };
+    let checked = prepared.change.table().options().has_checks()
+        && !prepared.change.new_files().is_empty();
+    // A table the transaction created is its own until COMMIT names it:
+    // its changes commit there at once (see txn.rs).
+    let private = in_txn && engine.created_in_transaction(&location);
+    if private {
+        if !prepared.change.is_empty() {
+            if checked {
+                let post = prepared.change.apply()?;
+                if let Err(e) =
+                    constraints::check(engine, &name, &post, prepared.change.new_files()).await
+                {
+                    prepared.change.discard().await;
+                    return Err(e);
+                }
+            }
+            prepared.change.commit(prepared.operation).await?;
+        }
+        let table = engine.catalog.open_table(&location).await?;
+        engine.session.set(&location, table);
+        return Ok(outcome);
+    }
+    if !in_txn {
+        if prepared.change.is_empty() {
+            return Ok(outcome);
+        }
+        if !checked {
+            prepared.change.commit(prepared.operation).await?;
+            return Ok(outcome);
+        }
+        // Check and commit under the table's write lock (see constraints.rs).
+        let locked_and_checked = async {
+            let held = engine.catalog.lock_table_writes(&location).await?;
+            let latest = engine.catalog.open_table(&location).await?;
+            let post = prepared.change.apply_to(&latest)?;
+            constraints::check(engine, &name, &post, prepared.change.new_files()).await?;
+            Ok(held)
+        }
+        .await;
+        let _held = match locked_and_checked {
+            Ok(held) => held,
+            Err(e) => {
+                prepared.change.discard().await;
+                return Err(e);
+            }
+        };
+        prepared.change.commit(prepared.operation).await?;
+        return Ok(outcome);
+    }
+    if checked {
+        // In a transaction: against its view; COMMIT checks again.
+        let verdict = async {
+            let view = prepared.change.apply()?;
+            constraints::check(engine, &name, &view, prepared.change.new_files()).await
+        }
+        .await;
+        if let Err(e) = verdict {
+            prepared.change.discard().await;
+            return Err(e);
+        }
+    }
+    let changes_rows = !matches!(
+        prepared.operation,
+        deltalake::protocol::DeltaOperation::Write {
+            mode: deltalake::protocol::SaveMode::Append,
+            ..
+        }
+    );
+    // The transaction is put back even if this future is dropped
+    // part-way (a cancelled statement): then it is marked failed.
+    let Some(mut held) = engine.hold_transaction() else {
+        prepared.change.discard().await;
+        return Err(CirroError::internal(
+            "the transaction ended during a statement",
+        ));
+    };
+    let staged = match held.txn.as_mut() {
+        Some(txn) => {
+            txn.stage(&location, &name, prepared.change, changes_rows)
+                .await
+        }
+        None => Err(CirroError::internal(
+            "the transaction ended during a statement",
+        )),
+    };
+    let view = staged?;
+    held.put_back();
+    engine.session.set(&location, view);
+    Ok(outcome)
+}
+
+/// DataFusion reports a NULL in a NOT NULL column by its internal column name
+/// or position (`Column 'column2' …`, `Invalid batch column at '0' …`); say
+/// which column of the table it is, as PostgreSQL does.
+fn name_not_null_column(err: CirroError, input: &LogicalPlan, table: &str) -> CirroError {
+    if err.state != SqlState::NOT_NULL_VIOLATION {
+        return err;
+    }
+    let quoted = |text: &str, after: &str| -> Option<String> {
+        let start = text.find(after)? + after.len();
+        let end = text[start..].find('\'')? + start;
+        Some(text[start..end].to_string())
+    };
+    let schema = input.schema();
+    let column = if let Some(index) =
+        quoted(&err.message, "column at '").and_then(|i| i.parse::<usize>().ok())
+    {
+        (index < schema.fields().len()).then(|| schema.field(index).name().clone())
+    } else if let Some(source) = quoted(&err.message, "Column '") {
+        // The insert's projection maps the source column onto a table column.
+        match input {
+            LogicalPlan::Projection(projection) => projection
+                .expr
+                .iter()
+                .zip(schema.fields())
+                .find(|(expr, _)| expr.column_refs().iter().any(|c| c.name == source))
+                .map(|(_, field)| field.name().clone())
+                .or(Some(source)),
+            _ => Some(source),
+        }
+    } else {
+        None
+    };
+    match column {
+        Some(column) => CirroError::new(
+            SqlState::NOT_NULL_VIOLATION,
+            format!(
+                "null value in column \"{column}\" of relation \"{table}\" violates not-null constraint"
+            ),
+        ),
+        None => err,
+    }
+}
