@@ -302,7 +302,6 @@ fn prometheus_text(
     admission: &cirro_exec::resources::AdmissionCounts,
     sessions: usize,
 ) -> String {
-    let cache = cirro_storage::cache::global().totals();
     let node = node.replace('\\', "\\\\").replace('"', "\\\"");
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, values: &[(&str, f64)]| {
@@ -322,8 +321,21 @@ fn prometheus_text(
             ("state=\"cancelled\"", ended.cancelled as f64),
         ],
     );
-    // The metrics of one value each: name, type, help, value.
-    let single: [(&str, &str, &str, f64); 16] = [
+    for (name, kind, help, value) in single_metrics(sample, ended, admission, sessions) {
+        metric(name, kind, help, &[("", value)]);
+    }
+    out
+}
+
+/// The metrics of one value each: name, type, help, value.
+fn single_metrics(
+    sample: &Sample,
+    ended: &super::monitor::Ended,
+    admission: &cirro_exec::resources::AdmissionCounts,
+    sessions: usize,
+) -> [(&'static str, &'static str, &'static str, f64); 16] {
+    let cache = cirro_storage::cache::global().totals();
+    [
         (
             "cirro_queries_running",
             "gauge",
@@ -420,11 +432,7 @@ fn prometheus_text(
             "Size of the spill directory's file system.",
             sample.disk_bytes as f64,
         ),
-    ];
-    for (name, kind, help, value) in single {
-        metric(name, kind, help, &[("", value)]);
-    }
-    out
+    ]
 }
 
 /// Another node asks for this node's statements (with plans, unless

@@ -184,6 +184,38 @@ pub(crate) struct FlightSql {
     info: SqlInfoData,
 }
 
+/// Serve Flight SQL on `listener` (with the node's TLS, if it has one)
+/// until the process ends.
+pub(crate) fn spawn(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    tls: Option<&crate::tls::Tls>,
+) -> Result<(), CirroError> {
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls.flight()).map_err(|e| {
+            CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!("TLS configuration (Flight SQL): {e}"),
+            )
+        })?;
+    }
+    let served = server
+        .add_service(FlightSql::service(shared)?)
+        // Without TCP_NODELAY each small reply waits out the client's
+        // delayed ACK: ~45 ms per Flight SQL query (GetFlightInfo, then
+        // DoGet).
+        .serve_with_incoming(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+        );
+    tokio::spawn(async move {
+        if let Err(e) = served.await {
+            eprintln!("cirro: Flight SQL stopped: {e}");
+        }
+    });
+    Ok(())
+}
+
 impl FlightSql {
     pub(crate) fn service(shared: Arc<Shared>) -> Result<FlightServiceServer<Self>, CirroError> {
         let mut info = SqlInfoDataBuilder::new();

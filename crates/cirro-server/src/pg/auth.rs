@@ -25,7 +25,7 @@ use pgwire::api::{
 };
 
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
-use pgwire::messages::startup::Authentication;
+use pgwire::messages::startup::{Authentication, PasswordMessageFamily, Startup};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use tokio::sync::Mutex;
 
@@ -132,110 +132,16 @@ impl StartupHandler for ScramStartup {
         let mut state = self.state.lock().await;
         match (message, &*state) {
             (PgWireFrontendMessage::Startup(startup), AuthState::Initial) => {
-                protocol_negotiation(client, &startup).await?;
-                save_startup_parameters_to_metadata(client, &startup);
-                if self.shared.require_tls && !client.is_secure() {
-                    return Err(fatal(
-                        SqlState::INVALID_AUTHORIZATION,
-                        "this server accepts only TLS connections (sslmode=require)",
-                    ));
-                }
-                let user = client
-                    .metadata()
-                    .get(METADATA_USER)
-                    .cloned()
-                    .ok_or_else(|| fatal(SqlState::INVALID_AUTHORIZATION, "no user name given"))?;
-                let snapshot = self
-                    .shared
-                    .catalog
-                    .refresh()
-                    .await
-                    .map_err(|e| fatal(e.state, e.message))?;
-                let database = database_for(client, &user, &snapshot);
-                if !snapshot.users.contains_key(&user) {
-                    return Err(fatal(
-                        SqlState::INVALID_AUTHORIZATION,
-                        format!("role \"{user}\" does not exist"),
-                    ));
-                }
-                if !snapshot.databases.contains_key(&database) {
-                    return Err(fatal(
-                        SqlState::INVALID_CATALOG_NAME,
-                        format!("database \"{database}\" does not exist"),
-                    ));
-                }
-                client.set_state(PgWireConnectionState::AuthenticationInProgress);
-                client
-                    .send(PgWireBackendMessage::Authentication(Authentication::SASL(
-                        vec![MECHANISM.to_owned()],
-                    )))
-                    .await?;
-                *state = AuthState::Offered { user };
+                let offered = self.offer(client, &startup).await?;
+                *state = offered;
             }
             (
                 PgWireFrontendMessage::PasswordMessageFamily(message),
                 AuthState::Offered { user },
             ) => {
                 let user = user.clone();
-                let initial = message
-                    .into_sasl_initial_response()
-                    .map_err(|_| protocol("expected a SASLInitialResponse"))?;
-                if initial.auth_method != MECHANISM {
-                    return Err(protocol(format!(
-                        "SASL mechanism {} is not supported (use {MECHANISM})",
-                        initial.auth_method
-                    )));
-                }
-                let data = initial
-                    .data
-                    .ok_or_else(|| protocol("empty SCRAM client-first message"))?;
-                let client_first = utf8(&data)?;
-                // gs2-header: "n,," (no channel binding) or "y,,"; the bare
-                // message follows the second comma.
-                let mut parts = client_first.splitn(3, ',');
-                let (Some(flag), Some(_authzid), Some(bare)) =
-                    (parts.next(), parts.next(), parts.next())
-                else {
-                    return Err(protocol("malformed SCRAM client-first message"));
-                };
-                if flag.starts_with('p') {
-                    return Err(protocol(
-                        "SCRAM channel binding is not supported (use SCRAM-SHA-256)",
-                    ));
-                }
-                if flag != "n" && flag != "y" {
-                    return Err(protocol("malformed SCRAM gs2 header"));
-                }
-                let gs2_header = &client_first[..client_first.len() - bare.len()];
-                let client_nonce = attribute(bare, 'r')
-                    .filter(|n| !n.is_empty())
-                    .ok_or_else(|| protocol("SCRAM client-first message has no nonce"))?;
-                let snapshot = self.shared.catalog.snapshot();
-                let entry = snapshot
-                    .users
-                    .get(&user)
-                    .ok_or_else(|| password_failed(&user))?;
-                let verifier =
-                    ScramVerifier::parse(&entry.verifier).map_err(|_| password_failed(&user))?;
-                let server_nonce = STANDARD.encode(rand::random::<[u8; 18]>());
-                let nonce = format!("{client_nonce}{server_nonce}");
-                let server_first = format!(
-                    "r={nonce},s={},i={}",
-                    STANDARD.encode(&verifier.salt),
-                    verifier.iterations
-                );
-                client
-                    .send(PgWireBackendMessage::Authentication(
-                        Authentication::SASLContinue(server_first.clone().into_bytes().into()),
-                    ))
-                    .await?;
-                *state = AuthState::ServerFirstSent {
-                    user,
-                    verifier,
-                    nonce,
-                    gs2_header: gs2_header.to_owned(),
-                    auth_prefix: format!("{bare},{server_first}"),
-                };
+                let sent = self.server_first(client, message, user).await?;
+                *state = sent;
             }
             (
                 PgWireFrontendMessage::PasswordMessageFamily(message),
@@ -247,33 +153,7 @@ impl StartupHandler for ScramStartup {
                     auth_prefix,
                 },
             ) => {
-                let response = message
-                    .into_sasl_response()
-                    .map_err(|_| protocol("expected a SASLResponse"))?;
-                let client_final = utf8(&response.data)?;
-                let without_proof = client_final
-                    .rsplit_once(",p=")
-                    .map(|(head, _)| head)
-                    .ok_or_else(|| protocol("SCRAM client-final message has no proof"))?;
-                let proof = attribute(client_final, 'p')
-                    .and_then(|p| STANDARD.decode(p).ok())
-                    .ok_or_else(|| protocol("malformed SCRAM proof"))?;
-                let binding = attribute(client_final, 'c').unwrap_or_default();
-                if binding != STANDARD.encode(gs2_header.as_bytes()) {
-                    return Err(protocol("SCRAM channel binding does not match"));
-                }
-                if attribute(client_final, 'r') != Some(nonce.as_str()) {
-                    return Err(protocol("SCRAM nonce does not match"));
-                }
-                let auth_message = format!("{auth_prefix},{without_proof}");
-                if !verifier.verify(auth_message.as_bytes(), &proof) {
-                    return Err(password_failed(user));
-                }
-                let signature = STANDARD.encode(verifier.server_signature(auth_message.as_bytes()));
-                client
-                    .send(PgWireBackendMessage::Authentication(
-                        Authentication::SASLFinal(format!("v={signature}").into_bytes().into()),
-                    ))
+                client_final(client, message, user, verifier, nonce, gs2_header, auth_prefix)
                     .await?;
                 let user = user.clone();
                 *state = AuthState::Done;
@@ -289,6 +169,178 @@ impl StartupHandler for ScramStartup {
         }
         Ok(())
     }
+}
+
+impl ScramStartup {
+    /// The startup message: the user and database must exist (and TLS be
+    /// used where it is required); SCRAM-SHA-256 is offered.
+    async fn offer<C>(&self, client: &mut C, startup: &Startup) -> PgWireResult<AuthState>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        protocol_negotiation(client, startup).await?;
+        save_startup_parameters_to_metadata(client, startup);
+        if self.shared.require_tls && !client.is_secure() {
+            return Err(fatal(
+                SqlState::INVALID_AUTHORIZATION,
+                "this server accepts only TLS connections (sslmode=require)",
+            ));
+        }
+        let user = client
+            .metadata()
+            .get(METADATA_USER)
+            .cloned()
+            .ok_or_else(|| fatal(SqlState::INVALID_AUTHORIZATION, "no user name given"))?;
+        let snapshot = self
+            .shared
+            .catalog
+            .refresh()
+            .await
+            .map_err(|e| fatal(e.state, e.message))?;
+        let database = database_for(client, &user, &snapshot);
+        if !snapshot.users.contains_key(&user) {
+            return Err(fatal(
+                SqlState::INVALID_AUTHORIZATION,
+                format!("role \"{user}\" does not exist"),
+            ));
+        }
+        if !snapshot.databases.contains_key(&database) {
+            return Err(fatal(
+                SqlState::INVALID_CATALOG_NAME,
+                format!("database \"{database}\" does not exist"),
+            ));
+        }
+        client.set_state(PgWireConnectionState::AuthenticationInProgress);
+        client
+            .send(PgWireBackendMessage::Authentication(Authentication::SASL(
+                vec![MECHANISM.to_owned()],
+            )))
+            .await?;
+        Ok(AuthState::Offered { user })
+    }
+
+    /// The client-first message: the server-first message in reply, with
+    /// the user's salt and iterations.
+    async fn server_first<C>(
+        &self,
+        client: &mut C,
+        message: PasswordMessageFamily,
+        user: String,
+    ) -> PgWireResult<AuthState>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let initial = message
+            .into_sasl_initial_response()
+            .map_err(|_| protocol("expected a SASLInitialResponse"))?;
+        if initial.auth_method != MECHANISM {
+            return Err(protocol(format!(
+                "SASL mechanism {} is not supported (use {MECHANISM})",
+                initial.auth_method
+            )));
+        }
+        let data = initial
+            .data
+            .ok_or_else(|| protocol("empty SCRAM client-first message"))?;
+        let client_first = utf8(&data)?;
+        // gs2-header: "n,," (no channel binding) or "y,,"; the bare
+        // message follows the second comma.
+        let mut parts = client_first.splitn(3, ',');
+        let (Some(flag), Some(_authzid), Some(bare)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(protocol("malformed SCRAM client-first message"));
+        };
+        if flag.starts_with('p') {
+            return Err(protocol(
+                "SCRAM channel binding is not supported (use SCRAM-SHA-256)",
+            ));
+        }
+        if flag != "n" && flag != "y" {
+            return Err(protocol("malformed SCRAM gs2 header"));
+        }
+        let gs2_header = &client_first[..client_first.len() - bare.len()];
+        let client_nonce = attribute(bare, 'r')
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| protocol("SCRAM client-first message has no nonce"))?;
+        let snapshot = self.shared.catalog.snapshot();
+        let entry = snapshot
+            .users
+            .get(&user)
+            .ok_or_else(|| password_failed(&user))?;
+        let verifier =
+            ScramVerifier::parse(&entry.verifier).map_err(|_| password_failed(&user))?;
+        let server_nonce = STANDARD.encode(rand::random::<[u8; 18]>());
+        let nonce = format!("{client_nonce}{server_nonce}");
+        let server_first = format!(
+            "r={nonce},s={},i={}",
+            STANDARD.encode(&verifier.salt),
+            verifier.iterations
+        );
+        client
+            .send(PgWireBackendMessage::Authentication(
+                Authentication::SASLContinue(server_first.clone().into_bytes().into()),
+            ))
+            .await?;
+        Ok(AuthState::ServerFirstSent {
+            user,
+            verifier,
+            nonce,
+            gs2_header: gs2_header.to_owned(),
+            auth_prefix: format!("{bare},{server_first}"),
+        })
+    }
+}
+
+/// The client-final message: the proof checked against the verifier, the
+/// server's signature sent.
+async fn client_final<C>(
+    client: &mut C,
+    message: PasswordMessageFamily,
+    user: &str,
+    verifier: &ScramVerifier,
+    nonce: &str,
+    gs2_header: &str,
+    auth_prefix: &str,
+) -> PgWireResult<()>
+where
+    C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+    C::Error: Debug,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    let response = message
+        .into_sasl_response()
+        .map_err(|_| protocol("expected a SASLResponse"))?;
+    let client_final = utf8(&response.data)?;
+    let without_proof = client_final
+        .rsplit_once(",p=")
+        .map(|(head, _)| head)
+        .ok_or_else(|| protocol("SCRAM client-final message has no proof"))?;
+    let proof = attribute(client_final, 'p')
+        .and_then(|p| STANDARD.decode(p).ok())
+        .ok_or_else(|| protocol("malformed SCRAM proof"))?;
+    let binding = attribute(client_final, 'c').unwrap_or_default();
+    if binding != STANDARD.encode(gs2_header.as_bytes()) {
+        return Err(protocol("SCRAM channel binding does not match"));
+    }
+    if attribute(client_final, 'r') != Some(nonce) {
+        return Err(protocol("SCRAM nonce does not match"));
+    }
+    let auth_message = format!("{auth_prefix},{without_proof}");
+    if !verifier.verify(auth_message.as_bytes(), &proof) {
+        return Err(password_failed(user));
+    }
+    let signature = STANDARD.encode(verifier.server_signature(auth_message.as_bytes()));
+    client
+        .send(PgWireBackendMessage::Authentication(
+            Authentication::SASLFinal(format!("v={signature}").into_bytes().into()),
+        ))
+        .await?;
+    Ok(())
 }
 
 impl ScramStartup {

@@ -16,6 +16,7 @@
 pub(crate) mod auth;
 pub(crate) mod copy;
 pub(crate) mod numeric;
+pub(crate) mod server;
 pub(crate) mod text;
 
 use std::fmt::Debug;
