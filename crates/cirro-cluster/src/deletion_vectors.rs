@@ -251,4 +251,3 @@ impl PhysicalExtensionCodec for CirroCodec {
             .map_err(|e| DataFusionError::Internal(format!("DeletionVectorsExec: {e}")))
     }
 }
-

@@ -38,9 +38,9 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::prelude::SessionConfig;
 use datafusion::sql::parser::Statement as DfStatement;
 
+use crate::Engine;
 use crate::session::EngineConfig;
 use crate::system::queries;
-use crate::Engine;
 
 pub(crate) type Analyzer = Arc<dyn AnalyzerRule + Send + Sync>;
 pub(crate) type Logical = Arc<dyn OptimizerRule + Send + Sync>;

@@ -327,7 +327,11 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         },
     );
     if let Some(member) = &member {
-        member.start_reporting(&shared, tls.as_ref().map(|t| t.cert_path.as_str()), &monitor)?;
+        member.start_reporting(
+            &shared,
+            tls.as_ref().map(|t| t.cert_path.as_str()),
+            &monitor,
+        )?;
     }
     let http_local = match http {
         Some((listener, local)) => {
@@ -358,7 +362,13 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         );
         let _ = std::io::stdout().flush();
     }
-    pg::server::accept(listener, Arc::clone(&shared), tls.map(|t| t.acceptor), terminate).await;
+    pg::server::accept(
+        listener,
+        Arc::clone(&shared),
+        tls.map(|t| t.acceptor),
+        terminate,
+    )
+    .await;
     if let (Some(member), Some(options)) = (&member, &config.cluster) {
         node::drain(
             &member.cluster,

@@ -236,4 +236,3 @@ pub(crate) async fn drain(
     cluster.leave().await;
     eprintln!("cirro: left the cluster");
 }
-

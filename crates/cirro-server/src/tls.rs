@@ -30,8 +30,7 @@ impl Tls {
     /// either cannot be read or holds nothing usable.
     pub(crate) fn load(cert: &str, key: &str) -> Result<Tls> {
         let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
-        let cert_pem =
-            std::fs::read(cert).map_err(|e| bad(&format!("certificate {cert}"), &e))?;
+        let cert_pem = std::fs::read(cert).map_err(|e| bad(&format!("certificate {cert}"), &e))?;
         let key_pem = std::fs::read(key).map_err(|e| bad(&format!("key {key}"), &e))?;
         let certs = rustls_pemfile::certs(&mut cert_pem.as_slice())
             .collect::<std::result::Result<Vec<_>, _>>()

@@ -209,9 +209,7 @@ fn parse_datafusion(tokens: Vec<TokenWithSpan>) -> Result<datafusion::sql::parse
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use datafusion::sql::sqlparser::ast::{
-        SetExpr, TableFactor, TableVersion,
-    };
+    use datafusion::sql::sqlparser::ast::{SetExpr, TableFactor, TableVersion};
 
     /// The solid tokens of `sql`, as the kind parsers get them.
     pub(crate) fn solid(sql: &str) -> Vec<Token> {
@@ -252,7 +250,10 @@ pub(crate) mod tests {
         ));
         assert!(matches!(kind("drop table t"), Statement::Drop(_)));
         assert!(matches!(kind("select 1"), Statement::Query(_)));
-        assert!(matches!(kind("insert into t values (1)"), Statement::Insert(_)));
+        assert!(matches!(
+            kind("insert into t values (1)"),
+            Statement::Insert(_)
+        ));
         assert!(matches!(kind("update t set a = 1"), Statement::Update(_)));
         assert!(matches!(kind("delete from t"), Statement::Delete(_)));
         assert!(matches!(kind("truncate t"), Statement::Truncate(_)));
@@ -274,14 +275,38 @@ pub(crate) mod tests {
                 ..
             }
         ));
-        assert!(matches!(kind("alter table t add column b int"), Statement::AlterTable(_)));
-        assert!(matches!(kind("create index i on t (a)"), Statement::CreateIndex(_)));
-        assert!(matches!(kind("create view v as select 1"), Statement::CreateView(_)));
-        assert!(matches!(kind("create schema s"), Statement::CreateSchema { .. }));
-        assert!(matches!(kind("create database d"), Statement::CreateDatabase { .. }));
-        assert!(matches!(kind("show create table t"), Statement::ShowCreateTable(_)));
-        assert!(matches!(kind("set datafusion.execution.batch_size = 10"), Statement::DataFusionSetting(_)));
-        let Statement::Prepare { name, statement, .. } = kind("PREPARE Q1 AS select $1") else {
+        assert!(matches!(
+            kind("alter table t add column b int"),
+            Statement::AlterTable(_)
+        ));
+        assert!(matches!(
+            kind("create index i on t (a)"),
+            Statement::CreateIndex(_)
+        ));
+        assert!(matches!(
+            kind("create view v as select 1"),
+            Statement::CreateView(_)
+        ));
+        assert!(matches!(
+            kind("create schema s"),
+            Statement::CreateSchema { .. }
+        ));
+        assert!(matches!(
+            kind("create database d"),
+            Statement::CreateDatabase { .. }
+        ));
+        assert!(matches!(
+            kind("show create table t"),
+            Statement::ShowCreateTable(_)
+        ));
+        assert!(matches!(
+            kind("set datafusion.execution.batch_size = 10"),
+            Statement::DataFusionSetting(_)
+        ));
+        let Statement::Prepare {
+            name, statement, ..
+        } = kind("PREPARE Q1 AS select $1")
+        else {
             panic!("not a PREPARE");
         };
         assert_eq!(name, "q1");
@@ -290,7 +315,10 @@ pub(crate) mod tests {
             kind("execute q1 (1)"),
             Statement::Execute { name, parameters } if name == "q1" && parameters.len() == 1
         ));
-        assert!(matches!(kind("create external table t stored as parquet location 'x'"), Statement::Unsupported(_)));
+        assert!(matches!(
+            kind("create external table t stored as parquet location 'x'"),
+            Statement::Unsupported(_)
+        ));
         assert!(matches!(kind("use d"), Statement::Unsupported(_)));
         assert!(matches!(
             kind("describe history t"),

@@ -462,7 +462,12 @@ mod tests {
             let again = Statement::classify(planned);
             assert_eq!(again, statement(sql), "{sql}");
         }
-        for sql in ["BEGIN", "SET statement_timeout = 1", "VACUUM t", "COPY t FROM '/x.csv'"] {
+        for sql in [
+            "BEGIN",
+            "SET statement_timeout = 1",
+            "VACUUM t",
+            "COPY t FROM '/x.csv'",
+        ] {
             assert!(statement(sql).to_datafusion().is_none(), "{sql}");
         }
     }

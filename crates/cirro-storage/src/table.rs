@@ -467,10 +467,8 @@ impl CirroTable {
         let location = ListingTableUrl::parse(&file.url)?.prefix().clone();
         let meta = ObjectMeta {
             location,
-            last_modified: chrono::DateTime::from_timestamp_millis(
-                file.add.modification_time,
-            )
-            .unwrap_or_default(),
+            last_modified: chrono::DateTime::from_timestamp_millis(file.add.modification_time)
+                .unwrap_or_default(),
             size: file.size,
             e_tag: None,
             version: None,
@@ -499,15 +497,12 @@ impl CirroTable {
                 }
             };
             statistics = statistics.to_inexact();
-            statistics.num_rows =
-                Precision::Inexact(rows.saturating_sub(deleted.len()) as usize);
-            part = part.with_extension(ParquetRowSelection::new(dv::surviving_rows(
-                &deleted, rows,
-            )));
+            statistics.num_rows = Precision::Inexact(rows.saturating_sub(deleted.len()) as usize);
+            part =
+                part.with_extension(ParquetRowSelection::new(dv::surviving_rows(&deleted, rows)));
         }
         if self.row_ids {
-            part = part
-                .with_partition_values(vec![ScalarValue::UInt32(Some(index as u32))]);
+            part = part.with_partition_values(vec![ScalarValue::UInt32(Some(index as u32))]);
         }
         let mut part = part.with_statistics(Arc::new(statistics));
         if self.row_ids {

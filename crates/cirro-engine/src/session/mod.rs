@@ -149,9 +149,9 @@ impl Engine {
             &functions::session_user_name(user.as_deref()),
             config.database.as_deref().unwrap_or(DEFAULT_DATABASE),
         );
-        list.set_view_planner(Arc::new(
-            statement::views::SessionViewPlanner::for_context(&ctx),
-        ));
+        list.set_view_planner(Arc::new(statement::views::SessionViewPlanner::for_context(
+            &ctx,
+        )));
         let backend: Arc<std::sync::OnceLock<activity::Backend>> = Default::default();
         // The system schemas are shared by every database of the session.
         let any_database = catalog.snapshot().databases.keys().next().cloned();

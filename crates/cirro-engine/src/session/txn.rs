@@ -878,8 +878,13 @@ impl Engine {
                         return Ok(Some(held));
                     }
                     let post = latest.with_changes(&difference(&written.base, &written.current))?;
-                    crate::statement::constraints::check(self, &written.name, &post, &written.new_files)
-                        .await?;
+                    crate::statement::constraints::check(
+                        self,
+                        &written.name,
+                        &post,
+                        &written.new_files,
+                    )
+                    .await?;
                     Ok(Some(held))
                 }
                 .await;

@@ -274,7 +274,9 @@ impl Engine {
                 setting,
                 value,
             } => self.alter_user_setting(name, setting, value).await,
-            AccessStatement::DropUser { names, if_exists } => self.drop_users(names, if_exists).await,
+            AccessStatement::DropUser { names, if_exists } => {
+                self.drop_users(names, if_exists).await
+            }
             AccessStatement::Grant {
                 privileges,
                 tables,
@@ -354,13 +356,21 @@ impl Engine {
     }
 
     /// ALTER USER … SET.
-    async fn alter_user_setting(&self, name: String, setting: Option<String>, value: Option<String>) -> Result<Outcome> {
+    async fn alter_user_setting(
+        &self,
+        name: String,
+        setting: Option<String>,
+        value: Option<String>,
+    ) -> Result<Outcome> {
         self.require_superuser("ALTER USER … SET")?;
         // Checked as SET would check it; kept as given.
         let checked = match (&setting, &value) {
             (Some(setting), Some(value)) => {
                 let known = crate::session::settings::setting_name(setting)?;
-                Some((known, crate::session::settings::checked_value(known, value.clone())?))
+                Some((
+                    known,
+                    crate::session::settings::checked_value(known, value.clone())?,
+                ))
             }
             (Some(setting), None) => {
                 crate::session::settings::setting_name(setting)?;
@@ -483,7 +493,12 @@ impl Engine {
     }
 
     /// GRANT and REVOKE of roles.
-    async fn grant_role(&self, roles: Vec<String>, users: Vec<String>, revoke: bool) -> Result<Outcome> {
+    async fn grant_role(
+        &self,
+        roles: Vec<String>,
+        users: Vec<String>,
+        revoke: bool,
+    ) -> Result<Outcome> {
         let what = if revoke { "REVOKE" } else { "GRANT" };
         self.require_superuser(&format!("{what} of a role"))?;
         for role in &roles {

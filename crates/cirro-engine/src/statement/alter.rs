@@ -23,9 +23,9 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema};
 use cirro_catalog::TableEntry;
 use cirro_common::{CirroError, Result, SqlState};
-use cirro_storage::{CirroTable, TableOptions};
 use cirro_storage::options::{ConstraintDef, ConstraintKind};
 use cirro_storage::schema::storage_type;
+use cirro_storage::{CirroTable, TableOptions};
 use datafusion::common::{Column, DFSchema, TableReference};
 use datafusion::logical_expr::{Expr, ExprSchemable, cast, col, lit};
 use datafusion::prelude::DataFrame;
@@ -409,7 +409,14 @@ fn apply(
             column_def,
             column_position,
             ..
-        } => add_column(engine, model, *if_not_exists, column_def, column_position.as_ref(), table),
+        } => add_column(
+            engine,
+            model,
+            *if_not_exists,
+            column_def,
+            column_position.as_ref(),
+            table,
+        ),
         AlterTableOperation::DropColumn {
             column_names,
             if_exists,
@@ -419,7 +426,9 @@ fn apply(
             old_column_name,
             new_column_name,
         } => rename_column(model, old_column_name, new_column_name, table),
-        AlterTableOperation::AlterColumn { column_name, op } => alter_column(engine, model, column_name, op, table),
+        AlterTableOperation::AlterColumn { column_name, op } => {
+            alter_column(engine, model, column_name, op, table)
+        }
         AlterTableOperation::RenameTable { .. } => Err(CirroError::new(
             SqlState::SYNTAX_ERROR,
             "RENAME TO cannot be combined with other ALTER TABLE operations",
@@ -441,7 +450,9 @@ fn apply(
 fn add_column(
     engine: &Engine,
     model: &mut Model,
-    if_not_exists: bool, column_def: &ColumnDef, column_position: Option<&MySQLColumnPosition>,
+    if_not_exists: bool,
+    column_def: &ColumnDef,
+    column_position: Option<&MySQLColumnPosition>,
     table: &str,
 ) -> Result<()> {
     if column_position.is_some() {
@@ -498,7 +509,8 @@ fn add_column(
 /// DROP COLUMN.
 fn drop_columns(
     model: &mut Model,
-    column_names: &[Ident], if_exists: bool,
+    column_names: &[Ident],
+    if_exists: bool,
     table: &str,
 ) -> Result<()> {
     for ident in column_names {
@@ -537,7 +549,8 @@ fn drop_columns(
 /// RENAME COLUMN.
 fn rename_column(
     model: &mut Model,
-    old_column_name: &Ident, new_column_name: &Ident,
+    old_column_name: &Ident,
+    new_column_name: &Ident,
     table: &str,
 ) -> Result<()> {
     let old = ident_name(old_column_name);
@@ -570,7 +583,8 @@ fn rename_column(
 fn alter_column(
     engine: &Engine,
     model: &mut Model,
-    column_name: &Ident, op: &AlterColumnOperation,
+    column_name: &Ident,
+    op: &AlterColumnOperation,
     table: &str,
 ) -> Result<()> {
     let name = ident_name(column_name);
@@ -622,7 +636,8 @@ fn alter_column(
 /// ADD CONSTRAINT.
 fn add_constraint(
     model: &mut Model,
-    constraint: &TableConstraint, not_valid: bool,
+    constraint: &TableConstraint,
+    not_valid: bool,
     table: &str,
 ) -> Result<()> {
     let Some((given, kind, check_column)) =
@@ -675,11 +690,7 @@ fn add_constraint(
 }
 
 /// DROP CONSTRAINT.
-fn drop_constraint(
-    model: &mut Model,
-    if_exists: bool, name: &Ident,
-    table: &str,
-) -> Result<()> {
+fn drop_constraint(model: &mut Model, if_exists: bool, name: &Ident, table: &str) -> Result<()> {
     let name = ident_name(name);
     let before = model.constraints.len();
     model.constraints.retain(|c| c.name != name);
@@ -876,14 +887,15 @@ async fn check_dependent_views(
     }
     engine
         .commit_catalog(|state| {
-            let all: Vec<_> = crate::statement::views::column_dependents(state, relation, &affected)
-                .iter()
-                .flat_map(|v| {
-                    let mut closure = crate::statement::views::dependents_closure(state, v);
-                    closure.push(v.clone());
-                    closure
-                })
-                .collect();
+            let all: Vec<_> =
+                crate::statement::views::column_dependents(state, relation, &affected)
+                    .iter()
+                    .flat_map(|v| {
+                        let mut closure = crate::statement::views::dependents_closure(state, v);
+                        closure.push(v.clone());
+                        closure
+                    })
+                    .collect();
             crate::statement::views::remove_views(state, &all);
             Ok(())
         })

@@ -37,8 +37,8 @@ use datafusion::prelude::{CsvReadOptions, ParquetReadOptions};
 use futures::{StreamExt, stream};
 use object_store::ObjectStoreExt;
 
-use crate::statement::copy_text::CopyParser;
 use crate::session::txn::aborted;
+use crate::statement::copy_text::CopyParser;
 use crate::{Engine, Outcome};
 
 const TRAILING_COLUMN: &str = "__cirro_trailing_delimiter";
@@ -232,7 +232,12 @@ async fn write_text_file(
     if format.header {
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         let mut line = Vec::new();
-        crate::statement::copy_text::encode_row(&mut line, format, names.iter().map(|n| Some(*n)), |_| false);
+        crate::statement::copy_text::encode_row(
+            &mut line,
+            format,
+            names.iter().map(|n| Some(*n)),
+            |_| false,
+        );
         out.write_all(&line)?;
     }
     let options = arrow::util::display::FormatOptions::new()

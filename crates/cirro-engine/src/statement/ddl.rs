@@ -13,7 +13,9 @@ use datafusion::common::SchemaReference;
 use datafusion::common::TableReference;
 use datafusion::logical_expr::{CreateMemoryTable, DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DfStatement;
-use datafusion::sql::sqlparser::ast::{CreateTableOptions, ObjectName, ObjectType, Statement as SqlStatement};
+use datafusion::sql::sqlparser::ast::{
+    CreateTableOptions, ObjectName, ObjectType, Statement as SqlStatement,
+};
 use deltalake::protocol::SaveMode;
 use futures::StreamExt;
 
@@ -567,7 +569,9 @@ pub(crate) async fn create_schema_sql(
             engine.require_superuser("CREATE SCHEMA")?;
             create_schema(engine, &cmd.schema_name, cmd.if_not_exists).await
         }
-        _ => Err(CirroError::internal("CREATE SCHEMA planned as something else")),
+        _ => Err(CirroError::internal(
+            "CREATE SCHEMA planned as something else",
+        )),
     }
 }
 

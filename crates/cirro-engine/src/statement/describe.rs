@@ -25,7 +25,9 @@ pub(crate) async fn describe(
     // Views and system tables have no distribution.
     let table = open_named_table(engine, &reference).await.ok();
     let Some(sql) = statement.to_datafusion() else {
-        return Err(cirro_common::CirroError::internal("DESCRIBE without its statement"));
+        return Err(cirro_common::CirroError::internal(
+            "DESCRIBE without its statement",
+        ));
     };
     let plan = engine.plan(sql).await?;
     engine.check_plan(&plan)?;

@@ -8,14 +8,18 @@ use arrow::array::{ArrayRef, Int64Array};
 use cirro_common::Result;
 use cirro_sql::Maintenance;
 
-use crate::statement::history::{VACUUM_RETAIN_HOURS_DEFAULT, describe_history, result_schema, rows};
+use crate::statement::history::{
+    VACUUM_RETAIN_HOURS_DEFAULT, describe_history, result_schema, rows,
+};
 use crate::statement::time_travel::location_of;
 use crate::{Engine, Outcome};
 
 /// Run a maintenance statement.
 pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> Result<Outcome> {
     match &statement {
-        Maintenance::Analyze(tables) => crate::statement::analyze::run_analyze(engine, tables).await,
+        Maintenance::Analyze(tables) => {
+            crate::statement::analyze::run_analyze(engine, tables).await
+        }
         Maintenance::CancelQuery(id) => crate::system::queries::cancel_query(engine, *id).await,
         Maintenance::History(reference) => {
             let (db, schema, name) = engine.resolve(&reference);

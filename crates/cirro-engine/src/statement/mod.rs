@@ -162,7 +162,9 @@ impl Engine {
                 name,
                 if_not_exists,
             } => ddl::create_database_sql(self, &name, if_not_exists).await,
-            ref schema @ Statement::CreateSchema { .. } => ddl::create_schema_sql(self, schema).await,
+            ref schema @ Statement::CreateSchema { .. } => {
+                ddl::create_schema_sql(self, schema).await
+            }
             Statement::Describe(ref table) => describe::describe(self, &statement, table).await,
             Statement::ShowCreateTable(name) => describe::show_create_table(self, &name).await,
             Statement::Copy(copy) => copy::run_copy(self, copy).await,

@@ -73,8 +73,8 @@ async fn execute_dml(
             return Err(e);
         }
     };
-    let checked = prepared.change.table().options().has_checks()
-        && !prepared.change.new_files().is_empty();
+    let checked =
+        prepared.change.table().options().has_checks() && !prepared.change.new_files().is_empty();
     // A table the transaction created is its own until COMMIT names it:
     // its changes commit there at once (see txn.rs).
     let private = in_txn && engine.created_in_transaction(&location);

@@ -27,9 +27,9 @@ use datafusion_pg_catalog::pg_catalog::{PgCatalogSchemaProvider, PgCatalogStatic
 use datafusion::logical_expr::planner::TypePlanner;
 
 use crate::Engine;
+use crate::session::settings::{SERVER_VERSION, Settings, setting_name};
 use crate::statement::access::SuperuserCheck;
 use crate::system::activity::{Backend, BackendInfo, BackendState};
-use crate::session::settings::{SERVER_VERSION, Settings, setting_name};
 
 /// Type planners asked in order; the first that plans a type wins.
 #[derive(Debug)]
@@ -198,8 +198,8 @@ fn signal_udf(terminate: bool, slot: BackendSlot, superuser: SuperuserCheck) -> 
                     continue;
                 };
                 let activity = backend.activity();
-                let remote =
-                    activity.in_cluster() && crate::system::activity::pid_node(pid) != activity.node();
+                let remote = activity.in_cluster()
+                    && crate::system::activity::pid_node(pid) != activity.node();
                 let signalled = if !remote {
                     activity.signal(pid, superuser.user(), superuser.holds(), terminate)
                 } else {

@@ -147,4 +147,3 @@ impl ExecutionPlan for SharedExec {
         )))
     }
 }
-

@@ -29,6 +29,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
+pub use crate::operators::shared::SharedExec;
 pub use aggregation::{AdaptiveAggregation, AggregationOptions, FuseFilterAggregate};
 pub use build_sides::BuildSides;
 pub use chains::TypeChainSegments;
@@ -41,7 +42,6 @@ pub use jit::{CompileExpressions, JitOptions};
 pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRange, ScanRows};
 pub use segment::segment_udf;
 pub use selectivity::FilterEstimates;
-pub use crate::operators::shared::SharedExec;
 pub use shared::SharedSubplans;
 pub use spilling::SpillingJoins;
 pub use yields::YieldAfterJoins;

@@ -32,8 +32,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Result;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::Volatility;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};

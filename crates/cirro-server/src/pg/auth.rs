@@ -153,8 +153,16 @@ impl StartupHandler for ScramStartup {
                     auth_prefix,
                 },
             ) => {
-                client_final(client, message, user, verifier, nonce, gs2_header, auth_prefix)
-                    .await?;
+                client_final(
+                    client,
+                    message,
+                    user,
+                    verifier,
+                    nonce,
+                    gs2_header,
+                    auth_prefix,
+                )
+                .await?;
                 let user = user.clone();
                 *state = AuthState::Done;
                 drop(state);
@@ -250,8 +258,7 @@ impl ScramStartup {
         // gs2-header: "n,," (no channel binding) or "y,,"; the bare
         // message follows the second comma.
         let mut parts = client_first.splitn(3, ',');
-        let (Some(flag), Some(_authzid), Some(bare)) =
-            (parts.next(), parts.next(), parts.next())
+        let (Some(flag), Some(_authzid), Some(bare)) = (parts.next(), parts.next(), parts.next())
         else {
             return Err(protocol("malformed SCRAM client-first message"));
         };
@@ -272,8 +279,7 @@ impl ScramStartup {
             .users
             .get(&user)
             .ok_or_else(|| password_failed(&user))?;
-        let verifier =
-            ScramVerifier::parse(&entry.verifier).map_err(|_| password_failed(&user))?;
+        let verifier = ScramVerifier::parse(&entry.verifier).map_err(|_| password_failed(&user))?;
         let server_nonce = STANDARD.encode(rand::random::<[u8; 18]>());
         let nonce = format!("{client_nonce}{server_nonce}");
         let server_first = format!(
