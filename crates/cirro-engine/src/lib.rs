@@ -16,12 +16,15 @@
 //! - `statement/`: the one dispatch on a statement's kind (`mod.rs`), then
 //!   one executor per kind (queries and DML, DDL, views, indexes, ALTER,
 //!   COPY, access control, maintenance);
+//! - `node.rs`: the [`Node`] a process builds once and every session shares
+//!   (memory budget, tiers, compiled-expression cache, GPU);
 //! - `planner.rs`: every rule Cirro adds to DataFusion's analyzer and
 //!   optimizers, in order, and the session state they make;
 //! - `system/`: the `cirro` system tables, PostgreSQL's catalog, the
 //!   registry of sessions and statements a server keeps;
 //! - `storage.rs`: where a table's files are (for the cluster's locality).
 
+mod node;
 mod planner;
 mod session;
 mod statement;
@@ -31,9 +34,10 @@ pub mod system;
 pub use cirro_sql::{
     CopyIn, CopyOutSource, SettingStatement, TextFormat, is_complete, split_statements,
 };
+pub use node::{Node, NodeConfig};
 pub use session::prepared::{NUMERIC_AT_BIND, Prepared};
 pub use session::settings::SERVER_VERSION;
-pub use session::{Engine, EngineConfig, Flag, configure_gpu};
+pub use session::{Engine, EngineConfig, Flag};
 pub use statement::Outcome;
 pub use statement::access::bootstrap_superuser;
 pub use statement::copy_text::encode_row;

@@ -39,6 +39,7 @@ use datafusion::prelude::SessionConfig;
 use datafusion::sql::parser::Statement as DfStatement;
 
 use crate::Engine;
+use crate::node::Node;
 use crate::session::EngineConfig;
 use crate::system::queries;
 
@@ -207,8 +208,9 @@ pub(crate) fn coordinator_rules() -> Vec<Physical> {
 }
 
 /// The physical rules one node applies to the plan it executes, after the
-/// coordinator's, in this order.
-pub(crate) fn local_rules() -> Vec<Physical> {
+/// coordinator's, in this order; those that keep state (the hot-data tier,
+/// the kernels, the GPU) hold `node`'s.
+pub(crate) fn local_rules(node: &Node) -> Vec<Physical> {
     let mut rules: Vec<Physical> = Vec::new();
     // Radix partitions are planned for one node's threads.
     rules.push(Arc::new(cirro::AdaptiveAggregation));
@@ -217,14 +219,18 @@ pub(crate) fn local_rules() -> Vec<Physical> {
     // the tier's: a scan under a GPU filter drops no rows (the device's
     // column cache is keyed by the tier's batches).
     #[cfg(feature = "gpu")]
-    rules.push(Arc::new(cirro_gpu::GpuOperators));
+    rules.push(Arc::new(cirro_gpu::GpuOperators::new(Arc::clone(
+        node.accelerator(),
+    ))));
     // The hot-data tier over the scans the rules before have settled.
-    let tier = cirro_storage::cache::CacheScans::new(Arc::clone(cirro_storage::cache::global()));
+    let tier = cirro_storage::cache::CacheScans::new(Arc::clone(node.cache()));
     #[cfg(feature = "gpu")]
     let tier = tier.with_roles(Arc::new(GpuRoles));
     rules.push(Arc::new(tier));
     // The compiled expressions keep their interpreted ones as children only.
-    rules.push(Arc::new(cirro::CompileExpressions));
+    rules.push(Arc::new(cirro::CompileExpressions::new(Arc::clone(
+        node.kernels(),
+    ))));
     // Over the compiled conjuncts.
     rules.push(Arc::new(cirro::SelectiveConjuncts));
     // Over the compiled expressions and the ordered conjuncts.
@@ -308,7 +314,7 @@ pub(crate) fn session_state(
     }
     let mut physical = coordinator_rules();
     if !distributed {
-        physical.extend(local_rules());
+        physical.extend(local_rules(&config.node));
     }
     builder = builder
         .with_physical_optimizer_rules(physical)
@@ -464,7 +470,7 @@ mod tests {
             "spilling_joins",
             "cirro_shared_subplans",
         ]);
-        assert_eq!(names(&local_rules()), local);
+        assert_eq!(names(&local_rules(&Node::default())), local);
     }
 
     /// Every place names a rule DataFusion has: a rule placed before or

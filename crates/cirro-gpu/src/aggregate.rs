@@ -60,6 +60,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{ExecutionPlan, InputOrderMode, SendableRecordBatchStream};
 
+use crate::Accelerator;
 use crate::blocks::{self, Metrics, Turn};
 use crate::columns::{
     Repr, encode, from_total_key32, from_total_key64, repr_of, total_key32, total_key64, words,
@@ -160,6 +161,7 @@ pub struct GpuAggregateExec {
     twin: Arc<AggregateExec>,
     layout: Arc<Layout>,
     block_rows: usize,
+    accelerator: Arc<Accelerator>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -167,7 +169,11 @@ impl GpuAggregateExec {
     /// The twin of `aggregate` where the device can compute it: a partial
     /// aggregation without grouping sets, DISTINCT, FILTER, order or limit,
     /// of the functions and types above.
-    pub fn try_new(aggregate: &AggregateExec, block_rows: usize) -> Option<Self> {
+    pub fn try_new(
+        aggregate: &AggregateExec,
+        block_rows: usize,
+        accelerator: &Arc<Accelerator>,
+    ) -> Option<Self> {
         if *aggregate.mode() != AggregateMode::Partial
             || !aggregate.group_expr().is_single()
             || aggregate.limit_options().is_some()
@@ -261,6 +267,7 @@ impl GpuAggregateExec {
                 extremes,
             }),
             block_rows: block_rows.max(1),
+            accelerator: Arc::clone(accelerator),
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
@@ -555,7 +562,7 @@ twin_plan!(
     GpuAggregateExec,
     AggregateExec,
     |this: &GpuAggregateExec, cpu: &AggregateExec| {
-        GpuAggregateExec::try_new(cpu, this.block_rows)
+        GpuAggregateExec::try_new(cpu, this.block_rows, &this.accelerator)
     }
 );
 
@@ -571,6 +578,7 @@ impl GpuAggregateExec {
             twin: Arc::clone(&self.twin),
             layout: Arc::clone(&self.layout),
             at_once: self.at_once(),
+            accelerator: Arc::clone(&self.accelerator),
             schema: self.twin.schema(),
             context: Arc::clone(&context),
             metrics: Metrics::new(&self.metrics, partition),
@@ -578,12 +586,19 @@ impl GpuAggregateExec {
         let query = context.session_id();
         let per_row = self.layout.per_row();
         let widest = 4 * (self.layout.state_words as u64 * 4).max(self.layout.key_words as u64);
-        let block_rows = blocks::block_rows(self.block_rows, self.at_once(), per_row, widest);
+        let block_rows = blocks::block_rows(
+            &self.accelerator,
+            self.block_rows,
+            self.at_once(),
+            per_row,
+            widest,
+        );
         Ok(blocks::blockwise(
             input,
             block_rows,
             context.session_config().batch_size(),
             self.twin.schema(),
+            &self.accelerator,
             Arc::new(move |block, turn| run.block(&block.rows, &query, turn)),
         ))
     }
@@ -607,6 +622,7 @@ struct Run {
     layout: Arc<Layout>,
     /// Blocks of the operator on the device at once.
     at_once: usize,
+    accelerator: Arc<Accelerator>,
     schema: SchemaRef,
     context: Arc<TaskContext>,
     metrics: Metrics,
@@ -636,7 +652,7 @@ impl Run {
         if rows == 0 {
             return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
         }
-        if let (Some(gpu), Some(memory)) = (crate::device(), crate::memory()) {
+        if let Some((gpu, memory)) = self.accelerator.both() {
             // Packed before the block's turn: the host's work overlaps the
             // kernels of the block before.
             match self.pack(block)? {

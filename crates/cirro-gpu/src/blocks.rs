@@ -21,6 +21,7 @@ use datafusion::physical_plan::metrics::{
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
+use crate::Accelerator;
 use crate::device::{Copy, DeviceBuffer, Gpu, GpuResult, Launch};
 use crate::kernels;
 use crate::memory::{Access, DeviceMemory, RegionId};
@@ -368,7 +369,8 @@ impl Gate {
 /// acquires its device memory first: were each to hold a part of what it
 /// needs, both would wait for the other (up to `HELD_WAIT`) and fall back.
 pub(crate) struct Turn {
-    ticket: Arc<Mutex<Option<Ticket<'static>>>>,
+    ticket: Arc<Mutex<Option<Ticket>>>,
+    accelerator: Arc<Accelerator>,
     previous: Arc<Gate>,
     mine: Arc<Gate>,
 }
@@ -379,7 +381,7 @@ impl Turn {
     /// (all the operator's blocks in flight) over `rows` rows; then the
     /// block waits until the one before it has acquired its memory.
     pub fn admit(&self, metrics: &Metrics, query: &str, rows: usize, demand: u64) {
-        if let Some(scheduler) = crate::scheduler() {
+        if let Some(scheduler) = self.accelerator.scheduler() {
             let mut ticket = self.ticket.lock().unwrap_or_else(|p| p.into_inner());
             if ticket.is_none() {
                 metrics.waiting.add(1);
@@ -420,8 +422,10 @@ pub(crate) fn blockwise(
     block_rows: usize,
     batch_size: usize,
     schema: SchemaRef,
+    accelerator: &Arc<Accelerator>,
     work: Arc<Work>,
 ) -> SendableRecordBatchStream {
+    let accelerator = Arc::clone(accelerator);
     let reader = Blocks {
         schema: input.schema(),
         input,
@@ -453,7 +457,7 @@ pub(crate) fn blockwise(
             Err(e) => Some((Err(e), state)),
         }
     });
-    let ticket: Arc<Mutex<Option<Ticket<'static>>>> = Arc::default();
+    let ticket: Arc<Mutex<Option<Ticket>>> = Arc::default();
     let ended = Arc::clone(&ticket);
     // The first block has no block before it.
     let mut previous = Arc::new(Gate::default());
@@ -463,6 +467,7 @@ pub(crate) fn blockwise(
             let gate = Arc::new(Gate::default());
             let turn = Turn {
                 ticket: Arc::clone(&ticket),
+                accelerator: Arc::clone(&accelerator),
                 previous: std::mem::replace(&mut previous, Arc::clone(&gate)),
                 mine: gate,
             };
@@ -542,8 +547,14 @@ pub(crate) fn partitions(input: &Arc<dyn datafusion::physical_plan::ExecutionPla
 /// [`IN_FLIGHT`] each for [`blockwise`]) would pass the device-memory
 /// budget at `per_row` bytes a row, or one buffer of `widest` bytes a row
 /// the device's largest binding.
-pub(crate) fn block_rows(wanted: usize, at_once: usize, per_row: f64, widest: u64) -> usize {
-    let (Some(gpu), Some(memory)) = (crate::device(), crate::memory()) else {
+pub(crate) fn block_rows(
+    accelerator: &Accelerator,
+    wanted: usize,
+    at_once: usize,
+    per_row: f64,
+    widest: u64,
+) -> usize {
+    let Some((gpu, memory)) = accelerator.both() else {
         return wanted;
     };
     // A tenth is left to the column cache and rounding.

@@ -1,5 +1,6 @@
 //! The device: one wgpu adapter over Vulkan (a real GPU, or Mesa's lavapipe
-//! in tests), opened on first use and kept for the process; compiled
+//! in tests), opened by a node's `Accelerator` on first use and kept for
+//! the node; compiled
 //! kernels cached by their WGSL source; counters of dispatches, kernels and
 //! transfers that tests and EXPLAIN ANALYZE read.
 //!
@@ -9,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::Instant;
 
@@ -111,23 +112,6 @@ impl std::fmt::Debug for Gpu {
     }
 }
 
-/// The process's device, opened on first call; None where there is none.
-pub fn device() -> Option<&'static Arc<Gpu>> {
-    static DEVICE: OnceLock<Option<Arc<Gpu>>> = OnceLock::new();
-    DEVICE
-        .get_or_init(|| match Gpu::open() {
-            Ok(gpu) => {
-                log::info!("GPU: {}", gpu.name);
-                Some(Arc::new(gpu))
-            }
-            Err(e) => {
-                log::info!("no GPU device: {e}");
-                None
-            }
-        })
-        .as_ref()
-}
-
 /// A buffer on the device with the bytes it holds.
 #[derive(Debug)]
 pub struct DeviceBuffer {
@@ -153,7 +137,9 @@ pub struct Launch<'a> {
 }
 
 impl Gpu {
-    fn open() -> GpuResult<Self> {
+    /// Open the machine's device (`CIRRO_GPU=off`: none). A node opens it
+    /// once, through its [`crate::Accelerator`].
+    pub fn open() -> GpuResult<Self> {
         if std::env::var("CIRRO_GPU").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
             return Err(GpuError("CIRRO_GPU=off".into()));
         }
@@ -463,7 +449,7 @@ mod tests {
     /// block would otherwise fail, and the guilty block's results count).
     #[test]
     fn a_device_error_fails_only_the_thread_that_caused_it() {
-        let gpu = device().expect("no Vulkan device");
+        let gpu = Arc::new(Gpu::open().expect("no Vulkan device"));
         let provoke = || {
             // MAP_READ goes with COPY_DST only: a validation error.
             let _ = gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -476,7 +462,8 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 provoke();
-                let other = std::thread::spawn(|| device().expect("device").wait().is_ok());
+                let same = Arc::clone(&gpu);
+                let other = std::thread::spawn(move || same.wait().is_ok());
                 assert!(
                     other.join().unwrap(),
                     "another thread's wait took the error"

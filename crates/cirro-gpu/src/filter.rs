@@ -24,6 +24,7 @@ use datafusion::physical_plan::filter::{FilterExec, batch_filter};
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 
+use crate::Accelerator;
 use crate::blocks::{self, Assembly, Block, Metrics, Turn};
 use crate::codegen::PredicateKernel;
 use crate::columns::{HostColumn, Repr, encode, repr_of};
@@ -39,15 +40,22 @@ pub struct GpuFilterExec {
     kernel: Arc<PredicateKernel>,
     /// Rows per block (the device's limits and budget may lower it).
     block_rows: usize,
+    accelerator: Arc<Accelerator>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl GpuFilterExec {
-    pub fn new(twin: Arc<FilterExec>, kernel: PredicateKernel, block_rows: usize) -> Self {
+    pub fn new(
+        twin: Arc<FilterExec>,
+        kernel: PredicateKernel,
+        block_rows: usize,
+        accelerator: &Arc<Accelerator>,
+    ) -> Self {
         Self {
             twin,
             kernel: Arc::new(kernel),
             block_rows: block_rows.max(1),
+            accelerator: Arc::clone(accelerator),
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
@@ -62,6 +70,7 @@ twin_plan!(
             twin: Arc::new(cpu.clone()),
             kernel: Arc::clone(&this.kernel),
             block_rows: this.block_rows,
+            accelerator: Arc::clone(&this.accelerator),
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
@@ -80,16 +89,23 @@ impl GpuFilterExec {
             kernel: Arc::clone(&self.kernel),
             predicate: Arc::clone(self.twin.predicate()),
             projection: self.twin.projection().as_ref().map(|p| p.to_vec()),
+            accelerator: Arc::clone(&self.accelerator),
             metrics: Metrics::new(&self.metrics, partition),
         };
         let query = context.session_id();
-        let block_rows =
-            blocks::block_rows(self.block_rows, self.at_once(), per_row(&self.kernel), 8);
+        let block_rows = blocks::block_rows(
+            &self.accelerator,
+            self.block_rows,
+            self.at_once(),
+            per_row(&self.kernel),
+            8,
+        );
         Ok(blocks::blockwise(
             input,
             block_rows,
             context.session_config().batch_size(),
             self.twin.schema(),
+            &self.accelerator,
             Arc::new(move |block, turn| run.block(block, &query, turn)),
         ))
     }
@@ -121,6 +137,7 @@ struct Run {
     kernel: Arc<PredicateKernel>,
     predicate: Arc<dyn PhysicalExpr>,
     projection: Option<Vec<usize>>,
+    accelerator: Arc<Accelerator>,
     metrics: Metrics,
 }
 
@@ -131,8 +148,8 @@ impl Run {
     /// ticket is kept until the operator ends.
     fn block(&self, whole: &Block, query: &str, turn: &Turn) -> Result<RecordBatch> {
         let block = &whole.rows;
-        let on_device = match (crate::device(), crate::memory()) {
-            (Some(gpu), Some(memory)) if block.num_rows() > 0 => {
+        let on_device = match self.accelerator.both() {
+            Some((gpu, memory)) if block.num_rows() > 0 => {
                 // The operator's demand: every block on the device at once.
                 let demand = self.block_bytes(block.num_rows()) * self.at_once as u64;
                 turn.admit(&self.metrics, query, block.num_rows(), demand);

@@ -47,6 +47,7 @@ use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryFutureExt, TryStreamExt};
 
+use crate::Accelerator;
 use crate::blocks::{self, Metrics, Turn};
 use crate::columns::{Repr, encode, repr_of, words};
 use crate::device::{Gpu, GpuError, GpuResult, Launch, WORKGROUP};
@@ -113,6 +114,7 @@ pub struct GpuHashJoinExec {
     twin: Arc<HashJoinExec>,
     layout: Arc<Layout>,
     block_rows: usize,
+    accelerator: Arc<Accelerator>,
     metrics: ExecutionPlanMetricsSet,
     /// `CollectLeft`: the build side shared by the partitions of one run.
     shared: Arc<Mutex<SharedBuild>>,
@@ -139,7 +141,11 @@ impl GpuHashJoinExec {
     /// The twin of `join` where the device can run it: the join types
     /// above (not the mark joins), NULLs never equal, no null-aware anti join, no limit, keys of
     /// the same type on both sides.
-    pub fn try_new(join: &HashJoinExec, block_rows: usize) -> Option<Self> {
+    pub fn try_new(
+        join: &HashJoinExec,
+        block_rows: usize,
+        accelerator: &Arc<Accelerator>,
+    ) -> Option<Self> {
         if matches!(join.join_type(), JoinType::LeftMark | JoinType::RightMark)
             || join.null_equality() != NullEquality::NullEqualsNothing
             || join.null_aware
@@ -172,6 +178,7 @@ impl GpuHashJoinExec {
                 write: WRITE,
             }),
             block_rows: block_rows.max(1),
+            accelerator: Arc::clone(accelerator),
             metrics: ExecutionPlanMetricsSet::new(),
             shared: Arc::default(),
         })
@@ -193,8 +200,9 @@ impl GpuHashJoinExec {
             let keys: Vec<Arc<dyn PhysicalExpr>> =
                 self.twin.on().iter().map(|(l, _)| Arc::clone(l)).collect();
             let context = Arc::clone(context);
+            let accelerator = Arc::clone(&self.accelerator);
             move |partition: usize, probes: usize| {
-                Build::collect(left, partition, context, layout, keys, probes)
+                Build::collect(left, partition, context, layout, keys, probes, accelerator)
             }
         };
         if *self.twin.partition_mode() != PartitionMode::CollectLeft {
@@ -241,6 +249,8 @@ struct Build {
     /// The build rows that matched, and the probe streams still running
     /// (the last to end emits the build side's rows).
     visited: Mutex<(Vec<bool>, usize)>,
+    /// Whose device memory holds the table.
+    accelerator: Arc<Accelerator>,
     _reservation: MemoryReservation,
 }
 
@@ -257,7 +267,7 @@ struct Table {
 
 impl Drop for Build {
     fn drop(&mut self) {
-        if let (Some(Some(table)), Some(memory)) = (self.table.get(), crate::memory()) {
+        if let (Some(Some(table)), Some(memory)) = (self.table.get(), self.accelerator.memory()) {
             memory.free(&[table.keys, table.slots, table.next]);
         }
     }
@@ -271,6 +281,7 @@ impl Build {
         layout: Arc<Layout>,
         keys: Vec<Arc<dyn PhysicalExpr>>,
         probes: usize,
+        accelerator: Arc<Accelerator>,
     ) -> Result<Arc<Build>> {
         let schema = left.schema();
         let stream = left.execute(partition, Arc::clone(&context))?;
@@ -310,6 +321,7 @@ impl Build {
             table: OnceLock::new(),
             map: OnceLock::new(),
             visited: Mutex::new((vec![false; rows], probes)),
+            accelerator,
             _reservation: reservation,
         }))
     }
@@ -509,7 +521,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 twin_plan!(
     GpuHashJoinExec,
     HashJoinExec,
-    |this: &GpuHashJoinExec, cpu: &HashJoinExec| { GpuHashJoinExec::try_new(cpu, this.block_rows) }
+    |this: &GpuHashJoinExec, cpu: &HashJoinExec| {
+        GpuHashJoinExec::try_new(cpu, this.block_rows, &this.accelerator)
+    }
 );
 
 impl GpuHashJoinExec {
@@ -526,12 +540,14 @@ impl GpuHashJoinExec {
             layout: Arc::clone(&self.layout),
             at_once: self.partitions() * blocks::IN_FLIGHT,
             schema: self.twin.schema(),
+            accelerator: Arc::clone(&self.accelerator),
             metrics: Metrics::new(&self.metrics, partition),
             ranges: MetricBuilder::new(&self.metrics).counter("gpu_pair_ranges", partition),
         });
         let query = context.session_id();
         let widest = 4 * self.layout.words.max(2) as u64;
         let block_rows = blocks::block_rows(
+            &self.accelerator,
             self.block_rows,
             self.partitions() * blocks::IN_FLIGHT,
             self.layout.per_row(),
@@ -539,13 +555,21 @@ impl GpuHashJoinExec {
         );
         let batch_size = context.session_config().batch_size();
         let schema = self.twin.schema();
+        let accelerator = Arc::clone(&self.accelerator);
         let joined = futures::stream::once(async move {
             let build = build.await?;
             let (last, last_build) = (Arc::clone(&run), Arc::clone(&build));
             let work = move |block: &blocks::Block, turn: &Turn| {
                 run.block(&build, &block.rows, &query, turn)
             };
-            let blocks = blocks::blockwise(probe, block_rows, batch_size, schema, Arc::new(work));
+            let blocks = blocks::blockwise(
+                probe,
+                block_rows,
+                batch_size,
+                schema,
+                &accelerator,
+                Arc::new(work),
+            );
             // After the last block: the build side's rows, from the last
             // probe stream to end.
             let rest = futures::stream::once(async move { last.finish(&last_build) })
@@ -566,6 +590,7 @@ struct Run {
     /// Probe blocks of the operator on the device at once.
     at_once: usize,
     schema: SchemaRef,
+    accelerator: Arc<Accelerator>,
     metrics: Metrics,
     /// Copies of pairs back from the device (more than the blocks where a
     /// block's pairs pass what one copy holds).
@@ -624,7 +649,7 @@ impl Run {
         query: &str,
         turn: &Turn,
     ) -> Option<Vec<(u32, u32)>> {
-        let (gpu, memory) = (crate::device()?, crate::memory()?);
+        let (gpu, memory) = self.accelerator.both()?;
         let block_bytes = (self.layout.per_row() * rows as f64) as u64;
         let table_bytes =
             (build.words.len() * 4 + Layout::slots(build.batch.num_rows()) * 8) as u64;

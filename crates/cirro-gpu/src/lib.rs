@@ -2,7 +2,8 @@
 //! compute shaders): kernels in WGSL run through `wgpu` on Vulkan (NVIDIA,
 //! AMD, Intel; Metal on Apple) or Mesa's lavapipe software device in tests.
 //!
-//! - `device`: the device, its kernel cache and counters;
+//! - `device`: the device, its kernel cache and counters (a node's
+//!   [`Accelerator`] opens it and owns its memory manager and scheduler);
 //! - `columns`: Arrow columns as kernels read them;
 //! - `codegen`: predicates compiled into WGSL at runtime;
 //! - `kernels`: the prefix sum and compaction every operator shares;
@@ -38,10 +39,10 @@ pub mod rule;
 pub mod scheduler;
 pub mod sort;
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 pub use aggregate::GpuAggregateExec;
-pub use device::{Gpu, GpuError, device};
+pub use device::{Gpu, GpuError};
 pub use filter::GpuFilterExec;
 pub use join::GpuHashJoinExec;
 pub use memory::{DeviceMemory, Policy};
@@ -75,26 +76,65 @@ pub const DEFAULT_MEMORY: u64 = 1 << 30;
 /// CDR's latency factor f.
 pub const DEFAULT_LATENCY: f64 = 0.5;
 
-static MEMORY: OnceLock<DeviceMemory> = OnceLock::new();
-
-/// Set the device-memory budget and replacement policy; only before the
-/// first use of the device (false after it).
-pub fn configure(budget: u64, policy: Policy) -> bool {
-    MEMORY
-        .set(DeviceMemory::new(budget, policy, DEFAULT_LATENCY))
-        .is_ok()
+/// One node's GPU: its device (opened on first use; none where the machine
+/// has none), the device-memory manager and the scheduler that admits
+/// queries to it. The node builds one and hands it to the rule, which hands
+/// it to every operator it places: nothing about the device is process-wide.
+#[derive(Debug)]
+pub struct Accelerator {
+    device: OnceLock<Option<Arc<Gpu>>>,
+    memory: DeviceMemory,
+    scheduler: scheduler::Scheduler,
 }
 
-/// The device's memory manager; None without a device.
-pub fn memory() -> Option<&'static DeviceMemory> {
-    device()?;
-    Some(MEMORY.get_or_init(|| DeviceMemory::new(DEFAULT_MEMORY, Policy::Cdr, DEFAULT_LATENCY)))
+impl Accelerator {
+    /// A device-memory budget of `budget` bytes under `policy`.
+    pub fn new(budget: u64, policy: Policy) -> Self {
+        Self {
+            device: OnceLock::new(),
+            memory: DeviceMemory::new(budget, policy, DEFAULT_LATENCY),
+            scheduler: scheduler::Scheduler::new(budget),
+        }
+    }
+
+    /// The device, opened on the first call; None where there is none.
+    pub fn device(&self) -> Option<&Arc<Gpu>> {
+        self.device
+            .get_or_init(|| match Gpu::open() {
+                Ok(gpu) => {
+                    log::info!("GPU: {}", gpu.name);
+                    Some(Arc::new(gpu))
+                }
+                Err(e) => {
+                    log::info!("no GPU device: {e}");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    /// The device's memory manager; None without a device.
+    pub fn memory(&self) -> Option<&DeviceMemory> {
+        self.device()?;
+        Some(&self.memory)
+    }
+
+    /// The device's scheduler (its capacity the device-memory budget); None
+    /// without a device.
+    pub fn scheduler(&self) -> Option<&scheduler::Scheduler> {
+        self.device()?;
+        Some(&self.scheduler)
+    }
+
+    /// The device and its memory, where there is a device.
+    pub(crate) fn both(&self) -> Option<(&Arc<Gpu>, &DeviceMemory)> {
+        Some((self.device()?, self.memory()?))
+    }
 }
 
-/// The device's scheduler (its capacity the device-memory budget); None
-/// without a device.
-pub fn scheduler() -> Option<&'static scheduler::Scheduler> {
-    static SCHEDULER: OnceLock<scheduler::Scheduler> = OnceLock::new();
-    let memory = memory()?;
-    Some(SCHEDULER.get_or_init(|| scheduler::Scheduler::new(memory.budget())))
+impl Default for Accelerator {
+    /// [`DEFAULT_MEMORY`] under CDR.
+    fn default() -> Self {
+        Self::new(DEFAULT_MEMORY, Policy::Cdr)
+    }
 }

@@ -27,6 +27,7 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 
+use crate::Accelerator;
 use crate::blocks::{self, Assembly, Block, Metrics, Turn};
 use crate::codegen::{ProjectionKernel, compile_projection};
 use crate::columns::words;
@@ -49,13 +50,18 @@ pub struct GpuProjectionExec {
     kernel: Arc<ProjectionKernel>,
     outputs: Arc<Vec<Output>>,
     block_rows: usize,
+    accelerator: Arc<Accelerator>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl GpuProjectionExec {
     /// The twin of `projection` where the device can compute every
     /// expression that is not a plain column, and there is one.
-    pub fn try_new(projection: &ProjectionExec, block_rows: usize) -> Option<Self> {
+    pub fn try_new(
+        projection: &ProjectionExec,
+        block_rows: usize,
+        accelerator: &Arc<Accelerator>,
+    ) -> Option<Self> {
         let schema = projection.input().schema();
         let mut outputs = Vec::new();
         let mut computed: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
@@ -82,6 +88,7 @@ impl GpuProjectionExec {
             kernel: Arc::new(kernel),
             outputs: Arc::new(outputs),
             block_rows: block_rows.max(1),
+            accelerator: Arc::clone(accelerator),
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
@@ -101,7 +108,7 @@ twin_plan!(
     GpuProjectionExec,
     ProjectionExec,
     |this: &GpuProjectionExec, cpu: &ProjectionExec| {
-        GpuProjectionExec::try_new(cpu, this.block_rows)
+        GpuProjectionExec::try_new(cpu, this.block_rows, &this.accelerator)
     }
 );
 
@@ -118,15 +125,23 @@ impl GpuProjectionExec {
             kernel: Arc::clone(&self.kernel),
             outputs: Arc::clone(&self.outputs),
             at_once: self.at_once(),
+            accelerator: Arc::clone(&self.accelerator),
             metrics: Metrics::new(&self.metrics, partition),
         };
         let query = context.session_id();
-        let block_rows = blocks::block_rows(self.block_rows, self.at_once(), run.per_row(), 8);
+        let block_rows = blocks::block_rows(
+            &self.accelerator,
+            self.block_rows,
+            self.at_once(),
+            run.per_row(),
+            8,
+        );
         Ok(blocks::blockwise(
             input,
             block_rows,
             context.session_config().batch_size(),
             self.twin.schema(),
+            &self.accelerator,
             Arc::new(move |block, turn| run.block(block, &query, turn)),
         ))
     }
@@ -138,6 +153,7 @@ struct Run {
     outputs: Arc<Vec<Output>>,
     /// Blocks of the operator on the device at once.
     at_once: usize,
+    accelerator: Arc<Accelerator>,
     metrics: Metrics,
 }
 
@@ -157,7 +173,7 @@ impl Run {
     /// One block projected: on the device, else on the CPU.
     fn block(&self, whole: &Block, query: &str, turn: &Turn) -> Result<RecordBatch> {
         let rows = whole.rows.num_rows();
-        if let (Some(gpu), Some(memory)) = (crate::device(), crate::memory())
+        if let Some((gpu, memory)) = self.accelerator.both()
             && rows > 0
         {
             let demand = (self.per_row() * rows as f64) as u64 * self.at_once as u64;

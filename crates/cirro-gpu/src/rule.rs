@@ -28,6 +28,7 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
+use crate::Accelerator;
 use crate::aggregate::GpuAggregateExec;
 use crate::codegen::compile_predicate;
 use crate::filter::GpuFilterExec;
@@ -54,8 +55,17 @@ impl datafusion::common::config::ConfigExtension for GpuOptions {
     const PREFIX: &'static str = "cirro_gpu";
 }
 
+/// The rule, over one node's device.
 #[derive(Debug, Default)]
-pub struct GpuOperators;
+pub struct GpuOperators {
+    accelerator: Arc<Accelerator>,
+}
+
+impl GpuOperators {
+    pub fn new(accelerator: Arc<Accelerator>) -> Self {
+        Self { accelerator }
+    }
+}
 
 impl PhysicalOptimizerRule for GpuOperators {
     fn optimize(
@@ -75,7 +85,8 @@ impl PhysicalOptimizerRule for GpuOperators {
         };
         // The device is opened only for a plan with a candidate: most
         // statements never pay for it.
-        let usable = || match crate::device() {
+        let accelerator = &self.accelerator;
+        let usable = || match accelerator.device() {
             Some(gpu) if force || !gpu.software => Some(gpu),
             _ => None,
         };
@@ -85,7 +96,7 @@ impl PhysicalOptimizerRule for GpuOperators {
                     return Ok(Transformed::no(node));
                 }
                 let (Some(gpu), Some(_)) = (
-                    GpuAggregateExec::try_new(aggregate, options.block_rows),
+                    GpuAggregateExec::try_new(aggregate, options.block_rows, accelerator),
                     usable(),
                 ) else {
                     return Ok(Transformed::no(node));
@@ -101,9 +112,10 @@ impl PhysicalOptimizerRule for GpuOperators {
                 {
                     return Ok(Transformed::no(node));
                 }
-                let (Some(gpu), Some(_)) =
-                    (GpuHashJoinExec::try_new(join, options.block_rows), usable())
-                else {
+                let (Some(gpu), Some(_)) = (
+                    GpuHashJoinExec::try_new(join, options.block_rows, accelerator),
+                    usable(),
+                ) else {
                     return Ok(Transformed::no(node));
                 };
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
@@ -113,7 +125,7 @@ impl PhysicalOptimizerRule for GpuOperators {
                     return Ok(Transformed::no(node));
                 }
                 let (Some(gpu), Some(device)) = (
-                    GpuProjectionExec::try_new(projection, options.block_rows),
+                    GpuProjectionExec::try_new(projection, options.block_rows, accelerator),
                     usable(),
                 ) else {
                     return Ok(Transformed::no(node));
@@ -127,7 +139,8 @@ impl PhysicalOptimizerRule for GpuOperators {
                 if !force && !large(sort.input(), options.min_rows) {
                     return Ok(Transformed::no(node));
                 }
-                let (Some(gpu), Some(_)) = (GpuSortExec::try_new(sort), usable()) else {
+                let (Some(gpu), Some(_)) = (GpuSortExec::try_new(sort, accelerator), usable())
+                else {
                     return Ok(Transformed::no(node));
                 };
                 return Ok(Transformed::yes(Arc::new(gpu) as Arc<dyn ExecutionPlan>));
@@ -160,7 +173,8 @@ impl PhysicalOptimizerRule for GpuOperators {
                 let twin = FilterExecBuilder::from(filter)
                     .with_input(Arc::clone(spread.input()))
                     .build()?;
-                let gpu = GpuFilterExec::new(Arc::new(twin), kernel, options.block_rows);
+                let gpu =
+                    GpuFilterExec::new(Arc::new(twin), kernel, options.block_rows, accelerator);
                 let mut above =
                     RepartitionExec::try_new(Arc::new(gpu), spread.partitioning().clone())?;
                 if spread.preserve_order() {
@@ -169,10 +183,12 @@ impl PhysicalOptimizerRule for GpuOperators {
                 return Ok(Transformed::yes(Arc::new(above) as Arc<dyn ExecutionPlan>));
             }
             let twin = Arc::new(filter.clone());
-            Ok(Transformed::yes(
-                Arc::new(GpuFilterExec::new(twin, kernel, options.block_rows))
-                    as Arc<dyn ExecutionPlan>,
-            ))
+            Ok(Transformed::yes(Arc::new(GpuFilterExec::new(
+                twin,
+                kernel,
+                options.block_rows,
+                accelerator,
+            )) as Arc<dyn ExecutionPlan>))
         })
         .map(|t| t.data)
     }

@@ -17,7 +17,7 @@
 //! time).
 
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// One operator's estimate.
@@ -71,9 +71,14 @@ pub struct GpuQuery {
     pub demand: u64,
 }
 
-/// Admission to one device.
+/// Admission to one device (its tickets share its state).
 #[derive(Debug)]
 pub struct Scheduler {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     capacity: u64,
     state: Mutex<State>,
     changed: Condvar,
@@ -82,8 +87,8 @@ pub struct Scheduler {
 /// An operator's place on the device; dropping it ends the operator (and
 /// the query's, with its last operator).
 #[derive(Debug)]
-pub struct Ticket<'a> {
-    scheduler: &'a Scheduler,
+pub struct Ticket {
+    scheduler: Arc<Shared>,
     query: String,
     operator: u64,
     /// How long the operator waited to be admitted.
@@ -94,17 +99,19 @@ impl Scheduler {
     /// A scheduler for a device of `capacity` bytes.
     pub fn new(capacity: u64) -> Self {
         Self {
-            capacity,
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
+            shared: Arc::new(Shared {
+                capacity,
+                state: Mutex::new(State::default()),
+                changed: Condvar::new(),
+            }),
         }
     }
 
     /// An operator of `query` estimated to run `time` (any unit: rows) and
     /// hold `memory` bytes: returns when the query is admitted.
-    pub fn enter(&self, query: &str, time: f64, memory: u64) -> Ticket<'_> {
+    pub fn enter(&self, query: &str, time: f64, memory: u64) -> Ticket {
         let start = Instant::now();
-        let mut state = match self.state.lock() {
+        let mut state = match self.shared.state.lock() {
             Ok(s) => s,
             Err(p) => p.into_inner(),
         };
@@ -122,9 +129,9 @@ impl Scheduler {
             });
         entry.operators.insert(operator, Operator { time, memory });
         // A changed demand may let others in (or keep them out).
-        self.changed.notify_all();
+        self.shared.changed.notify_all();
         loop {
-            if admit(&mut state, self.capacity, query) {
+            if admit(&mut state, self.shared.capacity, query) {
                 break;
             }
             if let Some(q) = state.queries.get_mut(query) {
@@ -132,7 +139,11 @@ impl Scheduler {
             }
             // Woken when a query ends or a demand changes; the timeout only
             // re-checks.
-            state = match self.changed.wait_timeout(state, Duration::from_millis(200)) {
+            state = match self
+                .shared
+                .changed
+                .wait_timeout(state, Duration::from_millis(200))
+            {
                 Ok((s, _)) => s,
                 Err(p) => p.into_inner().0,
             };
@@ -141,7 +152,7 @@ impl Scheduler {
             q.waiting_since = None;
         }
         Ticket {
-            scheduler: self,
+            scheduler: Arc::clone(&self.shared),
             query: query.to_string(),
             operator,
             waited: start.elapsed(),
@@ -150,7 +161,7 @@ impl Scheduler {
 
     /// The queries on the device, running or waiting.
     pub fn queries(&self) -> Vec<GpuQuery> {
-        let Ok(state) = self.state.lock() else {
+        let Ok(state) = self.shared.state.lock() else {
             return Vec::new();
         };
         let mut out: Vec<(u64, GpuQuery)> = state
@@ -205,7 +216,7 @@ fn admit(state: &mut State, capacity: u64, query: &str) -> bool {
     true
 }
 
-impl Ticket<'_> {
+impl Ticket {
     /// The operator's estimate changed: the query's demand follows.
     pub fn update(&self, time: f64, memory: u64) {
         if let Ok(mut state) = self.scheduler.state.lock()
@@ -217,7 +228,7 @@ impl Ticket<'_> {
     }
 }
 
-impl Drop for Ticket<'_> {
+impl Drop for Ticket {
     fn drop(&mut self) {
         if let Ok(mut state) = self.scheduler.state.lock() {
             let empty = match state.queries.get_mut(&self.query) {

@@ -35,6 +35,7 @@ use datafusion::physical_plan::sorts::sort::{SortExec, sort_batch};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::TryStreamExt;
 
+use crate::Accelerator;
 use crate::columns::{HostColumn, Repr, encode_for_sort, repr_of};
 use crate::device::{Gpu, GpuError, GpuResult, Launch, WORKGROUP, groups};
 use crate::kernels::SCAN;
@@ -107,12 +108,13 @@ pub struct GpuSortExec {
     twin: Arc<SortExec>,
     /// The key columns, most significant first.
     keys: Vec<usize>,
+    accelerator: Arc<Accelerator>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl GpuSortExec {
     /// The twin of `sort`, where every key is a column the kernels read.
-    pub fn try_new(sort: &SortExec) -> Option<Self> {
+    pub fn try_new(sort: &SortExec, accelerator: &Arc<Accelerator>) -> Option<Self> {
         let schema = sort.input().schema();
         let mut keys = Vec::new();
         for key in sort.expr().iter() {
@@ -123,14 +125,17 @@ impl GpuSortExec {
         Some(Self {
             twin: Arc::new(sort.clone()),
             keys,
+            accelerator: Arc::clone(accelerator),
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 }
 
-twin_plan!(GpuSortExec, SortExec, |_: &GpuSortExec, cpu: &SortExec| {
-    GpuSortExec::try_new(cpu)
-});
+twin_plan!(
+    GpuSortExec,
+    SortExec,
+    |this: &GpuSortExec, cpu: &SortExec| { GpuSortExec::try_new(cpu, &this.accelerator) }
+);
 
 impl GpuSortExec {
     /// The operator's stream for `partition` (`ExecutionPlan::execute`).
@@ -155,6 +160,7 @@ impl GpuSortExec {
         let schema = input.schema();
         let twin = Arc::clone(&self.twin);
         let keys = self.keys.clone();
+        let accelerator = Arc::clone(&self.accelerator);
         let metrics = Metrics {
             dispatches: MetricBuilder::new(&self.metrics).counter("gpu_dispatches", partition),
             gpu_blocks: MetricBuilder::new(&self.metrics).counter("gpu_blocks", partition),
@@ -174,10 +180,11 @@ impl GpuSortExec {
                 futures::stream::select_all(streams).try_collect().await?;
             let all = concat_batches(&input.schema(), &batches)?;
             drop(batches);
-            let sorted =
-                tokio::task::spawn_blocking(move || sort(&twin, &keys, &metrics, all, chunk_rows))
-                    .await
-                    .map_err(|e| DataFusionError::External(Box::new(e)))??;
+            let sorted = tokio::task::spawn_blocking(move || {
+                sort(&accelerator, &twin, &keys, &metrics, all, chunk_rows)
+            })
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))??;
             let pieces: Vec<Result<RecordBatch>> = (0..sorted.num_rows())
                 .step_by(batch_size)
                 .map(|o| Ok(sorted.slice(o, batch_size.min(sorted.num_rows() - o))))
@@ -214,7 +221,13 @@ impl GpuSortExec {
             1
         };
         let per_row = (4 * words + 16) as f64;
-        crate::blocks::block_rows(usize::MAX, partitions, per_row, 4 * words)
+        crate::blocks::block_rows(
+            &self.accelerator,
+            usize::MAX,
+            partitions,
+            per_row,
+            4 * words,
+        )
     }
 }
 
@@ -228,6 +241,7 @@ struct Metrics {
 /// `all` sorted as `twin` says: on the device in chunks of `chunk_rows`
 /// merged on the host, else on the CPU.
 fn sort(
+    accelerator: &Accelerator,
     twin: &SortExec,
     keys: &[usize],
     metrics: &Metrics,
@@ -240,7 +254,7 @@ fn sort(
         // Nothing to sort, on either side.
         return Ok(all.slice(0, fetch.map_or(rows, |f| f.min(rows))));
     }
-    if let (Some(gpu), Some(memory)) = (crate::device(), crate::memory()) {
+    if let Some((gpu, memory)) = accelerator.both() {
         let chunk_rows = chunk_rows.max(1);
         let mut runs = Vec::with_capacity(rows.div_ceil(chunk_rows));
         for start in (0..rows).step_by(chunk_rows) {

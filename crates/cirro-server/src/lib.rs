@@ -279,7 +279,7 @@ async fn bootstrap(catalog: &Catalog) -> Result<()> {
 /// (console, Flight SQL), announce the addresses, take PostgreSQL
 /// connections, then drain.
 pub async fn serve(config: ServerConfig) -> Result<()> {
-    let root = StorageRoot::open(&config.data)?;
+    let root = StorageRoot::open_with(&config.data, config.engine.node.disk())?;
     let tls = match &config.tls {
         Some((cert, key)) => Some(tls::Tls::load(cert, key)?),
         None => None,
@@ -321,6 +321,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     let shared = Arc::new(Shared::new(catalog, &config, runtime, member.as_ref())?);
     let monitor = console::monitor::Monitor::start(
         Arc::clone(&shared.activity),
+        Arc::clone(&config.engine.node),
         console::monitor::SlowLog {
             threshold: config.slow_query,
             file: config.slow_query_log.clone(),

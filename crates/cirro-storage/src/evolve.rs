@@ -37,19 +37,19 @@ use crate::mutate::{Change, remove_of};
 use crate::options::TableOptions;
 use crate::schema::storage_schema;
 use crate::table::CirroTable;
-use crate::write::{TableWriter, fill};
+use crate::write::{Committed, TableWriter, fill};
 
 /// Change `table` (at the snapshot it holds) to `schema` and `options` in one
 /// commit. `rows`, if given, are the table's rows under the new schema (by
 /// position), and replace all of its files; without them only the metadata
-/// changes. Returns the new version.
+/// changes.
 pub async fn change_schema<S>(
     table: &CirroTable,
     schema: &Schema,
     options: &TableOptions,
     rows: Option<S>,
     operation: DeltaOperation,
-) -> Result<i64>
+) -> Result<Committed>
 where
     S: Stream<Item = Result<RecordBatch>> + Unpin,
 {

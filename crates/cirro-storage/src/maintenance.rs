@@ -42,6 +42,8 @@ pub struct OptimizeSummary {
     pub rows_written: u64,
     /// The new version, if there was anything to do.
     pub version: Option<i64>,
+    /// The files it replaced (see [`crate::write::Committed`]).
+    pub replaced: Vec<String>,
 }
 
 /// Indices of the files OPTIMIZE rewrites.
@@ -117,14 +119,15 @@ pub async fn optimize(table: &CirroTable, state: &dyn Session) -> Result<Optimiz
         target_size: data_file_bytes_target() as i64,
     };
     match commit_actions(table.delta(), actions, operation).await {
-        Ok(version) => {
+        Ok(committed) => {
             failpoint::reach("optimize.after_commit", 1);
             Ok(OptimizeSummary {
                 files_removed: chosen.len() as u64,
                 files_added,
                 deletion_vectors_removed,
                 rows_written,
-                version: Some(version),
+                version: Some(committed.version),
+                replaced: committed.replaced,
             })
         }
         Err(e) => {
@@ -138,12 +141,12 @@ pub async fn optimize(table: &CirroTable, state: &dyn Session) -> Result<Optimiz
 /// `retain_hours` ago references — files OPTIMIZE, DELETE, UPDATE, MERGE,
 /// TRUNCATE and INSERT OVERWRITE replaced, old deletion vectors, and files a
 /// crashed or failed writer left behind. Versions older than that can no
-/// longer be read (time travel). Returns the number of files deleted.
+/// longer be read (time travel).
 ///
 /// Files younger than the retention are always kept, so a writer that is
 /// still writing is safe unless the retention is 0 hours. On a local
 /// directory the staging files of killed writers (`part-….parquet#1`) go too.
-pub async fn vacuum(table: &CirroTable, retain_hours: u64) -> Result<u64> {
+pub async fn vacuum(table: &CirroTable, retain_hours: u64) -> Result<Vacuumed> {
     let retention = chrono::Duration::hours(retain_hours.min(i64::MAX as u64 / 3_600_000) as i64);
     let (_, metrics) = table
         .delta()
@@ -154,6 +157,12 @@ pub async fn vacuum(table: &CirroTable, retain_hours: u64) -> Result<u64> {
         .with_mode(VacuumMode::Full)
         .await?;
     let mut deleted = metrics.files_deleted.len() as u64;
+    let removed = metrics
+        .files_deleted
+        .iter()
+        .filter_map(|file| table.url().join(file).ok())
+        .map(|url| url.to_string())
+        .collect();
     if table.url().scheme() == "file"
         && let Ok(dir) = table.url().to_file_path()
     {
@@ -164,7 +173,18 @@ pub async fn vacuum(table: &CirroTable, retain_hours: u64) -> Result<u64> {
             .unwrap_or(std::time::UNIX_EPOCH);
         deleted += remove_staging_files(&dir, cutoff)?;
     }
-    Ok(deleted)
+    Ok(Vacuumed { deleted, removed })
+}
+
+/// What VACUUM did.
+#[derive(Debug)]
+pub struct Vacuumed {
+    /// Files deleted.
+    pub deleted: u64,
+    /// The URLs of the data files it deleted through delta-rs (whose
+    /// stores do not pass the node's disk tier): the tier drops their
+    /// blocks ([`crate::cache::disk::DiskTier::forget`]).
+    pub removed: Vec<String>,
 }
 
 /// object_store's local store writes a file as `name#n` and renames it to

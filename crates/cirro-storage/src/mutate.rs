@@ -40,7 +40,7 @@ use roaring::RoaringTreemap;
 use crate::dv;
 use crate::failpoint;
 use crate::table::CirroTable;
-use crate::write::{TableWriter, commit_actions, commit_exclusive};
+use crate::write::{Committed, TableWriter, commit_actions, commit_exclusive};
 
 /// Share of a file's rows that may be deleted before the file is rewritten
 /// instead of carrying a deletion vector.
@@ -264,11 +264,11 @@ impl Change {
         latest.with_changes(&self.actions)
     }
 
-    /// Commit the change as one new version; returns the version. If the
+    /// Commit the change as one new version (see [`Committed`]). If the
     /// commit fails (conflict, I/O), the change's files are removed. A change
     /// of the schema commits exclusively: it fails with 40001 if any writer
     /// committed after the snapshot it read.
-    pub async fn commit(self, operation: DeltaOperation) -> Result<i64> {
+    pub async fn commit(self, operation: DeltaOperation) -> Result<Committed> {
         failpoint::reach("mutate.before_commit", 1);
         let committed = if self.metadata().is_some() {
             commit_exclusive(self.table.delta(), self.actions, operation).await
@@ -276,9 +276,9 @@ impl Change {
             commit_actions(self.table.delta(), self.actions, operation).await
         };
         match committed {
-            Ok(version) => {
+            Ok(committed) => {
                 failpoint::reach("mutate.after_commit", 1);
-                Ok(version)
+                Ok(committed)
             }
             Err(e) => {
                 remove_paths(&self.table, &self.new_files).await;

@@ -6,6 +6,8 @@
 use std::sync::Arc;
 
 use cirro_common::{CirroError, Result, SqlState};
+
+use crate::cache::disk::DiskTier;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
@@ -20,6 +22,12 @@ pub struct StorageRoot {
 impl StorageRoot {
     /// Open (creating if needed) the data location `location`: a path or a URL.
     pub fn open(location: &str) -> Result<Self> {
+        Self::open_with(location, None)
+    }
+
+    /// [`Self::open`], remote data files read through the node's local-disk
+    /// tier `disk`.
+    pub fn open_with(location: &str, disk: Option<&Arc<DiskTier>>) -> Result<Self> {
         let url = if location.contains("://") {
             Url::parse(location).map_err(|e| {
                 CirroError::new(
@@ -38,7 +46,7 @@ impl StorageRoot {
             Url::from_directory_path(&absolute)
                 .map_err(|_| CirroError::io(format!("bad data directory {}", absolute.display())))?
         };
-        let (url, store) = crate::stores::open(url)?;
+        let (url, store) = crate::stores::open(url, disk)?;
         Ok(Self { url, store })
     }
 

@@ -13,8 +13,10 @@
 //!   temporary file and a rename that refuses to overwrite, which HDFS does
 //!   atomically.
 //!
-//! Reads of table data files on `s3` and `hdfs` go through the local-disk
-//! tier when `--cache-dir` names one ([`crate::cache::disk`]).
+//! Reads of table data files on `s3` and `hdfs` through the data location's
+//! store go through the node's local-disk tier when `--cache-dir` names one
+//! ([`crate::cache::disk`]); delta-rs's stores (log reads and commits) do
+//! not.
 //!
 //! delta-rs finds stores through its own registry by scheme; `s3` is
 //! registered there once, with the same store, so tables and the catalog
@@ -29,6 +31,7 @@ use deltalake::logstore::{
 };
 use object_store::ObjectStore;
 
+use crate::cache::disk::DiskTier;
 use crate::timeouts::ReadTimeouts;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
@@ -36,8 +39,9 @@ use object_store::path::Path;
 use url::Url;
 
 /// The object store of the data location at `url` (created if it is a new
-/// local directory), and the URL normalized to end in `/`.
-pub(crate) fn open(url: Url) -> Result<(Url, Arc<dyn ObjectStore>)> {
+/// local directory; remote data files read through `disk` if given), and
+/// the URL normalized to end in `/`.
+pub(crate) fn open(url: Url, disk: Option<&Arc<DiskTier>>) -> Result<(Url, Arc<dyn ObjectStore>)> {
     let mut url = url;
     if !url.path().ends_with('/') {
         let path = format!("{}/", url.path());
@@ -54,7 +58,7 @@ pub(crate) fn open(url: Url) -> Result<(Url, Arc<dyn ObjectStore>)> {
         }
         "s3" | "s3a" | "hdfs" => {
             register_with_delta();
-            let store = remote_store(&url)?;
+            let store = remote_store(&url, disk)?;
             Ok((url, store))
         }
         other => Err(CirroError::unsupported(format!(
@@ -65,12 +69,12 @@ pub(crate) fn open(url: Url) -> Result<(Url, Arc<dyn ObjectStore>)> {
 
 /// The store at the root of remote location `url` (its bucket or name
 /// node), its data files read through the disk tier if `--cache-dir` set one.
-fn remote_store(url: &Url) -> Result<Arc<dyn ObjectStore>> {
+fn remote_store(url: &Url, disk: Option<&Arc<DiskTier>>) -> Result<Arc<dyn ObjectStore>> {
     let store = match url.scheme() {
         "hdfs" => hdfs_store(url)?,
         _ => s3_store(url)?,
     };
-    let Some(tier) = crate::cache::disk::global() else {
+    let Some(tier) = disk else {
         return Ok(store);
     };
     let root = match url.port() {
@@ -134,7 +138,7 @@ impl ObjectStoreFactory for RemoteStores {
         _config: &StorageConfig,
     ) -> deltalake::DeltaResult<(ObjectStoreRef, Path)> {
         let store =
-            remote_store(url).map_err(|e| deltalake::DeltaTableError::Generic(e.message))?;
+            remote_store(url, None).map_err(|e| deltalake::DeltaTableError::Generic(e.message))?;
         let path = Path::from_url_path(url.path())?;
         Ok((store, path))
     }

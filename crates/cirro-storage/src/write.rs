@@ -340,16 +340,25 @@ impl TableWriter {
 /// Commit attempts of an append before it gives up (see `commit_actions`).
 const BLIND_APPEND_COMMIT_ATTEMPTS: usize = 1000;
 
+/// A commit that is in: the table's new version, and the object-store paths
+/// of the data files it removed without adding back, whose entries the
+/// committing node's hot-data tier drops ([`crate::cache::ColumnCache::forget_files`]).
+#[derive(Debug)]
+pub struct Committed {
+    pub version: i64,
+    pub replaced: Vec<String>,
+}
+
 /// Commit `actions` to `table` as one new version, read at the table's
 /// snapshot. A concurrent commit that conflicts with this one (it removed a
 /// file this one read or removes) fails it with 40001; one that does not is
 /// committed after it (delta-rs's conflict checker decides, see
-/// `docs/architecture.md`). Returns the new version.
+/// `docs/architecture.md`).
 pub async fn commit_actions(
     table: &DeltaTable,
     actions: Vec<Action>,
     operation: DeltaOperation,
-) -> Result<i64> {
+) -> Result<Committed> {
     let snapshot = table.snapshot()?;
     // CommitProperties' defaults include the post-commit hook that writes a
     // checkpoint every `delta.checkpointInterval` versions; without it every
@@ -390,8 +399,10 @@ pub async fn commit_actions(
     let finalized = builder
         .build(Some(snapshot), table.log_store(), operation)
         .await?;
-    crate::cache::global().forget_files(&replaced);
-    Ok(finalized.version() as i64)
+    Ok(Committed {
+        version: finalized.version() as i64,
+        replaced,
+    })
 }
 
 /// The object-store paths of the data files a commit of `actions` removes
@@ -427,7 +438,7 @@ pub async fn commit_exclusive(
     table: &DeltaTable,
     actions: Vec<Action>,
     operation: DeltaOperation,
-) -> Result<i64> {
+) -> Result<Committed> {
     let snapshot = table.snapshot()?;
     let replaced = replaced_files(table, &actions);
     let finalized = CommitBuilder::from(CommitProperties::default())
@@ -435,8 +446,10 @@ pub async fn commit_exclusive(
         .with_max_retries(0)
         .build(Some(snapshot), table.log_store(), operation)
         .await?;
-    crate::cache::global().forget_files(&replaced);
-    Ok(finalized.version() as i64)
+    Ok(Committed {
+        version: finalized.version() as i64,
+        replaced,
+    })
 }
 
 /// Remove data files written for a commit that did not happen.

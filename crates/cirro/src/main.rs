@@ -20,7 +20,7 @@ mod shell;
 use std::process::ExitCode;
 
 use cirro_common::CirroError;
-use cirro_engine::{Engine, EngineConfig, Flag};
+use cirro_engine::{Engine, EngineConfig, Flag, Node, NodeConfig};
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
@@ -267,8 +267,6 @@ fn main() -> ExitCode {
         .stack_size(stack)
         .spawn(move || run_main(cli, stack));
     let code = main.map(|thread| thread.join());
-    // The process's spill folder (its files are gone with their queries).
-    cirro_exec::resources::close();
     match code {
         Ok(Ok(code)) => code,
         Ok(Err(_)) => ExitCode::FAILURE,
@@ -300,9 +298,13 @@ fn run_main(cli: Cli, stack: usize) -> ExitCode {
     }
 }
 
-/// Turn on the local-disk tier in `dir` (`--cache-dir`), sized by `size`
+/// The local-disk tier in `dir` (`--cache-dir`), sized by `size`
 /// (`--cache-dir-size`).
-fn configure_disk_tier(dir: &std::path::Path, size: &str, data: &str) -> Result<(), CirroError> {
+fn open_disk_tier(
+    dir: &std::path::Path,
+    size: &str,
+    data: &str,
+) -> Result<std::sync::Arc<cirro_storage::cache::disk::DiskTier>, CirroError> {
     use cirro_storage::cache::disk;
     let bad = |e: String| CirroError::new(cirro_common::SqlState::INVALID_PARAMETER_VALUE, e);
     std::fs::create_dir_all(dir)
@@ -310,7 +312,7 @@ fn configure_disk_tier(dir: &std::path::Path, size: &str, data: &str) -> Result<
     let disk_size = disk::file_system_size(dir).unwrap_or(0);
     let budget = cirro_common::limits::parse_size(size, disk_size)
         .map_err(|e| bad(format!("--cache-dir-size: {e}")))?;
-    disk::configure(dir, budget).map_err(|e| bad(format!("--cache-dir: {e}")))?;
+    let tier = disk::DiskTier::open(dir, budget).map_err(|e| bad(format!("--cache-dir: {e}")))?;
     let remote = ["s3://", "s3a://", "hdfs://"]
         .iter()
         .any(|scheme| data.starts_with(scheme));
@@ -319,11 +321,11 @@ fn configure_disk_tier(dir: &std::path::Path, size: &str, data: &str) -> Result<
             "--cache-dir keeps blocks of data read from HDFS or S3; the data location {data} is local, so it holds nothing"
         );
     }
-    Ok(())
+    Ok(std::sync::Arc::new(tier))
 }
 
 /// The flags of this process, as read-only settings (`SHOW cirro.*`).
-fn flags(cli: &Cli) -> Vec<Flag> {
+fn flags(cli: &Cli, node: &Node) -> Vec<Flag> {
     let flag = |name, value: String, description| Flag {
         name,
         value,
@@ -347,19 +349,12 @@ fn flags(cli: &Cli) -> Vec<Flag> {
         ),
         flag(
             "cirro.spill_dir",
-            cirro_exec::resources::global()
-                .config()
-                .spill_dir
-                .display()
-                .to_string(),
+            node.resources().config().spill_dir.display().to_string(),
             "where queries spill (--spill-dir, CIRRO_SPILL_DIR)",
         ),
         flag(
             "cirro.max_running_queries",
-            cirro_exec::resources::global()
-                .admission()
-                .max_running()
-                .to_string(),
+            node.resources().admission().max_running().to_string(),
             "statements that run at once; the rest are queued (--max-running-queries, CIRRO_MAX_RUNNING_QUERIES)",
         ),
         flag(
@@ -454,7 +449,8 @@ fn flags(cli: &Cli) -> Vec<Flag> {
     flags
 }
 
-async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
+/// The node the flags describe: memory, tiers, GPU.
+fn node(cli: &Cli) -> Result<Node, CirroError> {
     let memory = cirro_storage::cache::physical_memory().unwrap_or(4 << 30);
     let bad = |e: String| CirroError::new(cirro_common::SqlState::INVALID_PARAMETER_VALUE, e);
     let memory_limit = cirro_common::limits::parse_size(&cli.memory_limit, memory)
@@ -477,23 +473,41 @@ async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
         }
         resources.max_running = n;
     }
-    cirro_exec::resources::configure(resources)?;
     let cache_policy: cirro_storage::cache::Policy = cli
         .cache_policy
         .parse()
         .map_err(|e: String| bad(format!("--cache-policy: {e}")))?;
-    cirro_storage::cache::configure(cache_memory, cache_policy);
     let gpu_memory = cirro_common::limits::parse_size(&cli.gpu_memory, u64::MAX)
         .map_err(|e| bad(format!("--gpu-memory: {e}")))?;
-    cirro_engine::configure_gpu(gpu_memory, &cli.gpu_policy)?;
-    if let Some(dir) = &cli.cache_dir {
-        configure_disk_tier(dir, &cli.cache_dir_size, &cli.data)?;
-    }
+    let disk = match &cli.cache_dir {
+        Some(dir) => Some(open_disk_tier(dir, &cli.cache_dir_size, &cli.data)?),
+        None => None,
+    };
+    Node::new(NodeConfig {
+        resources,
+        cache_policy,
+        disk,
+        gpu_memory,
+        gpu_policy: cli.gpu_policy.clone(),
+    })
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, CirroError> {
+    let node = std::sync::Arc::new(node(&cli)?);
     let config = EngineConfig {
         target_partitions: cli.threads,
-        flags: std::sync::Arc::new(flags(&cli)),
+        flags: std::sync::Arc::new(flags(&cli, &node)),
+        node: std::sync::Arc::clone(&node),
         ..Default::default()
     };
+    let code = run_with(cli, config).await;
+    // The node's spill folder (its files are gone with their queries).
+    node.close();
+    code
+}
+
+/// Run the command over the node of `config`.
+async fn run_with(cli: Cli, config: EngineConfig) -> Result<ExitCode, CirroError> {
     if let Command::Bench { args } = &cli.command {
         return bench::run(args, cli.threads);
     }

@@ -12,13 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cirro_catalog::{Catalog, CirroCatalogList, DEFAULT_DATABASE, SessionTables};
-use cirro_common::{CirroError, Result, SqlState};
+use cirro_common::Result;
 use cirro_exec::resources::SessionMemory;
 use cirro_sql::Parsed;
 use cirro_storage::StorageRoot;
 use datafusion::execution::context::SessionContext;
 use datafusion::execution::runtime_env::RuntimeEnv;
 
+use crate::node::Node;
 use crate::system::{self, activity, queries, visibility};
 use crate::{planner, statement};
 
@@ -39,6 +40,9 @@ pub struct EngineConfig {
     pub flags: Arc<Vec<Flag>>,
     /// A cluster node's distributed execution (none on a single node).
     pub distribution: Option<Arc<dyn cirro_exec::distribution::Distribution>>,
+    /// The node the session runs on: its memory, tiers, kernels and GPU
+    /// (see `node.rs`); a new default node when unset.
+    pub node: Arc<Node>,
 }
 
 /// One command-line flag of the process, as a read-only setting.
@@ -87,12 +91,18 @@ pub struct Engine {
     pub(crate) memory: Arc<SessionMemory>,
     /// The record of the statement it runs (see `queries`).
     pub(crate) current_query: queries::QuerySlot,
+    /// The node the session runs on.
+    pub(crate) node: Arc<Node>,
 }
 
-/// A session's DataFusion runtime: the process's (or `shared`'s) caches,
-/// object stores and spill area, with a memory pool of the session's own.
-fn session_runtime(shared: Option<&Arc<RuntimeEnv>>) -> (Arc<RuntimeEnv>, Arc<SessionMemory>) {
-    let resources = cirro_exec::resources::global();
+/// A session's DataFusion runtime: `shared`'s caches and object stores (a
+/// new runtime's without one) and the node's spill area, with a memory pool
+/// of the session's own in the node's budget.
+fn session_runtime(
+    shared: Option<&Arc<RuntimeEnv>>,
+    node: &Node,
+) -> (Arc<RuntimeEnv>, Arc<SessionMemory>) {
+    let resources = node.resources();
     let memory = Arc::new(SessionMemory::new(Arc::clone(resources.budget())));
     let mut runtime = match shared {
         Some(runtime) => RuntimeEnv::clone(runtime),
@@ -115,7 +125,7 @@ impl Drop for Engine {
 impl Engine {
     /// Open the data location `data` (a path or URL), creating it if new.
     pub async fn open(data: &str, config: EngineConfig) -> Result<Self> {
-        let root = StorageRoot::open(data)?;
+        let root = StorageRoot::open_with(data, config.node.disk())?;
         let catalog = Catalog::open(root).await?;
         Ok(Self::with_catalog(catalog, config, None))
     }
@@ -128,7 +138,7 @@ impl Engine {
             Arc::clone(&catalog),
             Arc::clone(&session),
         ));
-        let (runtime, memory) = session_runtime(config.runtime.as_ref());
+        let (runtime, memory) = session_runtime(config.runtime.as_ref(), &config.node);
         let current_query = queries::QuerySlot::default();
         let state = planner::session_state(&config, &list, runtime, &current_query);
         let superuser = statement::access::SuperuserCheck::new(Arc::clone(&catalog), user.clone());
@@ -162,6 +172,7 @@ impl Engine {
                     catalog: Arc::clone(&catalog),
                     backend: Arc::clone(&backend),
                     viewer: visibility::StatementViewer::new(Arc::clone(&catalog), user.clone()),
+                    node: Arc::clone(&config.node),
                 }),
             );
         }
@@ -180,6 +191,7 @@ impl Engine {
             backend,
             memory,
             current_query,
+            node: Arc::clone(&config.node),
         };
         engine.apply_user_settings();
         engine
@@ -187,6 +199,11 @@ impl Engine {
 
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.catalog
+    }
+
+    /// The node the session runs on.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
     }
 
     pub fn context(&self) -> &SessionContext {
@@ -232,24 +249,4 @@ impl Engine {
             .default_catalog
             .clone()
     }
-}
-
-/// Set the GPU's device-memory budget (`--gpu-memory`) and replacement
-/// policy (`--gpu-policy`: cdr, lru, mru, lfu or random) before the first
-/// query; without the `gpu` feature only the policy's name is checked.
-pub fn configure_gpu(budget: u64, policy: &str) -> Result<()> {
-    let bad = |e: String| CirroError::new(SqlState::INVALID_PARAMETER_VALUE, e);
-    #[cfg(feature = "gpu")]
-    {
-        let policy: cirro_gpu::Policy = policy.parse().map_err(bad)?;
-        cirro_gpu::configure(budget, policy);
-    }
-    #[cfg(not(feature = "gpu"))]
-    {
-        let _ = budget;
-        if !["cdr", "lru", "mru", "lfu", "random"].contains(&policy.to_ascii_lowercase().as_str()) {
-            return Err(bad(format!("unknown replacement policy {policy:?}")));
-        }
-    }
-    Ok(())
 }

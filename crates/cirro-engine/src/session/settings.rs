@@ -162,7 +162,7 @@ impl Engine {
     /// The memory limit of the session's next statement in bytes (`SET
     /// memory_limit`, else the server's default).
     pub fn memory_limit(&self) -> usize {
-        let resources = cirro_exec::resources::global();
+        let resources = self.node.resources();
         resources
             .parse_query_memory(&self.settings.get("memory_limit"))
             .unwrap_or_else(|_| resources.query_memory())
@@ -213,7 +213,8 @@ impl Engine {
             return;
         };
         for (name, value) in entry.settings {
-            let checked = setting_name(&name).and_then(|n| Ok((n, checked_value(n, value)?)));
+            let checked = setting_name(&name)
+                .and_then(|n| Ok((n, checked_value(self.node.resources(), n, value)?)));
             match checked {
                 Ok((name, value)) => {
                     if let Err(e) = self.apply_setting(name, &value) {
@@ -303,7 +304,7 @@ impl Engine {
                     return Err(read_only(&name));
                 }
                 let name = setting_name(&name)?;
-                let value = checked_value(name, value)?;
+                let value = checked_value(self.node.resources(), name, value)?;
                 if name == "priority" && !self.superuser_check().holds() {
                     let own = self.settings.default_of("priority");
                     if value.parse::<i32>().ok() > own.parse::<i32>().ok() {
@@ -392,7 +393,11 @@ fn read_only(name: &str) -> CirroError {
 }
 
 /// The value to keep for `SET name = value`, or why it is refused.
-pub(crate) fn checked_value(name: &'static str, value: String) -> Result<String> {
+pub(crate) fn checked_value(
+    resources: &cirro_exec::resources::Resources,
+    name: &'static str,
+    value: String,
+) -> Result<String> {
     match name {
         // (`SET priority = -5` comes as "- 5".)
         "priority" => match value.split_whitespace().collect::<String>().parse::<i32>() {
@@ -409,7 +414,7 @@ pub(crate) fn checked_value(name: &'static str, value: String) -> Result<String>
             Ok(value)
         }
         "memory_limit" => {
-            let bytes = cirro_exec::resources::global().parse_query_memory(&value)?;
+            let bytes = resources.parse_query_memory(&value)?;
             Ok(cirro_exec::resources::format_bytes(bytes))
         }
         "cache" | "join_order" | "spill_join" => match value.to_ascii_lowercase().as_str() {

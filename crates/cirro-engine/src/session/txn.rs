@@ -433,10 +433,11 @@ impl Transaction {
 
     /// Commit the transaction's changes (one Delta commit; exclusive if it
     /// changed the table's schema). On failure the files it wrote are
-    /// removed and the table is unchanged.
-    pub async fn commit(self) -> Result<()> {
+    /// removed and the table is unchanged. Returns the data files the
+    /// commit replaced (see `cirro_storage::write::Committed`).
+    pub async fn commit(self) -> Result<Vec<String>> {
         let Some(written) = self.written else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let mut actions = difference(&written.base, &written.current);
         let committed = match &written.schema {
@@ -447,9 +448,9 @@ impl Transaction {
                 );
                 commit_exclusive(written.base.delta(), actions, schema.operation.clone())
                     .await
-                    .map(|_| ())
+                    .map(|c| c.replaced)
             }
-            None if actions.is_empty() => Ok(()),
+            None if actions.is_empty() => Ok(Vec::new()),
             None => {
                 let operation = if written.changes_rows {
                     DeltaOperation::Update { predicate: None }
@@ -462,11 +463,11 @@ impl Transaction {
                 };
                 commit_actions(written.base.delta(), actions, operation)
                     .await
-                    .map(|_| ())
+                    .map(|c| c.replaced)
             }
         };
         match committed {
-            Ok(()) => {
+            Ok(replaced) => {
                 // Files written by one statement and dropped by a later one
                 // (e.g. rows inserted, then deleted) were never committed.
                 let kept: std::collections::HashSet<&str> = written
@@ -488,7 +489,7 @@ impl Transaction {
                     .cloned()
                     .collect();
                 remove_paths(&written.base, &garbage).await;
-                Ok(())
+                Ok(replaced)
             }
             Err(e) => {
                 remove_paths(&written.base, &written.new_files).await;
@@ -720,7 +721,8 @@ impl Engine {
     {
         use cirro_storage::evolve::{change_schema, prepare_schema_change};
         if !self.in_transaction() {
-            change_schema(table, schema, options, rows, operation).await?;
+            let committed = change_schema(table, schema, options, rows, operation).await?;
+            self.node.cache().forget_files(&committed.replaced);
             return Ok(());
         }
         if self.created_in_transaction(location) {
@@ -893,7 +895,7 @@ impl Engine {
                         // Committed while the lock is held.
                         let committed = txn.commit().await;
                         drop(held);
-                        committed?;
+                        self.node.cache().forget_files(&committed?);
                         return Ok(Outcome::command("COMMIT"));
                     }
                     Err(e) => {
@@ -902,7 +904,8 @@ impl Engine {
                     }
                 }
             }
-            txn.commit().await?;
+            let replaced = txn.commit().await?;
+            self.node.cache().forget_files(&replaced);
             Ok(Outcome::command("COMMIT"))
         } else {
             txn.rollback().await;

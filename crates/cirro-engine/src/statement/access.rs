@@ -369,7 +369,11 @@ impl Engine {
                 let known = crate::session::settings::setting_name(setting)?;
                 Some((
                     known,
-                    crate::session::settings::checked_value(known, value.clone())?,
+                    crate::session::settings::checked_value(
+                        self.node.resources(),
+                        known,
+                        value.clone(),
+                    )?,
                 ))
             }
             (Some(setting), None) => {

@@ -34,6 +34,7 @@ pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> 
             let table = engine.catalog.open_table(&location).await?;
             let state = engine.context().state();
             let summary = cirro_storage::maintenance::optimize(&table, &state).await?;
+            engine.node.cache().forget_files(&summary.replaced);
             let schema = result_schema(&statement);
             let columns: Vec<ArrayRef> = [
                 summary.files_removed,
@@ -52,11 +53,17 @@ pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> 
             engine.check_owner(&db, &schema, &name, "VACUUM it")?;
             let location = location_of(engine, &db, &schema, &name)?;
             let table = engine.catalog.open_table(&location).await?;
-            let deleted = cirro_storage::maintenance::vacuum(
+            let vacuumed = cirro_storage::maintenance::vacuum(
                 &table,
                 hours.unwrap_or(VACUUM_RETAIN_HOURS_DEFAULT),
             )
             .await?;
+            if let Some(disk) = engine.node.disk() {
+                for file in &vacuumed.removed {
+                    disk.forget(file);
+                }
+            }
+            let deleted = vacuumed.deleted;
             let schema = result_schema(&statement);
             let columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![deleted as i64]))];
             rows(engine, schema, columns).await

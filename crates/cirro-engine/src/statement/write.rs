@@ -89,7 +89,8 @@ async fn execute_dml(
                     return Err(e);
                 }
             }
-            prepared.change.commit(prepared.operation).await?;
+            let committed = prepared.change.commit(prepared.operation).await?;
+            engine.node.cache().forget_files(&committed.replaced);
         }
         let table = engine.catalog.open_table(&location).await?;
         engine.session.set(&location, table);
@@ -100,7 +101,8 @@ async fn execute_dml(
             return Ok(outcome);
         }
         if !checked {
-            prepared.change.commit(prepared.operation).await?;
+            let committed = prepared.change.commit(prepared.operation).await?;
+            engine.node.cache().forget_files(&committed.replaced);
             return Ok(outcome);
         }
         // Check and commit under the table's write lock (see constraints.rs).
@@ -119,7 +121,8 @@ async fn execute_dml(
                 return Err(e);
             }
         };
-        prepared.change.commit(prepared.operation).await?;
+        let committed = prepared.change.commit(prepared.operation).await?;
+        engine.node.cache().forget_files(&committed.replaced);
         return Ok(outcome);
     }
     if checked {

@@ -52,6 +52,8 @@ pub(crate) struct SystemSchema {
     pub(crate) backend: Arc<std::sync::OnceLock<crate::system::activity::Backend>>,
     /// What of other sessions' statements the session's user may see.
     pub(crate) viewer: crate::system::visibility::StatementViewer,
+    /// The node whose tiers and GPU `cache` and `gpu` show.
+    pub(crate) node: Arc<crate::node::Node>,
 }
 
 #[async_trait]
@@ -63,8 +65,8 @@ impl SchemaProvider for SystemSchema {
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         match name {
             "nodes" => Ok(Some(nodes_table(&self.nodes())?)),
-            "cache" => Ok(Some(cache_table()?)),
-            "gpu" => Ok(Some(gpu_table()?)),
+            "cache" => Ok(Some(cache_table(&self.node)?)),
+            "gpu" => Ok(Some(gpu_table(&self.node)?)),
             "statistics" => Ok(Some(statistics_table(&self.catalog)?)),
             "queries" => {
                 let views = match self.backend.get() {
@@ -224,12 +226,14 @@ type GpuStatus = (
     [Option<u64>; 15],
 );
 
-fn gpu_status() -> GpuStatus {
+fn gpu_status(node: &crate::node::Node) -> GpuStatus {
     #[cfg(feature = "gpu")]
-    if let (Some(gpu), Some(memory)) = (cirro_gpu::device(), cirro_gpu::memory()) {
+    if let (Some(gpu), Some(memory)) = (node.accelerator().device(), node.accelerator().memory()) {
         let m = memory.stats();
         let c = gpu.counters.values();
-        let queries = cirro_gpu::scheduler()
+        let queries = node
+            .accelerator()
+            .scheduler()
             .map(|s| s.queries())
             .unwrap_or_default();
         let running = queries.iter().filter(|q| q.running).count() as u64;
@@ -261,8 +265,8 @@ fn gpu_status() -> GpuStatus {
     (None, None, None, [None; 15])
 }
 
-fn gpu_table() -> DfResult<Arc<dyn TableProvider>> {
-    let (device, software, policy, counters) = gpu_status();
+fn gpu_table(node: &crate::node::Node) -> DfResult<Arc<dyn TableProvider>> {
+    let (device, software, policy, counters) = gpu_status(node);
     let mut columns: Vec<(&str, ArrayRef)> = vec![
         ("device", Arc::new(StringArray::from(vec![device]))),
         (
@@ -280,15 +284,15 @@ fn gpu_table() -> DfResult<Arc<dyn TableProvider>> {
     memory_table(columns)
 }
 
-fn cache_table() -> DfResult<Arc<dyn TableProvider>> {
+fn cache_table(node: &crate::node::Node) -> DfResult<Arc<dyn TableProvider>> {
     // The memory tier's files, then the disk tier's (full URLs).
-    let mut rows: Vec<(String, cirro_storage::cache::FileCounts, &str)> =
-        cirro_storage::cache::global()
-            .by_file()
-            .into_iter()
-            .map(|(file, counts)| (file, counts, "memory"))
-            .collect();
-    if let Some(disk) = cirro_storage::cache::disk::global() {
+    let mut rows: Vec<(String, cirro_storage::cache::FileCounts, &str)> = node
+        .cache()
+        .by_file()
+        .into_iter()
+        .map(|(file, counts)| (file, counts, "memory"))
+        .collect();
+    if let Some(disk) = node.disk() {
         rows.extend(
             disk.by_file()
                 .into_iter()

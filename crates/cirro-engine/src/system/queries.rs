@@ -121,7 +121,7 @@ impl Engine {
                 Some(Arc::clone(handle.record()));
         }
         let ticket = if admit {
-            let admission = cirro_exec::resources::global().admission();
+            let admission = self.node.resources().admission();
             let on_queued = || {
                 if let Some(handle) = &handle {
                     handle.queued();

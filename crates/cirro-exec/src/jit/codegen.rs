@@ -1,5 +1,5 @@
 //! Machine code for a [`Kernel`]'s expression tree, made with Cranelift, and
-//! the process-wide cache of compiled kernels.
+//! a node's cache of compiled kernels ([`Kernels`]).
 //!
 //! A kernel is one loop over a batch's rows:
 //!
@@ -19,7 +19,7 @@
 //! row, so the loop has no branch but its own.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Type, Value, types};
@@ -55,12 +55,12 @@ impl Kernel {
     }
 }
 
-/// The most kernels the process keeps. Compiled code is never freed (a
+/// The most kernels a node keeps. Compiled code is never freed (a
 /// kernel can run in any query still holding its plan); past this bound an
 /// expression is interpreted instead.
 const MAX_KERNELS: usize = 4096;
 
-/// Process-wide counts of the JIT's work.
+/// Counts of a node's JIT work.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct JitStats {
     /// Kernels compiled.
@@ -87,20 +87,82 @@ struct Jit {
 #[allow(unsafe_code)]
 unsafe impl Send for Jit {}
 
-static JIT: LazyLock<Option<Mutex<Jit>>> = LazyLock::new(|| {
-    let module = new_module()
-        .map_err(|e| log::warn!("runtime code generation is unavailable: {e}"))
-        .ok()?;
-    let context = module.make_context();
-    Some(Mutex::new(Jit {
-        module,
-        context,
-        builder_context: FunctionBuilderContext::new(),
-        kernels: HashMap::new(),
-        next_function: 0,
-        stats: JitStats::default(),
-    }))
-});
+/// One node's compiled kernels: Cranelift's module, made on first use (None
+/// where this machine cannot generate code), and the kernels by expression.
+/// The node owns one and the planning rule hands it to every expression it
+/// compiles; the code it holds is never freed (Cranelift's module leaks it
+/// on drop), so a kernel stays callable for as long as a plan holds it.
+#[derive(Default)]
+pub struct Kernels {
+    jit: std::sync::OnceLock<Option<Mutex<Jit>>>,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Kernels {
+    fn jit(&self) -> Option<&Mutex<Jit>> {
+        self.jit
+            .get_or_init(|| {
+                let module = new_module()
+                    .map_err(|e| log::warn!("runtime code generation is unavailable: {e}"))
+                    .ok()?;
+                let context = module.make_context();
+                Some(Mutex::new(Jit {
+                    module,
+                    context,
+                    builder_context: FunctionBuilderContext::new(),
+                    kernels: HashMap::new(),
+                    next_function: 0,
+                    stats: JitStats::default(),
+                }))
+            })
+            .as_ref()
+    }
+
+    /// The counts of compiled kernels and cache hits.
+    pub fn stats(&self) -> JitStats {
+        self.jit
+            .get()
+            .and_then(Option::as_ref)
+            .map(|jit| jit.lock().unwrap_or_else(|e| e.into_inner()).stats)
+            .unwrap_or_default()
+    }
+
+    /// The kernel of `node` with `output`, compiled now or found in the cache
+    /// (`true` when found); None where it cannot be compiled.
+    pub(crate) fn kernel(&self, node: &Node, output: Output) -> Option<(Arc<Kernel>, bool)> {
+        let mut jit = self.jit()?.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (node.clone(), output);
+        if let Some(kernel) = jit.kernels.get(&key) {
+            let kernel = Arc::clone(kernel);
+            jit.stats.cache_hits += 1;
+            return Some((kernel, true));
+        }
+        if jit.kernels.len() >= MAX_KERNELS {
+            jit.stats.failed += 1;
+            return None;
+        }
+        match jit.compile(node, output) {
+            Ok(func) => {
+                let kernel = Arc::new(Kernel { func });
+                jit.kernels.insert(key, Arc::clone(&kernel));
+                jit.stats.compiled += 1;
+                Some((kernel, false))
+            }
+            Err(e) => {
+                log::warn!("could not compile {node:?}: {e}");
+                jit.stats.failed += 1;
+                None
+            }
+        }
+    }
+}
 
 fn new_module() -> Result<JITModule, String> {
     let mut flags = settings::builder();
@@ -118,42 +180,6 @@ fn new_module() -> Result<JITModule, String> {
         isa,
         default_libcall_names(),
     )))
-}
-
-/// The process's counts of compiled kernels and cache hits.
-pub fn stats() -> JitStats {
-    JIT.as_ref()
-        .map(|jit| jit.lock().unwrap_or_else(|e| e.into_inner()).stats)
-        .unwrap_or_default()
-}
-
-/// The kernel of `node` with `output`, compiled now or found in the cache
-/// (`true` when found); None where it cannot be compiled.
-pub(crate) fn kernel(node: &Node, output: Output) -> Option<(Arc<Kernel>, bool)> {
-    let mut jit = JIT.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
-    let key = (node.clone(), output);
-    if let Some(kernel) = jit.kernels.get(&key) {
-        let kernel = Arc::clone(kernel);
-        jit.stats.cache_hits += 1;
-        return Some((kernel, true));
-    }
-    if jit.kernels.len() >= MAX_KERNELS {
-        jit.stats.failed += 1;
-        return None;
-    }
-    match jit.compile(node, output) {
-        Ok(func) => {
-            let kernel = Arc::new(Kernel { func });
-            jit.kernels.insert(key, Arc::clone(&kernel));
-            jit.stats.compiled += 1;
-            Some((kernel, false))
-        }
-        Err(e) => {
-            log::warn!("could not compile {node:?}: {e}");
-            jit.stats.failed += 1;
-            None
-        }
-    }
 }
 
 impl Jit {

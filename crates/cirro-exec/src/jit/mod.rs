@@ -30,8 +30,8 @@
 //! on batches whose inputs have NULLs); an operation that can overflow sets
 //! a flag instead of failing, and a batch whose flag is set is evaluated
 //! again interpreted, which gives the same value or the same error. Kernels
-//! are cached for the process by expression tree and input types
-//! ([`codegen`]); a [`JitExpr`] compiles on its first batch, so planning
+//! are cached per node ([`Kernels`], which the node hands to the rule) by
+//! expression tree and input types ([`codegen`]); a [`JitExpr`] compiles on its first batch, so planning
 //! (and EXPLAIN) costs nothing.
 
 mod codegen;
@@ -50,7 +50,7 @@ use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal};
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 
-pub use codegen::{JitStats, stats};
+pub use codegen::{JitStats, Kernels};
 
 /// A value type as the kernels see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -518,14 +518,22 @@ pub struct JitExpr {
     /// The kernel, and whether it came from the cache; None if it could not
     /// be compiled (the expression is then interpreted).
     kernel: OnceLock<Option<(Arc<codegen::Kernel>, bool)>>,
+    /// The node's kernel cache the kernel comes from.
+    kernels: Arc<Kernels>,
     counters: Counters,
 }
 
 impl JitExpr {
     /// `expr` compiled against `schema`, or None where a part of it does not
     /// compile or it has no operation. `filter`: `expr` is a filter's
-    /// predicate (AND/OR may then compile, NULL read as false).
-    pub fn try_new(expr: &Arc<dyn PhysicalExpr>, schema: &Schema, filter: bool) -> Option<Self> {
+    /// predicate (AND/OR may then compile, NULL read as false). The kernel
+    /// is compiled into (or found in) `kernels` when first run.
+    pub fn try_new(
+        expr: &Arc<dyn PhysicalExpr>,
+        schema: &Schema,
+        filter: bool,
+        kernels: &Arc<Kernels>,
+    ) -> Option<Self> {
         let mut translator = Translator {
             schema,
             columns: Vec::new(),
@@ -546,6 +554,7 @@ impl JitExpr {
             data_type: expr.data_type(schema).ok()?,
             filter,
             kernel: OnceLock::new(),
+            kernels: Arc::clone(kernels),
             counters: Counters::default(),
         })
     }
@@ -587,7 +596,7 @@ impl JitExpr {
     fn compiled(&self, batch: &RecordBatch) -> Option<ArrayRef> {
         let (kernel, _) = self
             .kernel
-            .get_or_init(|| codegen::kernel(&self.node, self.output))
+            .get_or_init(|| self.kernels.kernel(&self.node, self.output))
             .as_ref()?;
         let rows = batch.num_rows();
         let mut pointers = Vec::with_capacity(self.columns.len());

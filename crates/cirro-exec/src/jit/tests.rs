@@ -19,7 +19,7 @@ use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::JitExpr;
+use super::{JitExpr, Kernels};
 use crate::functions::checked::{CheckedOp, checked_udf};
 
 type Expr = Arc<dyn PhysicalExpr>;
@@ -294,7 +294,7 @@ fn same(jit: &JitExpr, batch: &RecordBatch, filter: bool) {
 fn compiled_values_equal_interpreted() {
     let schema = schema();
     for expr in values() {
-        let jit = JitExpr::try_new(&expr, &schema, false)
+        let jit = JitExpr::try_new(&expr, &schema, false, &Arc::default())
             .unwrap_or_else(|| panic!("{expr} should compile"));
         for batch in batches(false) {
             same(&jit, &batch, false);
@@ -309,7 +309,7 @@ fn compiled_values_equal_interpreted() {
 fn compiled_predicates_equal_interpreted() {
     let schema = schema();
     for expr in predicates() {
-        let jit = JitExpr::try_new(&expr, &schema, true)
+        let jit = JitExpr::try_new(&expr, &schema, true, &Arc::default())
             .unwrap_or_else(|| panic!("{expr} should compile"));
         for batch in batches(false) {
             same(&jit, &batch, true);
@@ -318,7 +318,7 @@ fn compiled_predicates_equal_interpreted() {
         assert!(compiled > 0, "{jit}: the kernel never ran");
     }
     // Batches with NULLs under AND/OR are interpreted; without, compiled.
-    let jit = JitExpr::try_new(&predicates()[0], &schema, true).unwrap();
+    let jit = JitExpr::try_new(&predicates()[0], &schema, true, &Arc::default()).unwrap();
     let mut rng = StdRng::seed_from_u64(6);
     same(&jit, &batch(&mut rng, 500, 0.3, false), true);
     assert_eq!(jit.batches(), (0, 1));
@@ -331,7 +331,7 @@ fn overflow_gives_the_interpreted_value_or_error() {
     let schema = schema();
     let mut interpreted = 0;
     for expr in values() {
-        let jit = JitExpr::try_new(&expr, &schema, false).unwrap();
+        let jit = JitExpr::try_new(&expr, &schema, false, &Arc::default()).unwrap();
         for batch in batches(true) {
             same(&jit, &batch, false);
         }
@@ -340,7 +340,7 @@ fn overflow_gives_the_interpreted_value_or_error() {
     assert!(interpreted > 0, "some batch must have overflowed");
     // 22003 from the checked operator, not a wrapped value.
     let sum = checked(CheckedOp::Add, col("a"), col("a"));
-    let jit = JitExpr::try_new(&sum, &schema, false).unwrap();
+    let jit = JitExpr::try_new(&sum, &schema, false, &Arc::default()).unwrap();
     let mut rng = StdRng::seed_from_u64(3);
     let rows = batch(&mut rng, 2000, 0.0, true);
     let error = jit.evaluate(&rows).unwrap_err().to_string();
@@ -361,14 +361,17 @@ fn what_does_not_compile_is_refused() {
     let null_literal = bin(col("c"), Plus, lit(ScalarValue::Int64(None)));
     let bare_column = col("c");
     for expr in [float_cmp, division, null_literal, bare_column] {
-        assert!(JitExpr::try_new(&expr, &schema, true).is_none(), "{expr}");
+        assert!(
+            JitExpr::try_new(&expr, &schema, true, &Arc::default()).is_none(),
+            "{expr}"
+        );
     }
-    assert!(JitExpr::try_new(&and_in_value, &schema, false).is_none());
-    assert!(JitExpr::try_new(&and_in_value, &schema, true).is_some());
+    assert!(JitExpr::try_new(&and_in_value, &schema, false, &Arc::default()).is_none());
+    assert!(JitExpr::try_new(&and_in_value, &schema, true, &Arc::default()).is_some());
 }
 
 #[test]
-fn kernels_are_cached_by_tree() {
+fn kernels_are_cached_by_tree_in_their_own_cache() {
     use Operator::*;
     let schema = schema();
     let expr = bin(
@@ -378,17 +381,26 @@ fn kernels_are_cached_by_tree() {
     );
     let mut rng = StdRng::seed_from_u64(9);
     let rows = batch(&mut rng, 100, 0.1, false);
-    let first = JitExpr::try_new(&expr, &schema, false).unwrap();
+    let cache: Arc<Kernels> = Arc::default();
+    let first = JitExpr::try_new(&expr, &schema, false, &cache).unwrap();
     first.evaluate(&rows).unwrap();
-    let before = super::stats();
-    let second = JitExpr::try_new(&expr, &schema, false).unwrap();
+    let before = cache.stats();
+    assert_eq!((before.compiled, before.cache_hits), (1, 0));
+    let second = JitExpr::try_new(&expr, &schema, false, &cache).unwrap();
     second.evaluate(&rows).unwrap();
-    let after = super::stats();
-    assert!(after.cache_hits > before.cache_hits);
+    let after = cache.stats();
+    assert_eq!((after.compiled, after.cache_hits), (1, 1));
     assert!(
         second
             .to_string()
             .contains("[cached, batches=1, interpreted=0]"),
         "{second}"
     );
+    // Another node's cache holds none of this one's kernels.
+    let other: Arc<Kernels> = Arc::default();
+    let third = JitExpr::try_new(&expr, &schema, false, &other).unwrap();
+    third.evaluate(&rows).unwrap();
+    assert_eq!((other.stats().compiled, other.stats().cache_hits), (1, 0));
+    assert!(third.to_string().contains("[compiled,"), "{third}");
+    assert_eq!(cache.stats(), after);
 }

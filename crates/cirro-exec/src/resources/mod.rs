@@ -2,9 +2,10 @@
 //! the admission queue in front of execution, and the spill area (see
 //! `docs/resources.md`).
 //!
-//! The process configures them once ([`configure`], from `cirro serve`'s and
-//! `cirro sql`'s flags); an engine opened without that (tests, embedding)
-//! gets the defaults ([`global`]).
+//! A node owns one [`Resources`] (built from `cirro serve`'s and `cirro
+//! sql`'s flags, or [`Resources::with_defaults`] for tests and embedding)
+//! and hands it to its sessions; nothing here is process-wide. Dropping it
+//! removes its spill folder.
 
 pub mod admission;
 pub mod memory;
@@ -45,7 +46,7 @@ pub fn sort_merge_reservation(limit: usize) -> usize {
     (limit / 16).min(10 << 20)
 }
 
-/// How the process's resources are set up.
+/// How a node's resources are set up.
 #[derive(Clone, Debug)]
 pub struct ResourceConfig {
     /// Everything the server may hold: the queries and the hot-data tier.
@@ -78,7 +79,7 @@ impl ResourceConfig {
     }
 }
 
-/// The process's resources.
+/// One node's resources.
 #[derive(Debug)]
 pub struct Resources {
     config: ResourceConfig,
@@ -88,7 +89,9 @@ pub struct Resources {
 }
 
 impl Resources {
-    fn new(config: ResourceConfig) -> Result<Self> {
+    /// The resources `config` describes; 22023 where its memory leaves
+    /// too little for queries.
+    pub fn new(config: ResourceConfig) -> Result<Self> {
         let queries = config
             .memory_limit
             .checked_sub(config.cache_bytes)
@@ -112,6 +115,20 @@ impl Resources {
         })
     }
 
+    /// The defaults on this machine, with the hot-data tier's default share
+    /// of memory (none where that leaves too little for queries).
+    pub fn with_defaults() -> Self {
+        let cache = cirro_common::limits::physical_memory().unwrap_or(4 << 30) as f64 * 0.25;
+        let config = ResourceConfig::defaults(cache as usize);
+        Resources::new(config.clone()).unwrap_or_else(|_| {
+            Resources::new(ResourceConfig {
+                cache_bytes: 0,
+                ..config
+            })
+            .expect("defaults fit")
+        })
+    }
+
     pub fn config(&self) -> &ResourceConfig {
         &self.config
     }
@@ -130,6 +147,14 @@ impl Resources {
     /// default, at most the whole budget.
     pub fn query_memory(&self) -> usize {
         self.config.query_memory.min(self.budget.limit())
+    }
+
+    /// Remove the spill folder if it was made (at exit: a session may
+    /// still hold the resources, so they may not be dropped in time).
+    pub fn close(&self) {
+        if let Some(Ok(area)) = self.spill.get() {
+            area.remove();
+        }
     }
 
     /// The spill area, opened on first use.
@@ -180,42 +205,6 @@ impl Resources {
         }
         Ok(bytes)
     }
-}
-
-static GLOBAL: OnceLock<Resources> = OnceLock::new();
-
-/// Set up the process's resources; once, before the first query (later
-/// calls are refused).
-pub fn configure(config: ResourceConfig) -> Result<&'static Resources> {
-    let resources = Resources::new(config)?;
-    GLOBAL
-        .set(resources)
-        .map_err(|_| CirroError::internal("the resources were set up already"))?;
-    Ok(global())
-}
-
-/// Remove the process's spill folder, if it made one: at exit (the process's
-/// resources live in a static, which is never dropped).
-pub fn close() {
-    if let Some(Ok(area)) = GLOBAL.get().and_then(|r| r.spill.get()) {
-        area.remove();
-    }
-}
-
-/// The process's resources (the defaults with the hot-data tier's default
-/// size, unless [`configure`]d).
-pub fn global() -> &'static Resources {
-    GLOBAL.get_or_init(|| {
-        let cache = cirro_common::limits::physical_memory().unwrap_or(4 << 30) as f64 * 0.25;
-        let config = ResourceConfig::defaults(cache as usize);
-        Resources::new(config.clone()).unwrap_or_else(|_| {
-            Resources::new(ResourceConfig {
-                cache_bytes: 0,
-                ..config
-            })
-            .expect("defaults fit")
-        })
-    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The spill area: where queries write what does not fit their memory.
 //!
 //! `--spill-dir` (default: the system's temporary folder's `cirro-spill`)
-//! holds one folder per server process, `p<pid>`. DataFusion's disk manager
+//! holds one folder per node: `p<pid>`, or `p<pid>-<n>` for the n-th
+//! further node of one process (tests run several). DataFusion's disk manager
 //! makes its temporary folder inside it and each spill file is deleted when
 //! the operator that wrote it drops it: when its query ends, fails or is
 //! cancelled. A process that died (a crash, `kill -9`) leaves its folder
@@ -14,7 +15,10 @@ use std::sync::Arc;
 use cirro_common::{CirroError, Result};
 use datafusion::execution::disk_manager::{DiskManager, DiskManagerMode};
 
-/// One process's part of the spill area.
+/// Spill areas this process has opened: the next one's number.
+static OPENED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// One node's part of the spill area.
 #[derive(Debug)]
 pub struct SpillArea {
     dir: PathBuf,
@@ -23,8 +27,9 @@ pub struct SpillArea {
 
 impl SpillArea {
     /// Open `root` (created if missing), delete what dead processes left
-    /// there, and make this process's folder.
+    /// there, and make this node's folder.
     pub fn open(root: &Path) -> Result<Self> {
+        let number = OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let io = |what: &str, path: &Path, e: std::io::Error| {
             CirroError::io(format!("spill area: cannot {what} {}: {e}", path.display()))
         };
@@ -33,14 +38,20 @@ impl SpillArea {
         for entry in std::fs::read_dir(root).map_err(|e| io("read", root, e))? {
             let Ok(entry) = entry else { continue };
             let name = entry.file_name();
-            let Some(pid) = name
+            let Some((pid, n)) = name
                 .to_str()
                 .and_then(|n| n.strip_prefix('p'))
-                .and_then(|n| n.parse::<u32>().ok())
+                .and_then(|n| {
+                    let (pid, n) = n.split_once('-').unwrap_or((n, "0"));
+                    Some((pid.parse::<u32>().ok()?, n.parse::<u64>().ok()?))
+                })
             else {
                 continue;
             };
-            if pid == me || !process_runs(pid) {
+            // This process's areas numbered below this one are its other
+            // nodes' (alive, or removed when dropped); the rest were left by
+            // a dead process of the same pid.
+            if (pid == me && n >= number) || (pid != me && !process_runs(pid)) {
                 let path = entry.path();
                 match std::fs::remove_dir_all(&path) {
                     Ok(()) => log::info!(
@@ -51,7 +62,10 @@ impl SpillArea {
                 }
             }
         }
-        let dir = root.join(format!("p{me}"));
+        let dir = match number {
+            0 => root.join(format!("p{me}")),
+            n => root.join(format!("p{me}-{n}")),
+        };
         std::fs::create_dir_all(&dir).map_err(|e| io("create", &dir, e))?;
         let disk = DiskManager::builder()
             .with_mode(DiskManagerMode::Directories(vec![dir.clone()]))
@@ -64,7 +78,7 @@ impl SpillArea {
         })
     }
 
-    /// This process's folder.
+    /// This node's folder.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -81,7 +95,7 @@ impl SpillArea {
 }
 
 impl SpillArea {
-    /// Delete the process's folder and what is in it.
+    /// Delete the node's folder and what is in it.
     pub fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }

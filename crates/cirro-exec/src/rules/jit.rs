@@ -34,7 +34,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
-use crate::jit::JitExpr;
+use crate::jit::{JitExpr, Kernels};
 
 datafusion::common::extensions_options! {
     /// The session's switches of runtime code generation.
@@ -57,8 +57,17 @@ impl datafusion::common::config::ConfigExtension for JitOptions {
     const PREFIX: &'static str = "cirro_jit";
 }
 
+/// The rule, compiling into one node's kernel cache.
 #[derive(Debug, Default)]
-pub struct CompileExpressions;
+pub struct CompileExpressions {
+    kernels: Arc<Kernels>,
+}
+
+impl CompileExpressions {
+    pub fn new(kernels: Arc<Kernels>) -> Self {
+        Self { kernels }
+    }
+}
 
 impl PhysicalOptimizerRule for CompileExpressions {
     fn optimize(
@@ -72,7 +81,7 @@ impl PhysicalOptimizerRule for CompileExpressions {
             Some("force") => 1,
             _ => options.map_or(3, |o| o.min_comparisons.max(1)),
         };
-        plan.transform_up(|node| compile_plan(node, min_comparisons))
+        plan.transform_up(|node| compile_plan(node, min_comparisons, &self.kernels))
             .map(|t| t.data)
     }
 
@@ -88,10 +97,11 @@ impl PhysicalOptimizerRule for CompileExpressions {
 fn compile_plan(
     node: Arc<dyn ExecutionPlan>,
     min_comparisons: usize,
+    kernels: &Arc<Kernels>,
 ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
     if let Some(filter) = node.downcast_ref::<FilterExec>() {
         let schema = filter.input().schema();
-        let compiled = compile(filter.predicate(), &schema, true, min_comparisons)?;
+        let compiled = compile(filter.predicate(), &schema, true, min_comparisons, kernels)?;
         if !compiled.transformed {
             return Ok(Transformed::no(node));
         }
@@ -103,11 +113,11 @@ fn compile_plan(
     if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
         let schema = projection.input().schema();
         return super::rewrite_projection(Arc::clone(&node), projection, |expr| {
-            compile(expr, &schema, false, min_comparisons)
+            compile(expr, &schema, false, min_comparisons, kernels)
         });
     }
     if let Some(aggregate) = node.downcast_ref::<AggregateExec>() {
-        return compile_aggregate(aggregate, min_comparisons)
+        return compile_aggregate(aggregate, min_comparisons, kernels)
             .map(|rebuilt| rebuilt.map_or_else(|| Transformed::no(node), Transformed::yes));
     }
     Ok(Transformed::no(node))
@@ -121,6 +131,7 @@ fn compile_plan(
 fn compile_aggregate(
     aggregate: &AggregateExec,
     min_comparisons: usize,
+    kernels: &Arc<Kernels>,
 ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     // The final modes read partial states, not the arguments.
     if !matches!(
@@ -142,7 +153,7 @@ fn compile_aggregate(
         let mark = hoisted.len();
         let mut args = Vec::new();
         for arg in function.expressions() {
-            let compiled = compile(&arg, &schema, false, min_comparisons)?;
+            let compiled = compile(&arg, &schema, false, min_comparisons, kernels)?;
             if !compiled.transformed {
                 args.push(arg);
                 continue;
@@ -205,11 +216,12 @@ fn compile(
     schema: &Schema,
     logic: bool,
     min_comparisons: usize,
+    kernels: &Arc<Kernels>,
 ) -> Result<Transformed<Arc<dyn PhysicalExpr>>> {
     if expr.downcast_ref::<JitExpr>().is_some() {
         return Ok(Transformed::no(Arc::clone(expr)));
     }
-    if let Some(jit) = JitExpr::try_new(expr, schema, logic)
+    if let Some(jit) = JitExpr::try_new(expr, schema, logic, kernels)
         && jit.comparisons_only().is_none_or(|n| n >= min_comparisons)
     {
         return Ok(Transformed::yes(Arc::new(jit) as Arc<dyn PhysicalExpr>));
@@ -221,7 +233,7 @@ fn compile(
     let mut changed = false;
     let mut children = Vec::new();
     for child in expr.children() {
-        let compiled = compile(child, schema, children_logic, min_comparisons)?;
+        let compiled = compile(child, schema, children_logic, min_comparisons, kernels)?;
         changed |= compiled.transformed;
         children.push(compiled.data);
     }

@@ -42,7 +42,7 @@ pub(crate) async fn status(
     headers: HeaderMap,
 ) -> Response<Body> {
     let caller = caller!(console, headers);
-    let resources = cirro_exec::resources::global();
+    let resources = console.shared.engine.node.resources();
     let counts = resources.admission().counts();
     let user = user_of(&caller);
     json(&json!({
@@ -285,7 +285,7 @@ pub(crate) async fn metrics(
         &console.node,
         &console.monitor.latest(),
         &console.monitor.ended(),
-        &cirro_exec::resources::global().admission().counts(),
+        &console.shared.engine.node,
         console.shared.activity.backends().len(),
     );
     let mut response = Response::new(Body::from(text));
@@ -299,7 +299,7 @@ fn prometheus_text(
     node: &str,
     sample: &Sample,
     ended: &super::monitor::Ended,
-    admission: &cirro_exec::resources::AdmissionCounts,
+    parts: &cirro_engine::Node,
     sessions: usize,
 ) -> String {
     let node = node.replace('\\', "\\\\").replace('"', "\\\"");
@@ -321,7 +321,7 @@ fn prometheus_text(
             ("state=\"cancelled\"", ended.cancelled as f64),
         ],
     );
-    for (name, kind, help, value) in single_metrics(sample, ended, admission, sessions) {
+    for (name, kind, help, value) in single_metrics(sample, ended, parts, sessions) {
         metric(name, kind, help, &[("", value)]);
     }
     out
@@ -331,10 +331,11 @@ fn prometheus_text(
 fn single_metrics(
     sample: &Sample,
     ended: &super::monitor::Ended,
-    admission: &cirro_exec::resources::AdmissionCounts,
+    node: &cirro_engine::Node,
     sessions: usize,
 ) -> [(&'static str, &'static str, &'static str, f64); 16] {
-    let cache = cirro_storage::cache::global().totals();
+    let cache = node.cache().totals();
+    let admission = &node.resources().admission().counts();
     [
         (
             "cirro_queries_running",
@@ -532,7 +533,7 @@ mod tests {
             finished: 5,
             ..Default::default()
         };
-        let text = prometheus_text("n\"1", &sample, &ended, &Default::default(), 3);
+        let text = prometheus_text("n\"1", &sample, &ended, &cirro_engine::Node::default(), 3);
         assert!(
             text.contains(
                 "# TYPE cirro_queries_running gauge\ncirro_queries_running{node=\"n\\\"1\"} 2\n"

@@ -67,6 +67,8 @@ pub(crate) struct SlowLog {
 
 pub(crate) struct Monitor {
     activity: Arc<Activity>,
+    /// The node whose memory, admission and cache are sampled.
+    node: Arc<cirro_engine::Node>,
     slow: SlowLog,
     history: Mutex<VecDeque<Sample>>,
     /// The counts, and how many endings the registry had told of.
@@ -74,9 +76,14 @@ pub(crate) struct Monitor {
 }
 
 impl Monitor {
-    pub(crate) fn start(activity: Arc<Activity>, slow: SlowLog) -> Arc<Self> {
+    pub(crate) fn start(
+        activity: Arc<Activity>,
+        node: Arc<cirro_engine::Node>,
+        slow: SlowLog,
+    ) -> Arc<Self> {
         let monitor = Arc::new(Self {
             activity,
+            node,
             slow,
             history: Mutex::new(VecDeque::with_capacity(HISTORY)),
             ended: Mutex::new((Ended::default(), 0)),
@@ -135,7 +142,7 @@ impl Monitor {
     }
 
     fn sample(&self, cpu: &mut CpuClock) -> Sample {
-        let resources = cirro_exec::resources::global();
+        let resources = self.node.resources();
         let counts = resources.admission().counts();
         let (disk_bytes, disk_free) = disk_space(&resources.config().spill_dir).unwrap_or_default();
         Sample {
@@ -143,7 +150,7 @@ impl Monitor {
             memory_used: resources.budget().used() as u64,
             memory_limit: resources.budget().limit() as u64,
             rss: resident_bytes().unwrap_or(0),
-            cache_bytes: cirro_storage::cache::global().totals().bytes,
+            cache_bytes: self.node.cache().totals().bytes,
             running: counts.running as u32,
             queued: counts.queued as u32,
             cpu_permille: cpu.permille(),

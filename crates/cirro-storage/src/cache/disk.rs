@@ -38,7 +38,7 @@ use std::io::Read;
 use std::ops::Range;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
@@ -171,23 +171,6 @@ impl std::fmt::Debug for DiskTier {
             .field("budget", &self.budget)
             .finish()
     }
-}
-
-static GLOBAL: OnceLock<Arc<DiskTier>> = OnceLock::new();
-
-/// Turn on the process's disk tier in `dir` with `budget` bytes
-/// (`--cache-dir`, `--cache-dir-size`); once per process.
-pub fn configure(dir: &FsPath, budget: u64) -> std::result::Result<Arc<DiskTier>, String> {
-    let tier = Arc::new(DiskTier::open(dir, budget)?);
-    GLOBAL
-        .set(Arc::clone(&tier))
-        .map_err(|_| "the disk tier is already configured".to_string())?;
-    Ok(tier)
-}
-
-/// The process's disk tier, if `--cache-dir` named one.
-pub fn global() -> Option<&'static Arc<DiskTier>> {
-    GLOBAL.get()
 }
 
 /// The size in bytes of the file system holding `dir`.

@@ -43,7 +43,7 @@ mod scan;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use arrow::array::ArrayRef;
 use parquet::file::metadata::ParquetMetaData;
@@ -191,7 +191,7 @@ pub struct CacheTotals {
     pub entries: u64,
 }
 
-/// The process's hot-data tier (see the module docs).
+/// One node's hot-data tier (see the module docs).
 pub struct ColumnCache {
     budget: AtomicU64,
     policy: Mutex<Policy>,
@@ -216,33 +216,16 @@ impl std::fmt::Debug for ColumnCache {
 /// `--cache-memory` says otherwise.
 pub const DEFAULT_MEMORY_SHARE: f64 = 0.25;
 
-static GLOBAL: OnceLock<Arc<ColumnCache>> = OnceLock::new();
-
-/// The process's cache (a quarter of the memory, plan policy, until
-/// [`configure`] says otherwise).
-pub fn global() -> &'static Arc<ColumnCache> {
-    GLOBAL.get_or_init(|| {
-        let memory = physical_memory().unwrap_or(4 << 30);
-        Arc::new(ColumnCache::new(
-            (memory as f64 * DEFAULT_MEMORY_SHARE) as u64,
-            Policy::Plan,
-        ))
-    })
-}
-
-/// Set the process's cache budget and policy (`--cache-memory`,
-/// `--cache-policy`); entries beyond a smaller budget leave at once.
-pub fn configure(budget: u64, policy: Policy) {
-    let cache = global();
-    cache.set_budget(budget);
-    if let Ok(mut p) = cache.policy.lock() {
-        *p = policy;
-    }
-}
-
 pub use cirro_common::limits::physical_memory;
 
 impl ColumnCache {
+    /// The default tier: a quarter of the machine's memory
+    /// ([`DEFAULT_MEMORY_SHARE`]), the plan policy.
+    pub fn with_defaults() -> Self {
+        let memory = physical_memory().unwrap_or(4 << 30);
+        Self::new((memory as f64 * DEFAULT_MEMORY_SHARE) as u64, Policy::Plan)
+    }
+
     pub fn new(budget: u64, policy: Policy) -> Self {
         Self {
             budget: AtomicU64::new(budget),

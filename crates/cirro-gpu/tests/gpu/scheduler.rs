@@ -1,19 +1,17 @@
 //! Two GPU queries that together need more device memory than the budget:
 //! both finish with the right answers, one waited for the other, nothing
-//! fell back or aborted. The budget is set before the device is first used
-//! (this test binary's own process).
-
-mod common;
+//! fell back or aborted. The two sessions share a device of their own,
+//! with the small budget.
 
 use std::sync::Arc;
 
 use arrow::array::{Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
-use cirro_gpu::Policy;
+use cirro_gpu::{Accelerator, Policy};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 
-use common::{context, execute, gpu_metric};
+use crate::common::{context_on, execute, gpu_metric};
 
 fn metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
     gpu_metric(plan, name).unwrap_or(0)
@@ -40,11 +38,11 @@ async fn count(ctx: &SessionContext, sql: &str) -> (i64, Arc<dyn ExecutionPlan>)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn oversubscribed_queries_take_turns_and_both_finish() {
-    assert!(
-        cirro_gpu::configure(BUDGET, Policy::Cdr),
-        "the budget is set first"
-    );
-    assert!(cirro_gpu::device().is_some(), "no Vulkan device");
+    let device = Arc::new(Accelerator::new(BUDGET, Policy::Cdr));
+    assert!(device.device().is_some(), "no Vulkan device");
+    let context = |mode: &str, schema: Arc<Schema>, batches: Vec<RecordBatch>| {
+        context_on(&device, mode, 1 << 20, 2, schema, batches)
+    };
     let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
     let batches: Vec<RecordBatch> = (0..100)
         .map(|b| {
@@ -53,11 +51,11 @@ async fn oversubscribed_queries_take_turns_and_both_finish() {
         })
         .collect();
     let sql = "SELECT count(*) FROM t WHERE a < 250";
-    let cpu = context("off", 1 << 20, Arc::clone(&schema), batches.clone());
+    let cpu = context("off", Arc::clone(&schema), batches.clone());
     let (want, _) = count(&cpu, sql).await;
     assert!(want > 0);
-    let one = context("force", 1 << 20, Arc::clone(&schema), batches.clone());
-    let two = context("force", 1 << 20, schema, batches);
+    let one = context("force", Arc::clone(&schema), batches.clone());
+    let two = context("force", schema, batches);
     let ((a, plan_a), (b, plan_b)) = tokio::join!(count(&one, sql), count(&two, sql));
     assert_eq!((a, b), (want, want));
     for plan in [&plan_a, &plan_b] {
@@ -67,10 +65,10 @@ async fn oversubscribed_queries_take_turns_and_both_finish() {
     // One waited for the other's turn (its whole scan: many blocks).
     let waited = metric(&plan_a, "gpu_wait_time").max(metric(&plan_b, "gpu_wait_time"));
     assert!(waited > 1_000_000, "no query waited: {waited} ns");
-    let memory = cirro_gpu::memory().unwrap();
+    let memory = device.memory().unwrap();
     assert_eq!(memory.budget(), BUDGET);
     // What stays is the column cache: the filter's input column.
     let stats = memory.stats();
     assert_eq!(stats.resident, stats.cached, "every other region freed");
-    assert!(cirro_gpu::scheduler().unwrap().queries().is_empty());
+    assert!(device.scheduler().unwrap().queries().is_empty());
 }

@@ -7,13 +7,11 @@
 //! extremes meeting -0, go to the CPU block by block, with the same
 //! answers.
 
-mod common;
-
 use arrow::array::RecordBatch;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, gpu_metric, plan_text, run_sorted as run, schema};
+use crate::common::{batch, context, gpu_metric, plan_text, run_sorted as run, schema};
 
 const AGGREGATIONS: &[&str] = &[
     "SELECT s, count(*), sum(a), min(b), max(dt) FROM t GROUP BY s",
@@ -42,7 +40,10 @@ const AGGREGATIONS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_aggregations_answer_as_datafusion_does() {
-    assert!(cirro_gpu::device().is_some(), "no Vulkan device");
+    assert!(
+        crate::common::accelerator().device().is_some(),
+        "no Vulkan device"
+    );
     let mut rng = StdRng::seed_from_u64(33);
     let sizes = [0, 1, 3000, 9000, 0, 5000, 1234];
     let batches: Vec<RecordBatch> = sizes.iter().map(|&n| batch(&mut rng, n)).collect();

@@ -2,20 +2,24 @@
 //! batches (a scan of data the host holds feeds the same buffers to every
 //! query) finds its columns on the device and uploads nothing, with the
 //! same answer, also where the batches are gathered into other blocks (one
-//! entry per input batch, put together on the device). Alone in its
-//! binary: it reads the process's device-memory counters.
+//! entry per input batch, put together on the device). On a device of its
+//! own: it reads the device-memory counters.
 
-mod common;
+use std::sync::Arc;
 
 use arrow::array::RecordBatch;
+use cirro_gpu::Accelerator;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, gpu_metric, run_sorted as run, schema};
+use crate::common::{batch, context_on, gpu_metric, run_sorted as run, schema};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_filter_run_again_finds_its_columns_on_the_device() {
-    let memory = cirro_gpu::memory().expect("no Vulkan device");
+    let device = Arc::new(Accelerator::default());
+    let memory = device.memory().expect("no Vulkan device");
+    let context =
+        |mode: &str, rows, schema, batches| context_on(&device, mode, rows, 2, schema, batches);
     let mut rng = StdRng::seed_from_u64(9);
     // Each batch fits a block of 2048 rows, none ends on a word of bits.
     let batches: Vec<RecordBatch> = [1500, 0, 1201, 1800].map(|n| batch(&mut rng, n)).to_vec();

@@ -3,13 +3,11 @@
 //! on the Vulkan device present: lavapipe in CI. The kernels really run:
 //! each query's operator must report dispatches.
 
-mod common;
-
 use arrow::array::RecordBatch;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, context_in, execute, gpu_metric, run_sorted as run, schema};
+use crate::common::{batch, context, context_in, execute, gpu_metric, run_sorted as run, schema};
 
 /// The first line where two sorted results differ, and their row counts.
 fn difference(got: &str, want: &str) -> String {
@@ -60,7 +58,7 @@ const PREDICATES: &[&str] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_filters_answer_as_datafusion_does() {
     assert!(
-        cirro_gpu::device().is_some(),
+        crate::common::accelerator().device().is_some(),
         "no Vulkan device: install mesa-vulkan-drivers (lavapipe) and libvulkan1"
     );
     let mut rng = StdRng::seed_from_u64(20);
@@ -80,7 +78,11 @@ async fn gpu_filters_answer_as_datafusion_does() {
         assert!(dispatches > 0, "{predicate}: no kernel ran");
         assert_eq!(gpu_metric(&plan, "cpu_blocks"), Some(0), "{predicate}");
     }
-    let counters = cirro_gpu::device().unwrap().counters.values();
+    let counters = crate::common::accelerator()
+        .device()
+        .unwrap()
+        .counters
+        .values();
     assert!(counters.dispatches > 0 && counters.bytes_to_device > 0);
     assert!(
         counters.cache_hits > 0,

@@ -5,15 +5,13 @@
 //! must have run. A block where a value passes its type goes to the CPU
 //! and answers (or fails) as DataFusion does.
 
-mod common;
-
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, gpu_metric, plan_text, run_sorted as run, schema};
+use crate::common::{batch, context, gpu_metric, plan_text, run_sorted as run, schema};
 
 const PROJECTIONS: &[&str] = &[
     "SELECT a, b - 5, d * d, s FROM t",
@@ -27,7 +25,10 @@ const PROJECTIONS: &[&str] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_projections_answer_as_datafusion_does() {
-    assert!(cirro_gpu::device().is_some(), "no Vulkan device");
+    assert!(
+        crate::common::accelerator().device().is_some(),
+        "no Vulkan device"
+    );
     let mut rng = StdRng::seed_from_u64(71);
     let sizes = [0, 1, 3000, 9000, 0, 5000, 1234];
     let batches: Vec<RecordBatch> = sizes.iter().map(|&n| batch(&mut rng, n)).collect();

@@ -28,7 +28,9 @@ fn words(bytes: &[u8]) -> Vec<u32> {
 /// Region A written by a kernel (dirty), B read only (clean), then C needs
 /// room for one of them: returns the manager after C is in.
 fn pressure(policy: Policy) -> (DeviceMemory, [cirro_gpu::memory::RegionId; 3]) {
-    let gpu = cirro_gpu::device().expect("no Vulkan device: install mesa-vulkan-drivers");
+    let gpu = crate::common::accelerator()
+        .device()
+        .expect("no Vulkan device: install mesa-vulkan-drivers");
     let size = 4 * PAGE;
     let memory = DeviceMemory::new(2 * size, policy, 0.5);
     let a = memory.region(size).unwrap();
@@ -59,7 +61,9 @@ fn pressure(policy: Policy) -> (DeviceMemory, [cirro_gpu::memory::RegionId; 3]) 
 
 #[test]
 fn cdr_drops_the_clean_region_lru_writes_back_the_dirty_one() {
-    let gpu = cirro_gpu::device().expect("no Vulkan device");
+    let gpu = crate::common::accelerator()
+        .device()
+        .expect("no Vulkan device");
     let size = 4 * PAGE;
     // CDR: B costs f·s·l = 0.5·s·1 (most recent of the two), A costs
     // s + 0.5·s·0.5: B goes, nothing is written back.
@@ -83,7 +87,9 @@ fn cdr_drops_the_clean_region_lru_writes_back_the_dirty_one() {
 
 #[test]
 fn holding_more_than_the_budget_is_refused_and_holds_nothing() {
-    let gpu = cirro_gpu::device().expect("no Vulkan device");
+    let gpu = crate::common::accelerator()
+        .device()
+        .expect("no Vulkan device");
     let memory = DeviceMemory::new(2 * PAGE, Policy::Cdr, 0.5);
     let a = memory.region(2 * PAGE).unwrap();
     let b = memory.region(PAGE).unwrap();
@@ -144,7 +150,9 @@ fn the_column_cache_finds_a_column_again() {
 
 #[test]
 fn cached_columns_stay_between_uses_and_leave_under_pressure() {
-    let gpu = cirro_gpu::device().expect("no Vulkan device");
+    let gpu = crate::common::accelerator()
+        .device()
+        .expect("no Vulkan device");
     let size = 4 * PAGE;
     let memory = DeviceMemory::new(2 * size, Policy::Cdr, 0.5);
     let source = Buffer::from_vec(vec![5u32; (size / 4) as usize]);

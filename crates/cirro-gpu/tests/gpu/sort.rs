@@ -3,8 +3,6 @@
 //! several keys, LIMIT; the kernels must have run. The device-memory
 //! budget is small: each partition is sorted in chunks merged on the host.
 
-mod common;
-
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -14,7 +12,9 @@ use datafusion::prelude::SessionContext;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, execute, gpu_metric, schema};
+use cirro_gpu::Accelerator;
+
+use crate::common::{batch, context_on, execute, gpu_metric, schema};
 
 async fn run(ctx: &SessionContext, sql: &str) -> (String, Arc<dyn ExecutionPlan>) {
     let (batches, plan) = execute(ctx, sql).await;
@@ -43,13 +43,15 @@ const SORTS: &[&str] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_sorts_answer_as_datafusion_does() {
     // 256 KiB: a few thousand rows a chunk.
-    cirro_gpu::configure(256 << 10, cirro_gpu::Policy::Cdr);
-    assert!(cirro_gpu::device().is_some(), "no Vulkan device");
+    let device = Arc::new(Accelerator::new(256 << 10, cirro_gpu::Policy::Cdr));
+    assert!(device.device().is_some(), "no Vulkan device");
+    let context =
+        |mode: &str, schema, batches| context_on(&device, mode, 1 << 20, 2, schema, batches);
     let mut rng = StdRng::seed_from_u64(42);
     let sizes = [0, 1, 3000, 9000, 0, 5000];
     let batches: Vec<RecordBatch> = sizes.iter().map(|&n| batch(&mut rng, n)).collect();
-    let gpu = context("force", 1 << 20, schema(), batches.clone());
-    let cpu = context("off", 1 << 20, schema(), batches);
+    let gpu = context("force", schema(), batches.clone());
+    let cpu = context("off", schema(), batches);
     for sql in SORTS {
         let (want, _) = run(&cpu, sql).await;
         let (got, plan) = run(&gpu, sql).await;
@@ -63,8 +65,8 @@ async fn gpu_sorts_answer_as_datafusion_does() {
         assert!(chunks >= 3, "{sql}: {chunks} chunks");
     }
     // Empty input: nothing to sort, no failure.
-    let empty = context("force", 1 << 20, schema(), vec![batch(&mut rng, 0)]);
-    let cpu = context("off", 1 << 20, schema(), vec![batch(&mut rng, 0)]);
+    let empty = context("force", schema(), vec![batch(&mut rng, 0)]);
+    let cpu = context("off", schema(), vec![batch(&mut rng, 0)]);
     let sql = "SELECT a FROM t ORDER BY a";
     assert_eq!(run(&empty, sql).await.0, run(&cpu, sql).await.0);
 }

@@ -1,7 +1,6 @@
-//! What the GPU tests share: a DataFusion session with the GPU rule over
-//! one in-memory table `t` of random rows, and the GPU operators' metrics
-//! of a plan. (Each test binary uses part of it.)
-#![allow(dead_code)]
+//! What the GPU tests share: a device, a DataFusion session with the GPU
+//! rule over one in-memory table `t` of random rows, and the GPU
+//! operators' metrics of a plan.
 
 use std::sync::Arc;
 
@@ -15,11 +14,19 @@ use rand::rngs::StdRng;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
-use cirro_gpu::{GpuOperators, GpuOptions};
+use cirro_gpu::{Accelerator, GpuOperators, GpuOptions};
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
+
+/// The device of the tests that set no device-memory budget of their own
+/// (the default, 1 GiB); a test that needs another builds its own
+/// [`Accelerator`] and passes it to [`context_on`].
+pub fn accelerator() -> &'static Arc<Accelerator> {
+    static SHARED: std::sync::OnceLock<Arc<Accelerator>> = std::sync::OnceLock::new();
+    SHARED.get_or_init(Arc::default)
+}
 
 /// Two partitions, `SET gpu = mode`, blocks of `block_rows`, table `t`.
 pub fn context(
@@ -39,6 +46,18 @@ pub fn context_in(
     schema: Arc<Schema>,
     batches: Vec<RecordBatch>,
 ) -> SessionContext {
+    context_on(accelerator(), mode, block_rows, partitions, schema, batches)
+}
+
+/// [`context_in`] over the device of `accelerator`.
+pub fn context_on(
+    accelerator: &Arc<Accelerator>,
+    mode: &str,
+    block_rows: usize,
+    partitions: usize,
+    schema: Arc<Schema>,
+    batches: Vec<RecordBatch>,
+) -> SessionContext {
     let mut options = GpuOptions::default();
     options.mode = mode.to_string();
     options.block_rows = block_rows;
@@ -48,7 +67,7 @@ pub fn context_in(
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
-        .with_physical_optimizer_rule(Arc::new(GpuOperators))
+        .with_physical_optimizer_rule(Arc::new(GpuOperators::new(Arc::clone(accelerator))))
         .build();
     let ctx = SessionContext::new_with_state(state);
     let table = MemTable::try_new(schema, vec![batches]).expect("table");

@@ -6,8 +6,6 @@
 //! or per partition, and a budget so small that the pairs come back in
 //! ranges; the kernels must have run, no block on the CPU.
 
-mod common;
-
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
@@ -17,16 +15,23 @@ use datafusion::prelude::SessionContext;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use common::{batch, context, plan_text, run_sorted as run, schema};
+use cirro_gpu::Accelerator;
+
+use crate::common::{batch, context_on, plan_text, run_sorted as run, schema};
 
 /// A budget of 1 MiB: the text join's pairs (about half the rows share
 /// one value on each side) pass a quarter of it and are copied back in
 /// ranges of probe rows.
 const BUDGET: u64 = 1 << 20;
 
-/// The tests share the process's device memory, and the first asserts
-/// what is left resident after its joins: they run one at a time.
+/// The tests share one device of [`BUDGET`], and the first asserts what is
+/// left resident after its joins: they run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn accelerator() -> &'static Arc<Accelerator> {
+    static JOINS: std::sync::OnceLock<Arc<Accelerator>> = std::sync::OnceLock::new();
+    JOINS.get_or_init(|| Arc::new(Accelerator::new(BUDGET, cirro_gpu::Policy::Cdr)))
+}
 
 /// Each query, and the join type DataFusion's plan gives it.
 const JOINS: &[(&str, &str)] = &[
@@ -89,7 +94,7 @@ const JOINS: &[(&str, &str)] = &[
 /// `t` (700 rows) as `common::context` makes it, and `u` (1100 rows): the
 /// same columns, other values, `b` drawn so that some match `t`'s.
 fn tables(mode: &str, t: &[RecordBatch], u: &[RecordBatch]) -> SessionContext {
-    let ctx = context(mode, 256, schema(), t.to_vec());
+    let ctx = context_on(accelerator(), mode, 256, 2, schema(), t.to_vec());
     let table = MemTable::try_new(schema(), vec![u.to_vec()]).expect("table");
     ctx.register_table("u", Arc::new(table)).expect("register");
     ctx
@@ -143,8 +148,7 @@ async fn check(gpu: &SessionContext, cpu: &SessionContext, sql: &str, join_type:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_hash_joins_answer_as_datafusion_does() {
     let _serial = SERIAL.lock().await;
-    cirro_gpu::configure(BUDGET, cirro_gpu::Policy::Cdr);
-    assert!(cirro_gpu::device().is_some(), "no Vulkan device");
+    assert!(accelerator().device().is_some(), "no Vulkan device");
     let (t, u) = data();
     let gpu = tables("force", &t, &u);
     let cpu = tables("off", &t, &u);
@@ -156,7 +160,7 @@ async fn gpu_hash_joins_answer_as_datafusion_does() {
     let blocks = metric(&plan, "GpuHashJoinExec", "gpu_blocks").unwrap_or(0);
     let ranges = metric(&plan, "GpuHashJoinExec", "gpu_pair_ranges").unwrap_or(0);
     assert!(ranges > blocks, "{ranges} ranges, {blocks} blocks");
-    let stats = cirro_gpu::memory().expect("memory").stats();
+    let stats = accelerator().memory().expect("memory").stats();
     // What stays is the filters' cached input columns.
     assert_eq!(
         stats.resident, stats.cached,
@@ -167,7 +171,6 @@ async fn gpu_hash_joins_answer_as_datafusion_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_builds_answer_as_datafusion_does() {
     let _serial = SERIAL.lock().await;
-    cirro_gpu::configure(BUDGET, cirro_gpu::Policy::Cdr);
     let (t, u) = data();
     let gpu = tables("force", &t, &u);
     let cpu = tables("off", &t, &u);
@@ -218,7 +221,7 @@ async fn outer_joins_keep_the_probe_sides_order() {
     // DataFusion's does): the plan has no sort above the join.
     let sql = "SELECT x.b, t.a FROM t RIGHT JOIN (SELECT * FROM u ORDER BY b) x \
                ON t.a = x.a AND t.s = x.s ORDER BY x.b";
-    let (batches, plan) = common::execute(&gpu, sql).await;
+    let (batches, plan) = crate::common::execute(&gpu, sql).await;
     let text = plan_text(&plan);
     let join = text.find("GpuHashJoinExec").expect("GpuHashJoinExec");
     assert!(
