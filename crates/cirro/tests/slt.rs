@@ -39,7 +39,7 @@ use async_trait::async_trait;
 use cirro_catalog::Catalog;
 use cirro_engine::{Engine, EngineConfig, Outcome, split_statements};
 use common::server::{PASSWORD, spawn_serve};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use sqllogictest::{DBOutput, DefaultColumnType};
 
 #[derive(Debug)]
@@ -521,13 +521,24 @@ fn records_and_skips(engine: &str) -> (usize, usize) {
     (records, skips)
 }
 
-async fn run_suite<D, F, Fut>(engine: &str, connect: F)
+/// The suite on `engine`, `at_once` files at a time: each file has its own
+/// data location and server, so files of a front end that mostly waits (a
+/// server on HDFS or S3, whose every commit is a few round trips) overlap;
+/// front ends that compute in this process run one file at a time.
+async fn run_suite<D, F, Fut>(engine: &str, at_once: usize, connect: F)
 where
     D: sqllogictest::AsyncDB<Error = SqlError, ColumnType = DefaultColumnType> + 'static,
     F: Fn(PathBuf) -> Fut,
     Fut: std::future::Future<Output = (Box<dyn FnOnce() + Send>, D)>,
 {
-    run_suite_labelled(engine, None, sqllogictest::default_validator, connect).await
+    run_suite_labelled(
+        engine,
+        None,
+        sqllogictest::default_validator,
+        at_once,
+        connect,
+    )
+    .await
 }
 
 /// [`run_suite`] with one more label (`cluster`: records a cluster cannot
@@ -537,6 +548,7 @@ async fn run_suite_labelled<D, F, Fut>(
     engine: &str,
     label: Option<&str>,
     validator: sqllogictest::Validator,
+    at_once: usize,
     connect: F,
 ) where
     D: sqllogictest::AsyncDB<Error = SqlError, ColumnType = DefaultColumnType> + 'static,
@@ -550,8 +562,8 @@ async fn run_suite_labelled<D, F, Fut>(
             "{skips} of {records} records are skipped on {name}: over 1 %"
         );
     }
-    let mut failures = Vec::new();
-    for file in slt_files() {
+    let connect = &connect;
+    let run_file = |file: PathBuf| async move {
         let data = common::DataDir::new();
         let (stop, db) = connect(data.path().to_path_buf()).await;
         let db = Arc::new(tokio::sync::Mutex::new(Some(db)));
@@ -570,11 +582,21 @@ async fn run_suite_labelled<D, F, Fut>(
             runner.add_label(label);
         }
         runner.set_var("FIXTURES".to_string(), fixtures());
-        if let Err(e) = runner.run_file_async(&file).await {
-            failures.push(format!("{}: {e}", file.display()));
-        }
+        let failure = runner
+            .run_file_async(&file)
+            .await
+            .err()
+            .map(|e| format!("{}: {e}", file.display()));
         stop();
-    }
+        failure
+    };
+    let mut failures: Vec<String> = futures::stream::iter(slt_files())
+        .map(run_file)
+        .buffer_unordered(at_once.max(1))
+        .filter_map(|failure| async move { failure })
+        .collect()
+        .await;
+    failures.sort();
     assert!(
         failures.is_empty(),
         "sqllogictest failures on {engine}:\n{}",
@@ -599,7 +621,7 @@ async fn in_process(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_in_process() {
-    run_suite("in-process", |data| in_process(data, "")).await;
+    run_suite("in-process", 1, |data| in_process(data, "")).await;
 }
 
 /// Under a speed switch physical plans differ by design (`jit(…)`, radix
@@ -630,7 +652,7 @@ async fn sqllogictest_in_process_with_each_speed_switch() {
         "SET cache = off",
     ] {
         eprintln!("sqllogictest in process with {settings}");
-        run_suite_labelled("in-process", None, plans_aside, move |data| {
+        run_suite_labelled("in-process", None, plans_aside, 1, move |data| {
             in_process(data, settings)
         })
         .await;
@@ -649,7 +671,7 @@ fn serve(data: &Path) -> (Box<dyn FnOnce() + Send>, u16, u16) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_over_postgres_wire() {
-    run_suite("postgres", |data| async move {
+    run_suite("postgres", 2, |data| async move {
         let (stop, port, _) = serve(&data);
         (stop, Postgres::local(port))
     })
@@ -658,12 +680,17 @@ async fn sqllogictest_over_postgres_wire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_over_flight_sql() {
-    run_suite("flight-sql", |data| async move {
+    run_suite("flight-sql", 2, |data| async move {
         let (stop, _, port) = serve(&data);
         (stop, FlightSql { port })
     })
     .await;
 }
+
+/// Files at once on a server whose data location is on HDFS or S3: those
+/// runs mostly wait on the storage (a run of one file at a time kept two
+/// cores 10–25 % busy).
+const REMOTE_FILES_AT_ONCE: usize = 4;
 
 /// The suite over the PostgreSQL wire with the data location in an S3
 /// bucket (a local S3 server): every file in its own path of the bucket.
@@ -672,20 +699,27 @@ async fn sqllogictest_over_postgres_wire_on_s3() {
     let s3 = Arc::new(common::s3::S3Server::start());
     s3.bucket("slt");
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    run_suite("postgres", |_| {
+    run_suite("postgres", REMOTE_FILES_AT_ONCE, |_| {
         let s3 = Arc::clone(&s3);
         let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         async move {
             let url = format!("s3://slt/file{n}");
-            let envs = s3.envs();
-            let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            let (mut child, port, _, _) = common::server::spawn_serve_with(
-                Path::new(&url),
-                &[],
-                PASSWORD,
-                &envs,
-                std::process::Stdio::null(),
-            );
+            // The server starts on a thread of its own (it blocks until the
+            // server listens), so that the other files' records go on.
+            let (mut child, port) = tokio::task::spawn_blocking(move || {
+                let envs = s3.envs();
+                let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                let (child, port, _, _) = common::server::spawn_serve_with(
+                    Path::new(&url),
+                    &[],
+                    PASSWORD,
+                    &envs,
+                    std::process::Stdio::null(),
+                );
+                (child, port)
+            })
+            .await
+            .expect("start cirro serve");
             let stop = Box::new(move || {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -703,11 +737,14 @@ async fn sqllogictest_over_postgres_wire_on_hdfs() {
     let hdfs = common::hdfs::Hdfs::start(1);
     let base = hdfs.url.clone();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    run_suite("postgres", |_| {
+    run_suite("postgres", REMOTE_FILES_AT_ONCE, |_| {
         let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let url = format!("{base}/file{n}");
         async move {
-            let (stop, port, _) = serve(Path::new(&url));
+            // On a thread of its own, as on S3 above.
+            let (stop, port, _) = tokio::task::spawn_blocking(move || serve(Path::new(&url)))
+                .await
+                .expect("start cirro serve");
             (stop, Postgres::local(port))
         }
     })
@@ -715,21 +752,44 @@ async fn sqllogictest_over_postgres_wire_on_hdfs() {
     drop(hdfs);
 }
 
-/// The suite over the PostgreSQL wire against a 3-node cluster on HDFS
+/// Clusters the cluster run spreads the files over, one file on each at a
+/// time: a file's records mostly wait on HDFS and the network (one cluster
+/// alone kept two cores 15–25 % busy).
+const CLUSTERS: usize = 3;
+
+/// The suite over the PostgreSQL wire against 3-node clusters on HDFS
 /// (`scripts/cluster up --nodes 3 --storage hdfs`), records spread
-/// round-robin over the nodes: every file on a new data location
-/// (`scripts/cluster reset`).
+/// round-robin over a cluster's nodes: each file takes a free cluster and
+/// a new data location on it (`scripts/cluster reset`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_over_postgres_wire_on_a_hdfs_cluster() {
-    let cluster = Arc::new(common::cluster::Cluster::up(3, "hdfs"));
+    let clusters: Vec<Arc<common::cluster::Cluster>> = std::thread::scope(|scope| {
+        let started: Vec<_> = (0..CLUSTERS)
+            .map(|_| scope.spawn(|| Arc::new(common::cluster::Cluster::up(3, "hdfs"))))
+            .collect();
+        started
+            .into_iter()
+            .map(|s| s.join().expect("a cluster started"))
+            .collect()
+    });
+    let free = Arc::new(std::sync::Mutex::new(clusters));
     run_suite_labelled(
         "postgres",
         Some("cluster"),
         sqllogictest::default_validator,
+        CLUSTERS,
         |_| {
-            let cluster = Arc::clone(&cluster);
+            let free = Arc::clone(&free);
             async move {
-                cluster.script(&["reset"]);
+                let cluster = free
+                    .lock()
+                    .expect("clusters")
+                    .pop()
+                    .expect("a free cluster: one file per cluster at a time");
+                let resetting = Arc::clone(&cluster);
+                tokio::task::spawn_blocking(move || resetting.script(&["reset"]))
+                    .await
+                    .expect("scripts/cluster reset");
                 let servers = cluster
                     .pg
                     .iter()
@@ -743,7 +803,8 @@ async fn sqllogictest_over_postgres_wire_on_a_hdfs_cluster() {
                     password: cluster.password.clone(),
                     next: 0,
                 };
-                (Box::new(|| {}) as Box<dyn FnOnce() + Send>, db)
+                let back = Box::new(move || free.lock().expect("clusters").push(cluster));
+                (back as Box<dyn FnOnce() + Send>, db)
             }
         },
     )
