@@ -13,7 +13,8 @@ case "${1:-}" in
 esac
 # Build every test target in the background while the set-up below installs
 # what the tests drive (mostly downloads): on a fresh machine the two overlap
-# instead of adding up. The build's output goes to a log, shown if it fails.
+# instead of adding up. The build's output goes to a log, shown once the
+# set-up is done.
 mkdir -p "$CARGO_TARGET_DIR"
 build_log="$CARGO_TARGET_DIR/test-build.log"
 build_started=$(date +%s)
@@ -104,9 +105,9 @@ export CIRRO_TEST_PYTHON="$venv/bin/python"
 # `cirro bench`'s own pinned environment (bench/requirements.txt), which the
 # harness test uses: made here, beside the build, rather than by the test.
 python3 bench/bootstrap.py --setup-only >/dev/null
+tail -n +1 -f --pid="$build" "$build_log" || true
 if ! wait "$build"; then
-  tail -n 60 "$build_log" >&2
-  echo "scripts/test.sh: the build failed (whole log: $build_log)" >&2
+  echo "scripts/test.sh: the build failed (its log: $build_log)" >&2
   exit 1
 fi
 trap - EXIT
