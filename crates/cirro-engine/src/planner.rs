@@ -61,7 +61,7 @@ enum Place {
 struct Entry<R> {
     place: Place,
     rule: R,
-    #[allow(dead_code)] // read by people, and by the order test
+    #[allow(dead_code)] // read by people; `every_entry_says_why` checks it
     why: &'static str,
 }
 
@@ -114,8 +114,17 @@ fn place<R: Clone>(defaults: Vec<R>, cirro: Vec<Entry<R>>, name: impl Fn(&R) -> 
 /// The analyzer: DataFusion's with Cirro's PostgreSQL typing around type
 /// coercion.
 pub(crate) fn analyzer_rules() -> Vec<Analyzer> {
+    place(
+        datafusion::optimizer::analyzer::Analyzer::new().rules,
+        analyzer_entries(),
+        |r| r.name().to_string(),
+    )
+}
+
+/// Cirro's analyzer rules and their places.
+fn analyzer_entries() -> Vec<Entry<Analyzer>> {
     use Place::*;
-    let cirro: Vec<Entry<Analyzer>> = vec![
+    vec![
         entry(
             Before("type_coercion"),
             Arc::new(cirro::TypeChainSegments) as Analyzer,
@@ -136,12 +145,7 @@ pub(crate) fn analyzer_rules() -> Vec<Analyzer> {
             Arc::new(cirro::GuardFallibleConditions) as Analyzer,
             "guards what can fail behind its condition (CASE, AND), once typed",
         ),
-    ];
-    place(
-        datafusion::optimizer::analyzer::Analyzer::new().rules,
-        cirro,
-        |r| r.name().to_string(),
-    )
+    ]
 }
 
 /// The logical optimizer's rules Cirro adds after DataFusion's. `scans`
@@ -167,8 +171,17 @@ pub(crate) fn logical_rules(distributed: bool) -> Vec<Logical> {
 
 /// The coordinator's physical rules: DataFusion's with Cirro's among them.
 pub(crate) fn coordinator_rules() -> Vec<Physical> {
+    place(
+        datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules,
+        coordinator_entries(),
+        |r| r.name().to_string(),
+    )
+}
+
+/// Cirro's coordinator rules and their places.
+fn coordinator_entries() -> Vec<Entry<Physical>> {
     use Place::*;
-    let cirro: Vec<Entry<Physical>> = vec![
+    vec![
         entry(
             First,
             Arc::new(cirro::LazyGuards) as Physical,
@@ -199,12 +212,7 @@ pub(crate) fn coordinator_rules() -> Vec<Physical> {
             Arc::new(cirro::YieldAfterJoins) as Physical,
             "after every rewrite of the joins it yields after",
         ),
-    ];
-    place(
-        datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules,
-        cirro,
-        |r| r.name().to_string(),
-    )
+    ]
 }
 
 /// The physical rules one node applies to the plan it executes, after the
@@ -475,6 +483,31 @@ mod tests {
 
     /// Every place names a rule DataFusion has: a rule placed before or
     /// after a name that no longer exists would be dropped.
+    /// Every rule Cirro places says why it sits there, and lands in the
+    /// list once.
+    #[test]
+    fn every_entry_says_why() {
+        let analyzer: Vec<String> = analyzer_rules()
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect();
+        for e in analyzer_entries() {
+            let name = e.rule.name();
+            assert!(e.why.split_whitespace().count() >= 3, "{name}: {:?}", e.why);
+            assert_eq!(analyzer.iter().filter(|n| *n == name).count(), 1, "{name}");
+        }
+        let coordinator = coordinator_rules();
+        for e in coordinator_entries() {
+            let name = e.rule.name();
+            assert!(e.why.split_whitespace().count() >= 3, "{name}: {:?}", e.why);
+            assert_eq!(
+                names(&coordinator).iter().filter(|n| **n == name).count(),
+                1,
+                "{name}"
+            );
+        }
+    }
+
     #[test]
     fn every_place_exists() {
         let analyzer = analyzer_rules().len();
