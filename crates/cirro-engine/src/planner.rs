@@ -487,25 +487,28 @@ mod tests {
     /// list once.
     #[test]
     fn every_entry_says_why() {
+        /// Each entry's reason is a phrase; its rule is in `placed` once.
+        fn check<R>(entries: Vec<Entry<R>>, name: impl Fn(&R) -> String, placed: &[String]) {
+            for e in entries {
+                let name = name(&e.rule);
+                assert!(e.why.split_whitespace().count() >= 3, "{name}: {:?}", e.why);
+                assert_eq!(placed.iter().filter(|n| **n == name).count(), 1, "{name}");
+            }
+        }
         let analyzer: Vec<String> = analyzer_rules()
             .iter()
             .map(|r| r.name().to_string())
             .collect();
-        for e in analyzer_entries() {
-            let name = e.rule.name();
-            assert!(e.why.split_whitespace().count() >= 3, "{name}: {:?}", e.why);
-            assert_eq!(analyzer.iter().filter(|n| *n == name).count(), 1, "{name}");
-        }
-        let coordinator = coordinator_rules();
-        for e in coordinator_entries() {
-            let name = e.rule.name();
-            assert!(e.why.split_whitespace().count() >= 3, "{name}: {:?}", e.why);
-            assert_eq!(
-                names(&coordinator).iter().filter(|n| **n == name).count(),
-                1,
-                "{name}"
-            );
-        }
+        check(analyzer_entries(), |r| r.name().to_string(), &analyzer);
+        let coordinator: Vec<String> = coordinator_rules()
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect();
+        check(
+            coordinator_entries(),
+            |r| r.name().to_string(),
+            &coordinator,
+        );
     }
 
     #[test]

@@ -659,9 +659,14 @@ async fn sqllogictest_in_process_with_each_speed_switch() {
     }
 }
 
-/// A `cirro serve` on `data`, and what stops it.
-fn serve(data: &Path) -> (Box<dyn FnOnce() + Send>, u16, u16) {
-    let (mut child, pg_port, flight_port, _) = spawn_serve(data, &[], PASSWORD);
+/// A `cirro serve` on `data`, and what stops it. It starts on a thread of
+/// its own (starting blocks until the server listens), so that the records
+/// of other files run meanwhile.
+async fn serve(data: PathBuf) -> (Box<dyn FnOnce() + Send>, u16, u16) {
+    let (mut child, pg_port, flight_port, _) =
+        tokio::task::spawn_blocking(move || spawn_serve(&data, &[], PASSWORD))
+            .await
+            .expect("start cirro serve");
     let stop = Box::new(move || {
         let _ = child.kill();
         let _ = child.wait();
@@ -672,7 +677,7 @@ fn serve(data: &Path) -> (Box<dyn FnOnce() + Send>, u16, u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_over_postgres_wire() {
     run_suite("postgres", 2, |data| async move {
-        let (stop, port, _) = serve(&data);
+        let (stop, port, _) = serve(data).await;
         (stop, Postgres::local(port))
     })
     .await;
@@ -681,7 +686,7 @@ async fn sqllogictest_over_postgres_wire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqllogictest_over_flight_sql() {
     run_suite("flight-sql", 2, |data| async move {
-        let (stop, _, port) = serve(&data);
+        let (stop, _, port) = serve(data).await;
         (stop, FlightSql { port })
     })
     .await;
@@ -741,10 +746,7 @@ async fn sqllogictest_over_postgres_wire_on_hdfs() {
         let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let url = format!("{base}/file{n}");
         async move {
-            // On a thread of its own, as on S3 above.
-            let (stop, port, _) = tokio::task::spawn_blocking(move || serve(Path::new(&url)))
-                .await
-                .expect("start cirro serve");
+            let (stop, port, _) = serve(PathBuf::from(url)).await;
             (stop, Postgres::local(port))
         }
     })
