@@ -26,6 +26,10 @@ def parse(argv):
     ap.add_argument("--wire", choices=["flight", "pg"], default="flight",
                     help="how the harness queries Cirro: Arrow Flight SQL (default) or the PostgreSQL protocol")
     ap.add_argument("--runs", type=int, default=3, help="hot runs per query and engine (default 3)")
+    ap.add_argument("--starts", type=int, default=3,
+                    help="tpch, ssb, joins, aggregation: fresh processes of every engine (Cirro's server among "
+                         "them), each running every query; a figure is the median over the starts of each "
+                         "start's median, shown with their range (default 3)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per query run (default 300)")
     ap.add_argument("--duration", type=float, default=5, help="micro: seconds per operation and client count")
     ap.add_argument("--baseline", help="micro: another cirro binary (an older build) measured in the same run")
@@ -60,6 +64,8 @@ def parse(argv):
         args.settings = [engines.parse_setting(s) for s in args.settings]
     except ValueError as e:
         ap.error(str(e))
+    if args.starts < 1 or args.runs < 0:
+        ap.error("--starts must be at least 1 and --runs at least 0")
     args.argv = ["cirro", "bench"] + argv
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in args.peers:

@@ -5,8 +5,8 @@ overhead measure, not a speed claim).
 
 1. **GPU against CPU.** Per SSB query, on one server: the median of
    `--runs` hot runs with `SET gpu = off` and with `SET gpu = force` (every
-   operator with a GPU twin on the device), the answers compared value by
-   value; then one EXPLAIN ANALYZE under `force` gives the time the GPU
+   operator with a GPU twin on the device), every timed answer compared value
+   by value with the first `gpu = off` answer; then one EXPLAIN ANALYZE under `force` gives the time the GPU
    operators spent uploading blocks and in kernels (with the copies back),
    their kernel dispatches, and the blocks they ran on the device and on
    the CPU.
@@ -85,23 +85,24 @@ def gpu_vs_cpu(args, queries, root, cirro_data, tables, results):
             print("cirro bench gpu: no Vulkan device: every operator stays on the CPU "
                   "(install mesa-vulkan-drivers for lavapipe, or the GPU's Vulkan driver)", file=sys.stderr)
         for q in queries:
-            rec = {}
+            rec = {"same_answer": True}
+            expected = None  # the CPU operators' first answer: every timed run is compared with it
             for mode in ("off", "force"):
                 engine.run(f"SET gpu = {mode}")
-                _timed(engine, q.sql)  # warm: caches, kernels compiled
+                _, warm = _timed(engine, q.sql)  # warm: caches, kernels compiled
+                expected = warm if expected is None else expected
                 times = []
-                for _ in range(args.runs):
+                for r in range(args.runs):
                     seconds, table = _timed(engine, q.sql)
                     times.append(seconds)
+                    try:
+                        compare.compare(table, expected, f"{q.id} gpu={mode} run {r + 1} vs gpu=off")
+                    except compare.Mismatch as e:
+                        rec["same_answer"] = False
+                        results["mismatches"].append(str(e))
+                        print(f"cirro bench gpu: MISMATCH {e}", file=sys.stderr)
                 rec[mode] = {"median_s": round(statistics.median(times), 4), "runs": [round(t, 4) for t in times]}
-                rec[f"{mode}_table"] = table
-            try:
-                compare.compare(rec.pop("force_table"), rec.pop("off_table"), f"{q.id} gpu=force vs off")
-                rec["same_answer"] = True
-            except compare.Mismatch as e:
-                rec["same_answer"] = False
-                results["mismatches"].append(str(e))
-                print(f"cirro bench gpu: MISMATCH {e}", file=sys.stderr)
+            del expected
             engine.run("SET gpu = force")
             rec["force_metrics"] = _metric_sums(_explain(engine, q.sql))
             rec["ratio_gpu_over_cpu"] = round(rec["force"]["median_s"] / rec["off"]["median_s"], 3)

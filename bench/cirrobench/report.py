@@ -76,6 +76,26 @@ def totals(state):
     return out
 
 
+def start_totals(state):
+    """Per engine: the total of each start's medians over the queries every
+    engine finished, one total per start (empty where a query lacks starts)."""
+    meds = medians(state)
+    names = _engines(state)
+    common = [q for q, m in meds.items() if all(m.get(n) is not None for n in names)]
+    starts = [state["queries"][q].get("starts", []) for q in common]
+    count = min((len(s) for s in starts), default=0)
+    out = {}
+    for n in names:
+        totals = []
+        for i in range(count):
+            per = [s[i]["engines"].get(n, {}).get("median") for s in starts]
+            if any(t is None for t in per):
+                break
+            totals.append(sum(per))
+        out[n] = totals
+    return out
+
+
 def _ms(seconds):
     if seconds is None:
         return "—"
@@ -83,10 +103,13 @@ def _ms(seconds):
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}"
 
 
-def _cell(rec):
+def _cell(rec, spread=False):
     if rec["status"] in ("error", "timeout", "unavailable"):
         return {"error": "error", "timeout": "timeout", "unavailable": "n/a"}[rec["status"]]
     text = _ms(rec.get("median"))
+    if spread and rec.get("range"):
+        low, high = rec["range"]
+        text += f" [{_ms(low)}–{_ms(high)}]"
     return text + " ✗" if rec["status"] == "wrong" else text
 
 
@@ -171,11 +194,15 @@ def write(state, out):
     has_scaling = plot_scaling(state, out / "scaling.png")
     mach = state.get("machine", {})
     lines = [f"# `{cfg['suite']}` at SF {cfg['sf']:g}: Cirro beside its peers", ""]
+    starts = cfg.get("starts", 1)
+    figures = (f"figures are medians of {cfg['runs']} hot runs (the cold first run in the JSON)" if starts == 1 else
+               f"a figure is the median over **{starts} starts** (each a fresh process of every engine, Cirro's "
+               f"server among them, running every query: the cold run, then {cfg['runs']} hot runs whose median "
+               "is the start's figure), with the range of the starts' figures in brackets")
     lines += [f"Machine: {mach.get('cpu', '?')}, {mach.get('cpus')} CPUs, {mach.get('memory_gib')} GiB memory, "
-              f"{mach.get('platform')}. Every engine limited to **{cfg['threads']} threads**; figures are "
-              f"medians of {cfg['runs']} hot runs (the cold first run in the JSON), engines alternating query "
-              f"by query; per-query timeout {state.get('timeout_seconds')} s. Run {state.get('started')} – "
-              f"{state.get('finished', 'unfinished')}.", ""]
+              f"{mach.get('platform')}. Every engine limited to **{cfg['threads']} threads**; {figures}; engines "
+              f"alternating query by query; per-query timeout {state.get('timeout_seconds')} s. Run "
+              f"{state.get('started')} – {state.get('finished', 'unfinished')}.", ""]
     lines += ["Engines: " + ", ".join(f"{n} {state['versions'].get(n, '?')}" for n in names) + ". "
               f"Cirro is queried through `cirro serve` over {WIRES[cfg.get('wire', 'flight')]}, so its times include a "
               "client round trip; the peers run in-process. DuckDB runs twice per release: `duckdb` on the "
@@ -201,16 +228,24 @@ def write(state, out):
     if state.get("mismatches"):
         lines += ["## ❌ CORRECTNESS FAILURE", ""] + [f"- {m}" for m in state["mismatches"]] + [""]
     else:
+        answers = sum(state["queries"][q]["engines"]["cirro"].get("checked", 0) for q in checked)
+        every = all("every run" in state["queries"][q]["check"] for q in checked) if checked else False
         lines += [f"Correctness: Cirro's result equals DuckDB's, value by value, on {len(checked)} of "
-                  f"{len(meds)} queries" + (" (the rest unchecked: see the table)." if len(checked) < len(meds)
-                                             else "."), ""]
+                  f"{len(meds)} queries" + (f", on every run of each, cold and hot ({answers} answers compared)"
+                                            if every else "")
+                  + (" (the rest unchecked: see the table)." if len(checked) < len(meds) else "."), ""]
+    per_start = start_totals(state)
     lines += ["## Totals", "", "| engine | total s (queries all engines finished) | Cirro / engine | "
-              "total s (own finished queries) |", "|---|---:|---:|---:|"]
+              "total s (own finished queries) |" + (" totals of each start (s) |" if starts > 1 else ""),
+              "|---|---:|---:|---:|" + ("---:|" if starts > 1 else "")]
     for n in names:
         t = tot[n]
         ratio = tot["cirro"]["common"] / t["common"] if t["common"] else None
-        lines.append(f"| {n} | {t['common']:.2f} ({t['common_count']}) | "
-                     f"{'—' if ratio is None else f'{ratio:.2f}'} | {t['own']:.2f} ({t['own_count']}) |")
+        line = (f"| {n} | {t['common']:.2f} ({t['common_count']}) | "
+                f"{'—' if ratio is None else f'{ratio:.2f}'} | {t['own']:.2f} ({t['own_count']}) |")
+        if starts > 1:
+            line += " " + ", ".join(f"{x:.2f}" for x in per_start.get(n, [])) + " |"
+        lines.append(line)
     lines.append("")
     worst = sorted(((v[0], q, v[1]) for q, v in r.items() if v[0] > 1), reverse=True)[:5]
     if r:
@@ -223,13 +258,14 @@ def write(state, out):
         gm = geo_mean([v[0] for v in r.values()])
         lines += ["", f"Cirro is the fastest engine on {wins} of {len(r)} queries; geometric mean of "
                       f"Cirro / best peer: {gm:.2f}.", ""]
-    lines += ["## Per query (median ms)", ""]
+    lines += [f"## Per query (median ms{' [range over the starts]' if starts > 1 else ''})", ""]
     lines += ["| query | " + " | ".join(names) + " | Cirro / best peer |",
               "|---|" + "---:|" * (len(names) + 1)]
     for q in meds:
         rec = state["queries"][q]["engines"]
         ratio = f"{r[q][0]:.2f} ({r[q][1]})" if q in r else "—"
-        lines.append(f"| {q} | " + " | ".join(_cell(rec[n]) if n in rec else "—" for n in names) + f" | {ratio} |")
+        lines.append(f"| {q} | " + " | ".join(_cell(rec[n], starts > 1) if n in rec else "—" for n in names)
+                     + f" | {ratio} |")
     lines += ["", "✗: the engine's answer differs from DuckDB's (time shown, not counted as best peer)."]
     failures = [(q, n, e) for q in meds for n, e in state["queries"][q]["engines"].items()
                 if e["status"] != "ok"]

@@ -60,7 +60,8 @@ def drop_caches():
 
 
 def _config(args, names):
-    config = {"suite": args.suite, "sf": args.sf, "threads": args.threads, "runs": args.runs, "engines": names}
+    config = {"suite": args.suite, "sf": args.sf, "threads": args.threads, "runs": args.runs, "engines": names,
+              "starts": getattr(args, "starts", 1)}
     if args.wire != "flight":
         config["wire"] = args.wire  # (absent for Flight: earlier results resume)
     if getattr(args, "settings", None):
@@ -77,7 +78,15 @@ def load_state(path, config, fresh):
             done = sum(1 for q in state["queries"].values() if q.get("done"))
             print(f"cirro bench: resuming {path} ({done} queries done; --fresh starts over)", file=sys.stderr)
             return state
-        print(f"cirro bench: {path} holds a run with other settings; starting over", file=sys.stderr)
+        # Never overwrite a run's results: the earlier one is kept beside.
+        kept = path.with_name(f"results-{state.get('started', 'earlier').replace(' ', 'T').replace(':', '')}.json")
+        path.replace(kept)
+        print(f"cirro bench: {path} holds a run with other settings (kept as {kept.name}); starting over",
+              file=sys.stderr)
+    elif path.exists():
+        kept = path.with_name(f"results-{time.strftime('%Y-%m-%dT%H%M%S')}-replaced.json")
+        path.replace(kept)
+        print(f"cirro bench: --fresh: the earlier results are kept as {kept.name}", file=sys.stderr)
     return {"config": config, "queries": {}, "mismatches": [], "versions": {}, "setup": {}}
 
 
@@ -87,10 +96,11 @@ def save_state(path, state):
     tmp.replace(path)
 
 
-def run_suite(args, suite, queries, ctx, facts, out):
+def run_suite(args, suite, queries, ctx, facts, out, make_worker=Worker):
     names = ["cirro"] + [p for p in args.peers if p != "cirro"]
     if engines.REFERENCE not in names:
         names.append(engines.REFERENCE)  # the correctness guard needs it
+    starts = getattr(args, "starts", 1)
     state_path = out / "results.json"
     state = load_state(state_path, _config(args, names), args.fresh)
     state.update({"command": " ".join(args.argv), "machine": machine(), "data": facts,
@@ -105,68 +115,31 @@ def run_suite(args, suite, queries, ctx, facts, out):
         save_state(state_path, state)
 
     spill = Path(tempfile.mkdtemp(prefix="cirro-bench-"))
-    workers = {n: Worker(n, ctx, str(spill)) for n in names}
-    unavailable = {}
-    for n, w in workers.items():
-        try:
-            info = w.start()
-            state["versions"][n] = info["version"]
-            if info.get("load_seconds") is not None:
-                state["setup"][f"{n}_load_seconds"] = round(info["load_seconds"], 2)
-        except EngineFailed as e:
-            unavailable[n] = str(e)
-            print(f"cirro bench: {n} cannot run: {e}", file=sys.stderr)
-    save_state(state_path, state)
-
-    todo = [q for q in queries if not state["queries"].get(q.id, {}).get("done")]
-    bar = tqdm(total=len(todo) * (args.runs + 1) * len(names), desc=f"{args.suite} sf{args.sf:g}", unit="run",
-               file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 30)
     try:
-        for qi, q in enumerate(queries):
-            if q not in todo:
+        for start in range(starts):
+            todo = [q for q in queries if len(state["queries"].get(q.id, {}).get("starts", [])) <= start]
+            if not todo:
                 continue
-            rec = {n: {"status": "ok", "cold": None, "hot": [], "rows": None} for n in names}
-            for n, why in unavailable.items():
-                rec[n].update(status="unavailable", error=why)
-            results = {}
-            for r in range(args.runs + 1):
-                shift = (qi + r) % len(names)
-                for n in names[shift:] + names[:shift]:
-                    bar.update(1)
-                    if rec[n]["status"] in TERMINAL:
-                        continue
-                    bar.set_postfix_str(f"{q.id} {n}")
-                    if r == 0 and args.drop_caches:
-                        drop_caches()
-                    keep = "all" if n in ("cirro", engines.REFERENCE) else "small"
-                    try:
-                        res = workers[n].run(q.sql, args.timeout, keep=keep if r == 0 else None, tag=q.id)
-                    except EngineFailed as e:
-                        res = ("error", f"restart failed: {e}")
-                    if res[0] != "ok":
-                        rec[n].update(status=res[0], error=res[1])
-                        continue
-                    _, seconds, rows, table = res
-                    if r == 0:
-                        rec[n]["cold"], rec[n]["rows"] = seconds, rows
-                        results[n] = table
-                    else:
-                        rec[n]["hot"].append(seconds)
-                if r == 0:
-                    # check the cold results now, then let them go before the hot runs
-                    verdict = check(q, rec, results, state)
-                    results.clear()
-                    for f in spill.glob("*"):
-                        f.unlink()
-            for n in names:
-                times = rec[n]["hot"] or ([rec[n]["cold"]] if rec[n]["cold"] is not None else [])
-                rec[n]["median"] = statistics.median(times) if rec[n]["status"] not in TERMINAL and times else None
-            state["queries"][q.id] = {"done": True, "engines": rec, "check": verdict}
+            # Every start is a fresh process of every engine (Cirro's server
+            # among them): the figures are spread over processes, not one.
+            workers, unavailable = _start_workers(names, ctx, spill, state, make_worker)
             save_state(state_path, state)
+            bar = tqdm(total=len(todo) * (args.runs + 1) * len(names),
+                       desc=f"{args.suite} sf{args.sf:g}" + (f" start {start + 1}/{starts}" if starts > 1 else ""),
+                       unit="run", file=sys.stderr, mininterval=0.5 if sys.stderr.isatty() else 30)
+            try:
+                for qi, q in enumerate(queries):
+                    if q not in todo:
+                        continue
+                    rec, verdict = run_query(args, q, qi + start, names, workers, unavailable, spill, state, bar,
+                                             start)
+                    record(state, q.id, rec, verdict, starts)
+                    save_state(state_path, state)
+            finally:
+                bar.close()
+                for w in workers.values():
+                    w.stop()
     finally:
-        bar.close()
-        for w in workers.values():
-            w.stop()
         for f in spill.glob("*"):
             f.unlink()
         spill.rmdir()
@@ -175,17 +148,135 @@ def run_suite(args, suite, queries, ctx, facts, out):
     return state
 
 
-def check(q, rec, results, state):
-    """The correctness guard for one query (see the module's doc); returns the verdict."""
+def _start_workers(names, ctx, spill, state, make_worker):
+    workers = {n: make_worker(n, ctx, str(spill)) for n in names}
+    unavailable = {}
+    for n, w in workers.items():
+        try:
+            info = w.start()
+            state["versions"][n] = info["version"]
+            state.setdefault("pids", {}).setdefault(n, []).append(info.get("pid"))
+            if info.get("load_seconds") is not None:
+                state["setup"][f"{n}_load_seconds"] = round(info["load_seconds"], 2)
+        except EngineFailed as e:
+            unavailable[n] = str(e)
+            print(f"cirro bench: {n} cannot run: {e}", file=sys.stderr)
+    return workers, unavailable
+
+
+def run_query(args, q, rotation, names, workers, unavailable, spill, state, bar, start=0):
+    """One query on every engine in one start: the cold run, then the hot
+    runs; every run's answer is compared with the reference's cold answer.
+    Returns (per-engine record, verdict)."""
+    ref = engines.REFERENCE
+    rec = {n: {"status": "ok", "cold": None, "hot": [], "rows": None, "checked": 0} for n in names}
+    for n, why in unavailable.items():
+        rec[n].update(status="unavailable", error=why)
+    expected = None  # the reference's cold answer, kept until the last hot run
+    verdict = "unchecked"
+    for r in range(args.runs + 1):
+        shift = (rotation + r) % len(names)
+        results = {}
+        for n in names[shift:] + names[:shift]:
+            bar.update(1)
+            if rec[n]["status"] in TERMINAL:
+                continue
+            bar.set_postfix_str(f"{q.id} {n}")
+            if r == 0 and args.drop_caches:
+                drop_caches()
+            # Cirro's answer always comes back (every timed run is checked);
+            # a peer's when small; the reference's cold answer always.
+            keep = "all" if n == "cirro" or (n == ref and r == 0) else "small"
+            try:
+                res = workers[n].run(q.sql, args.timeout, keep=keep, tag=f"{q.id}-{start}-{r}")
+            except EngineFailed as e:
+                res = ("error", f"restart failed: {e}")
+            if res[0] != "ok":
+                rec[n].update(status=res[0], error=res[1])
+                continue
+            _, seconds, rows, table = res
+            if r == 0:
+                rec[n]["cold"], rec[n]["rows"] = seconds, rows
+            else:
+                rec[n]["hot"].append(seconds)
+            results[n] = table
+        if r == 0:
+            verdict = check(q, rec, results, state, run="cold run", start=start)
+            expected = results.get(ref) if rec[ref]["status"] == "ok" else None
+        elif expected is not None:
+            hot_ref = results.pop(ref, None)
+            if hot_ref is not None:  # the reference's own hot answer, against its cold one
+                rec[ref]["checked"] += 1
+                try:
+                    compare.compare(hot_ref, expected, what=f"{q.id} {ref} hot run {r} vs its cold run")
+                except compare.Mismatch as e:
+                    rec[ref].update(status="wrong", error=str(e)[:500])
+            run_verdict = check(q, rec, {**results, ref: expected}, state, run=f"hot run {r}", start=start,
+                                reference_run=False)
+            if run_verdict.startswith("MISMATCH") and not verdict.startswith("MISMATCH"):
+                verdict = run_verdict
+        results.clear()
+        for f in spill.glob(f"*-{q.id}-{start}-{r}.arrow"):
+            if r > 0 or not f.name.startswith(f"{ref}-"):
+                f.unlink()
+    del expected
+    for f in spill.glob("*"):
+        f.unlink()
+    for n in names:
+        times = rec[n]["hot"] or ([rec[n]["cold"]] if rec[n]["cold"] is not None else [])
+        rec[n]["median"] = statistics.median(times) if rec[n]["status"] not in TERMINAL and times else None
+    if verdict.startswith("equal"):
+        runs = rec["cirro"]["checked"]
+        verdict = f"{verdict}, every run ({runs} of {runs})"
+    return rec, verdict
+
+
+def record(state, qid, rec, verdict, starts):
+    """Adds one start's record of a query; the query's figures are then the
+    median over the starts of each start's median, with their range."""
+    entry = state["queries"].setdefault(qid, {"starts": []})
+    entry.setdefault("starts", []).append({"engines": rec, "check": verdict})
+    done = entry["starts"]
+    entry["done"] = len(done) >= starts
+    checks = [s["check"] for s in done]
+    entry["check"] = next((c for c in checks if c.startswith("MISMATCH")), None) or next(
+        (c for c in checks if not c.startswith("equal")), None) or checks[-1]
+    entry["engines"] = {}
+    for n in rec:
+        per = [s["engines"][n] for s in done if n in s["engines"]]
+        medians = [p["median"] for p in per if p.get("median") is not None]
+        bad = next((p for p in per if p["status"] != "ok"), None)
+        combined = {"status": bad["status"] if bad else "ok",
+                    "cold": per[0].get("cold"), "colds": [p.get("cold") for p in per],
+                    "hot": [t for p in per for t in p.get("hot", [])], "rows": per[0].get("rows"),
+                    "checked": sum(p.get("checked", 0) for p in per),
+                    "medians": [p.get("median") for p in per],
+                    "median": statistics.median(medians) if medians and (not bad or bad["status"] == "wrong")
+                    else None}
+        if medians:
+            combined["range"] = [min(medians), max(medians)]
+        if bad and bad.get("error"):
+            combined["error"] = bad["error"]
+        entry["engines"][n] = combined
+
+
+def check(q, rec, results, state, run="cold run", start=0, reference_run=True):
+    """The correctness guard for one run of a query (see the module's doc):
+    each engine's answer against the reference's; returns the verdict.
+    Counts the answers compared in each engine's record ("checked")."""
     ref = engines.REFERENCE
     if rec[ref]["status"] != "ok" or results.get(ref) is None:
         return f"unchecked: {ref} {rec[ref]['status']}"
     verdict = f"unchecked: cirro {rec['cirro']['status']}"
+    if reference_run:
+        rec[ref]["checked"] = rec[ref].get("checked", 0) + 1
+    where = "" if run == "cold run" and start == 0 else f" ({run}, start {start + 1})"
     for n, table in results.items():
         if n == ref or table is None:
             continue
+        rec[n]["checked"] = rec[n].get("checked", 0) + 1
         try:
-            compare.compare(table, results[ref], what=f"{q.id} {n} vs {ref}")
+            compare.compare(table, results[ref], what=f"{q.id} {n} vs {ref}{where}")
         except compare.Mismatch as e:
             if n == "cirro":
                 state["mismatches"].append(str(e))

@@ -86,10 +86,12 @@ def run_variant(cluster, nodes, variant, queries, reference, runs):
     for q in queries:
         try:
             times = []
-            for _ in range(runs + 1):
+            for r in range(runs + 1):
                 seconds, table = cluster.timed(q.sql)
                 times.append(seconds)
-            compare.compare(table, reference[q.id], f"{q.id} on {nodes} node(s), {variant}")
+                # every timed answer, cold and hot
+                compare.compare(table, reference[q.id], f"{q.id} on {nodes} node(s), {variant}, run {r}")
+                del table
             text = "\n".join(str(v) for v in cluster.run(f"EXPLAIN ANALYZE {q.sql}").column(1).to_pylist())
             moved, stages = exchanged_bytes(text)
             per_query[q.id] = {"cold": times[0], "hot": times[1:], "median": statistics.median(times[1:]),

@@ -95,6 +95,80 @@ class GuardTest(unittest.TestCase):
         self.assertTrue(runner.check(q, rec, {"cirro": table(a=[1])}, state).startswith("unchecked"))
 
 
+class FakeWorker:
+    """An engine that answers `SELECT 1` with 1.0 and takes 0.1 s × its start
+    (1, 2, 3, …); `wrong` names (engine, start, run) answers that are 1.5."""
+
+    wrong = set()
+    instances = {}
+
+    def __init__(self, name, ctx, spill_dir):
+        self.name = name
+        FakeWorker.instances[name] = FakeWorker.instances.get(name, 0) + 1
+        self.start_no = FakeWorker.instances[name]
+        self.run_no = 0
+
+    def start(self):
+        return {"version": "test", "pid": None}
+
+    def run(self, sql, timeout, keep=False, tag="result"):
+        value = 1.5 if (self.name, self.start_no, self.run_no) in FakeWorker.wrong else 1.0
+        self.run_no += 1
+        answer = table(a=pa.array([value])) if keep else None
+        return ("ok", 0.1 * self.start_no, 1, answer)
+
+    def stop(self):
+        pass
+
+
+def fake_suite(tmp, wrong=(), starts=3, runs=2):
+    FakeWorker.wrong, FakeWorker.instances = set(wrong), {}
+    args = cli.parse(["tpch", "--peers", "polars", "--runs", str(runs), "--starts", str(starts),
+                      "--out", tmp, "--no-probe"])
+    suite = type("S", (), {"scan_bound": None})()
+    q = type("Q", (), {"id": "q01", "sql": "SELECT 1", "series": None, "x": None, "x_label": None})()
+    return runner.run_suite(args, suite, [q], None, {}, Path(tmp), make_worker=FakeWorker)
+
+
+class EveryRunCheckedTest(unittest.TestCase):
+    def test_every_start_is_fresh_and_figures_are_medians_over_starts(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            state = fake_suite(tmp)
+            self.assertEqual(FakeWorker.instances, {"cirro": 3, "polars": 3, "duckdb": 3})
+            rec = state["queries"]["q01"]
+            self.assertEqual(state["mismatches"], [])
+            self.assertIn("every run (3 of 3)", rec["check"])
+            cirro = rec["engines"]["cirro"]
+            self.assertEqual(cirro["checked"], 9)  # 3 starts × (cold + 2 hot)
+            self.assertAlmostEqual(cirro["median"], 0.2)
+            self.assertEqual([round(x, 3) for x in cirro["range"]], [0.1, 0.3])
+            text = report.write(state, tmp).read_text()
+            self.assertIn("| q01 | 200 [100–300] |", text)
+            self.assertIn("totals of each start (s) |", text)
+            self.assertIn("on every run of each, cold and hot (9 answers compared)", text)
+
+    def test_a_wrong_hot_answer_is_caught(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            # Cirro right on its cold run and wrong on the second hot run of
+            # the second start; polars wrong on a hot run only.
+            state = fake_suite(tmp, wrong={("cirro", 2, 2), ("polars", 1, 1)})
+            self.assertEqual(len(state["mismatches"]), 1, state["mismatches"])
+            self.assertIn("q01 cirro vs duckdb (hot run 2, start 2)", state["mismatches"][0])
+            rec = state["queries"]["q01"]
+            self.assertTrue(rec["check"].startswith("MISMATCH"), rec["check"])
+            self.assertEqual(rec["engines"]["polars"]["status"], "wrong")
+            self.assertIn("CORRECTNESS FAILURE", report.write(state, tmp).read_text())
+
+    def test_a_rerun_with_other_settings_keeps_the_earlier_results(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            fake_suite(tmp, starts=1)
+            fake_suite(tmp, starts=2)
+            kept = sorted(p.name for p in Path(tmp).glob("results-*.json"))
+            self.assertEqual(len(kept), 1, kept)
+            earlier = json.loads((Path(tmp) / kept[0]).read_text())
+            self.assertEqual(earlier["config"]["starts"], 1)
+
+
 class WorkerTest(unittest.TestCase):
     def test_timeout_kills_and_the_engine_comes_back(self):
         with tempfile.TemporaryDirectory() as tmp:

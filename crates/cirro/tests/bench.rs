@@ -5,13 +5,11 @@
 //! the run must catch and fail on. The first run creates the harness's
 //! Python environment (~/.cache/cirro/bench-venv, pinned peers).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::{DataDir, cirro_bin, sql_ok_at};
+use crate::common::{DataDir, cirro_bin, sql_ok_at};
 
 fn bench_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench")
@@ -74,6 +72,8 @@ fn tpch_end_to_end_with_peers_and_a_wrong_result_caught() {
         "2",
         "--runs",
         "1",
+        "--starts",
+        "1",
         "--out",
         out_s,
         "--data-dir",
@@ -97,7 +97,10 @@ fn tpch_end_to_end_with_peers_and_a_wrong_result_caught() {
 
     let report = std::fs::read_to_string(out_dir.join("report.md")).expect("report.md");
     assert!(
-        report.contains("Cirro's result equals DuckDB's, value by value, on 4 of 4 queries"),
+        report.contains(
+            "Cirro's result equals DuckDB's, value by value, on 4 of 4 queries, on every run of \
+             each, cold and hot (8 answers compared)"
+        ),
         "{report}"
     );
     for needle in [
@@ -140,12 +143,30 @@ fn tpch_end_to_end_with_peers_and_a_wrong_result_caught() {
         &cirro_data,
         "UPDATE lineitem SET l_quantity = l_quantity + 1 WHERE l_orderkey < 1000",
     );
+    // Two starts (the last --starts counts): two server processes, each
+    // running both queries.
     let mut args = vec!["tpch"];
     args.extend(common);
     args.extend(["--peers", "duckdb", "--queries", "q01,q13", "--no-probe"]);
+    args.extend(["--starts", "2"]);
     let out = cirro_bench(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("results.json")).unwrap()).unwrap();
+    let pids = results["pids"]["cirro"].as_array().expect("pids");
+    assert!(
+        pids.len() == 2 && pids[0] != pids[1] && pids[0].as_u64().is_some(),
+        "{pids:?}"
+    );
+    let q13 = &results["queries"]["q13"];
+    assert_eq!(q13["starts"].as_array().map(Vec::len), Some(2), "{q13}");
+    assert!(
+        q13["check"]
+            .as_str()
+            .is_some_and(|c| c.contains("every run (2 of 2)")),
+        "{q13}"
+    );
     assert!(
         stderr.contains("CORRECTNESS FAILURE: q01 cirro vs duckdb"),
         "{stderr}"
