@@ -3,9 +3,7 @@
 //! aggregate in more hash partitions than threads; the answers are the same
 //! with the rule off, on and forced, wherever the aggregation sits in a plan.
 
-mod common;
-
-use common::{DataDir, answer_after as answer};
+use crate::common::{DataDir, answer_after as answer};
 
 /// `EXPLAIN sql` after the settings `sets`, in one process.
 fn explained(data: &DataDir, sets: &str, sql: &str) -> String {

@@ -4,9 +4,7 @@
 //! priority from the plan, and show what they did (EXPLAIN ANALYZE's
 //! `cache_hits`, `cirro.cache`).
 
-mod common;
-
-use common::{DataDir, Session};
+use crate::common::{DataDir, Session};
 
 /// The value of counter `name` summed over an EXPLAIN ANALYZE's scans.
 fn counter(plan: &str, name: &str) -> u64 {

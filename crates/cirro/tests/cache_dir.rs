@@ -5,12 +5,12 @@
 //! detected by their checksums and read again from HDFS; a full cache disk
 //! (a small tmpfs) gives uncached reads and a warning, never a failed query.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::hdfs::Hdfs;
+use crate::common::hdfs::Hdfs;
 
 const QUERY: &str = "SELECT k, count(*), sum(id), min(s), max(s) FROM t GROUP BY k ORDER BY k";
 

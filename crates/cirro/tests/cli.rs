@@ -1,8 +1,8 @@
 //! The `cirro sql` command line: output formats, scripts, errors, EXPLAIN.
 
-mod common;
+use crate::common;
 
-use common::DataDir;
+use crate::common::DataDir;
 
 fn setup() -> DataDir {
     let data = DataDir::new();

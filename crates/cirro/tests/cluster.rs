@@ -4,13 +4,13 @@
 //! kills, cuts, restarts and SIGTERM, ZooKeeper going away, mixed versions
 //! refused, and data locations shared with the single-node Cirro.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::cirro_bin;
-use common::cluster::Cluster;
+use crate::common::cirro_bin;
+use crate::common::cluster::Cluster;
 
 /// Poll `check` every 200 ms until it holds or `limit` passes; the time it
 /// took, or a panic naming `what`.

@@ -2,11 +2,9 @@
 //! to one table all land (each its own Delta version), and concurrent DDL all
 //! lands (catalog commits that lose a race re-read and retry).
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 
-use common::{DataDir, scalar};
+use crate::common::{DataDir, scalar};
 
 const PROCESSES: usize = 4;
 

@@ -8,13 +8,11 @@
 //!
 //! The fast tier runs 10 seconds; the slow tier a minute.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{DataDir, Session, scalar};
+use crate::common::{DataDir, Session, scalar};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -4,13 +4,11 @@
 //! refusals and privileges; `cirro admin` lists and cancels statements;
 //! TLS with the server's certificate.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
-use common::server::{PASSWORD, Server, python_ok, stderr};
-use common::{DataDir, cirro_bin, eventually};
+use crate::common::server::{PASSWORD, Server, python_ok, stderr};
+use crate::common::{DataDir, cirro_bin, eventually};
 
 /// Where the console's screenshots go: `$CIRRO_TEST_ARTIFACTS/console`, or
 /// `test-artifacts/console` beside the test binaries.

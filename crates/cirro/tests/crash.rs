@@ -6,15 +6,13 @@
 //! `cirro_storage::failpoint`): the process announces the point and waits there,
 //! the test checks the files on disk, then kills it.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{DataDir, scalar, table_dir};
+use crate::common::{DataDir, scalar, table_dir};
 
 /// Small data files, so that files are completed while the INSERT still runs
 /// (by the 10th batch: the writer counts encoded pages, which for these

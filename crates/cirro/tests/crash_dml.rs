@@ -9,15 +9,13 @@
 //! The fast tier kills a few times; the slow tier (`scripts/test.sh --slow`)
 //! at least 50 times.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{DataDir, scalar};
+use crate::common::{DataDir, scalar};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -3,14 +3,12 @@
 //! and a process killed in the middle of COMMIT leaves no half-created
 //! table.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::DataDir;
-use common::server::{PASSWORD, Server, python_ok};
+use crate::common::DataDir;
+use crate::common::server::{PASSWORD, Server, python_ok};
 
 #[test]
 fn clients_create_fill_and_drop_tables_in_transactions() {

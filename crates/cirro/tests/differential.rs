@@ -3,10 +3,8 @@
 //! are compared after every statement. Several fixed seeds; Cirro runs
 //! OPTIMIZE now and then as well (it must not change the contents).
 
-mod common;
-
-use common::duckdb::DuckDb;
-use common::{DataDir, Reply, Session};
+use crate::common::duckdb::DuckDb;
+use crate::common::{DataDir, Reply, Session};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

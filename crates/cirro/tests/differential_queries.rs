@@ -17,13 +17,11 @@
 //! digits; Cirro's averages of BIGINTs 8 decimals, as many as the wire's
 //! NUMERIC encoding can carry beside 19 integer digits).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::duckdb::DuckDb;
-use common::server::{PASSWORD, Server};
-use common::sqlgen::{Draw, Ty};
+use crate::common::duckdb::DuckDb;
+use crate::common::server::{PASSWORD, Server};
+use crate::common::sqlgen::{Draw, Ty};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_postgres::SimpleQueryMessage;

@@ -4,7 +4,7 @@
 //! same statement succeeds. The data location is a small tmpfs mounted by the
 //! test (it needs root, as the project's machines and CI run).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -11,19 +11,17 @@
 //! (`CIRRO_UNSAFE_NESTING_DEPTH_MAX`) and must see the server die on the
 //! fuzzer's deep statements: the fuzzer can find the crash the limit prevents.
 
-mod common;
-
 use std::io::Read;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::DataDir;
+use crate::common::server::{PASSWORD, spawn_serve_with};
+use crate::common::sqlgen::{Draw, Ty};
 use cirro_common::limits::{
     EXPRESSION_CHAIN_LENGTH_MAX, NESTING_DEPTH_OVERRIDE_ENV, STATEMENT_BYTES_MAX,
     STATEMENT_NESTING_DEPTH_MAX,
 };
-use common::DataDir;
-use common::server::{PASSWORD, spawn_serve_with};
-use common::sqlgen::{Draw, Ty};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -6,12 +6,12 @@
 //! the same answers on the CPU. Statements that oversubscribe the device's
 //! memory take turns, as `cirro.queries.gpu` shows.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
-use common::compare::{compare, is_ordered};
-use common::{DataDir, shared_dir};
+use crate::common::compare::{compare, is_ordered};
+use crate::common::{DataDir, shared_dir};
 
 /// The sum of the `gpu_dispatches=N` counts in an EXPLAIN ANALYZE.
 fn dispatches(plan: &str) -> u64 {

@@ -3,15 +3,15 @@
 //! past the documented limits (docs/configuration.md, "Limits") each gets
 //! 54001 at once while the server keeps answering.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
+use crate::common::server::{PASSWORD, Server, stderr};
 use cirro_common::limits::{
     EXPRESSION_CHAIN_LENGTH_MAX, EXPRESSION_OPERATORS_MAX, STATEMENT_BYTES_MAX,
     STATEMENT_NESTING_DEPTH_MAX,
 };
-use common::server::{PASSWORD, Server, stderr};
 
 fn or_terms(n: usize) -> String {
     let terms: Vec<String> = (0..n).map(|i| format!("id = {i}")).collect();

@@ -1,9 +1,7 @@
 //! DESCRIBE HISTORY lists every commit of a table, newest first, with the
 //! operation that made it and the files it added and removed.
 
-mod common;
-
-use common::DataDir;
+use crate::common::DataDir;
 
 #[test]
 fn history_lists_every_commit_newest_first() {

@@ -6,12 +6,10 @@
 //! The readers run in the Python environment `scripts/test.sh` sets up
 //! (`tests/interop/requirements.txt`); its interpreter is `CIRRO_TEST_PYTHON`.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{DataDir, table_dir};
+use crate::common::{DataDir, table_dir};
 
 fn python() -> PathBuf {
     let python = std::env::var_os("CIRRO_TEST_PYTHON")

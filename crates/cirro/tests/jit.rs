@@ -4,10 +4,8 @@
 //! counts the batches the kernels computed. The TPC-H and SSB reference
 //! answers with each speed switch forced on and off are checked here too.
 
-mod common;
-
-use common::compare::{compare, is_ordered};
-use common::{DataDir, answer_after as answer, shared_dir};
+use crate::common::compare::{compare, is_ordered};
+use crate::common::{DataDir, answer_after as answer, shared_dir};
 
 /// The `batches=N` counts of the compiled expressions in an EXPLAIN ANALYZE.
 fn kernel_batches(plan: &str) -> Vec<u64> {

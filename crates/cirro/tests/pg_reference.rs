@@ -13,13 +13,11 @@
 //! The fast tier runs 1,100 statements (seed 1: 20 or more per construct), the slow tier 4,400 more
 //! (seeds 2–5); a self-test plants a difference and expects it found.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::postgres::Postgres;
-use common::server::{PASSWORD, Server, interop_dir, python};
+use crate::common::postgres::Postgres;
+use crate::common::server::{PASSWORD, Server, interop_dir, python};
 
 fn allowlist() -> PathBuf {
     interop_dir().join("pg_allowlist.txt")

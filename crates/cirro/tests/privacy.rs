@@ -6,12 +6,12 @@
 //! `pg_stat_activity` over psql, the console's `/api/queries` (curl) and
 //! Flight SQL (ADBC).
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 
-use common::server::{PASSWORD, Server, interop_dir, python, stderr};
-use common::{DataDir, eventually};
+use crate::common::server::{PASSWORD, Server, interop_dir, python, stderr};
+use crate::common::{DataDir, eventually};
 
 const BOB_PASSWORD: &str = "bobpw-never-shown";
 const SECRET: &str = "the-secret-value";

@@ -2,9 +2,9 @@
 //! ANALYZE says how many were read and pruned. Clustering (`cluster_by`, on
 //! write and by OPTIMIZE) is what makes the ranges narrow.
 
-mod common;
+use crate::common;
 
-use common::DataDir;
+use crate::common::DataDir;
 
 /// `(total, matched)` of the metric `name` in an EXPLAIN ANALYZE output, e.g.
 /// `row_groups_pruned_statistics=10 total → 1 matched`.

@@ -5,13 +5,11 @@
 //! (Delta commits are conditional puts / non-overwriting renames, so none
 //! is lost); DROP TABLE and VACUUM remove their objects.
 
-mod common;
-
 use std::process::{Command, Output, Stdio};
 
-use common::cirro_bin;
-use common::hdfs::Hdfs;
-use common::s3::S3Server;
+use crate::common::cirro_bin;
+use crate::common::hdfs::Hdfs;
+use crate::common::s3::S3Server;
 
 /// A remote data location: its URL, the environment that reaches it, and
 /// how many objects it holds under a path.

@@ -4,10 +4,10 @@
 //! Admission and query control: statements wait their turn by priority,
 //! `cirro.queries` shows them, `CANCEL QUERY` stops one; users' defaults.
 
-mod common;
+use crate::common;
 
-use common::compare::{compare, is_ordered};
-use common::{DataDir, eventually, shared_dir};
+use crate::common::compare::{compare, is_ordered};
+use crate::common::{DataDir, eventually, shared_dir};
 
 /// The spill counts EXPLAIN ANALYZE printed, summed.
 fn spills(explained: &str) -> u64 {

@@ -3,13 +3,13 @@
 //! `scripts/test.sh` sets up) and the PostgreSQL JDBC driver (the jar
 //! `scripts/test.sh` fetches from Maven Central). Each test starts its own server on a free port.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 
-use common::compare::{compare, is_ordered};
-use common::server::{PASSWORD, Server, interop_dir, python_ok, spawn_serve, stderr};
-use common::{DataDir, eventually, shared_dir};
+use crate::common::compare::{compare, is_ordered};
+use crate::common::server::{PASSWORD, Server, interop_dir, python_ok, spawn_serve, stderr};
+use crate::common::{DataDir, eventually, shared_dir};
 
 #[test]
 fn psql_queries_describe_and_errors() {

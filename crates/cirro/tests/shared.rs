@@ -2,10 +2,8 @@
 //! TPC-H Q15's view, an aggregated CTE joined with itself; the answers stay
 //! those of the unshared plan, and volatile subplans are not shared.
 
-mod common;
-
-use common::compare::{compare, is_ordered};
-use common::{DataDir, answer_after as answer, shared_dir};
+use crate::common::compare::{compare, is_ordered};
+use crate::common::{DataDir, answer_after as answer, shared_dir};
 
 /// The ids of the SharedExec lines of a plan.
 fn shared_ids(plan: &str) -> Vec<String> {

@@ -1,12 +1,10 @@
 //! The interactive shell in a real terminal (tmux): multi-line input, and
 //! Ctrl-C cancelling a running query without leaving the shell.
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{DataDir, cirro_bin};
+use crate::common::{DataDir, cirro_bin};
 
 const WAIT_SECS_MAX: u64 = 60;
 

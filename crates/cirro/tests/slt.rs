@@ -25,11 +25,12 @@
 //! A record an engine cannot run is marked `skipif <engine>` with a comment
 //! saying why; at most 1 % of the records of each engine may be.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::common::server::{PASSWORD, spawn_serve};
 use arrow::array::{
     ArrayRef, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array, Int16Array,
     Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
@@ -38,7 +39,6 @@ use arrow::datatypes::{Field, Schema, SchemaRef};
 use async_trait::async_trait;
 use cirro_catalog::Catalog;
 use cirro_engine::{Engine, EngineConfig, Outcome, split_statements};
-use common::server::{PASSWORD, spawn_serve};
 use futures::{StreamExt, TryStreamExt};
 use sqllogictest::{DBOutput, DefaultColumnType};
 

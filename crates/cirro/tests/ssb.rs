@@ -2,9 +2,7 @@
 //! with `cirro load ssb --from-tbl`, and the generator's row counts and filter
 //! factors at SF1 against the specification.
 
-mod common;
-
-use common::{DataDir, scalar, shared_dir};
+use crate::common::{DataDir, scalar, shared_dir};
 
 const QUERIES: [&str; 13] = [
     "1.1", "1.2", "1.3", "2.1", "2.2", "2.3", "3.1", "3.2", "3.3", "3.4", "4.1", "4.2", "4.3",

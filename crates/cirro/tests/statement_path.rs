@@ -5,9 +5,7 @@
 //! is dropped and created anew; parameters never become SQL text; bad
 //! parameters refused with their SQLSTATE.
 
-mod common;
-
-use common::server::{PASSWORD, Server, python_ok};
+use crate::common::server::{PASSWORD, Server, python_ok};
 
 fn dsn(server: &Server) -> String {
     format!("{} password={PASSWORD}", server.conninfo("cirro"))

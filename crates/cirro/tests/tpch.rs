@@ -2,10 +2,8 @@
 //! `../shared/tpch/queries` run as given through `cirro sql -f`, results
 //! compared with `../shared/tpch/answers`.
 
-mod common;
-
-use common::compare::compare;
-use common::{DataDir, shared_dir};
+use crate::common::compare::compare;
+use crate::common::{DataDir, shared_dir};
 
 fn run_all_queries(data: &DataDir, answers: &str) {
     let shared = shared_dir();

@@ -2,9 +2,7 @@
 //! refused with 40001 and nothing half-applied, and the one-table rule.
 //! (Single-session behaviour is in `tests/slt/transactions.slt`.)
 
-mod common;
-
-use common::{DataDir, Reply, Session, scalar};
+use crate::common::{DataDir, Reply, Session, scalar};
 
 fn setup() -> DataDir {
     let data = DataDir::new();
