@@ -7,8 +7,10 @@ The stream is the suite's queries in a fixed shuffled order, repeated
 `--passes` times (default 3), each setting on a freshly started server (an
 empty cache). Reported per setting: the stream's total time, each pass's
 time, the chunk hit ratio (`cirro.cache`: column chunks found / looked up)
-and the bytes cached at the end. Answers are not checked here (the tpch
-suite checks them against DuckDB's); every query must succeed.
+and the bytes cached at the end. Every answer is compared value by value
+with the no-cache server's first answer to that query (the tpch suite checks
+those against DuckDB's); a difference is reported and fails the run (exit
+status 1), and every query must succeed.
 """
 
 import json
@@ -16,7 +18,7 @@ import random
 import sys
 import time
 
-from . import data, engines, runner, suites
+from . import compare, data, engines, runner, suites
 
 SETTINGS = [("no cache", "plan", False), ("lru", "lru", True), ("plan", "plan", True)]
 
@@ -42,19 +44,15 @@ def main(args, out):
     results = {"config": {"suite": "tpch", "sf": args.sf, "threads": args.threads, "passes": args.passes,
                           "cache_bytes": cache_bytes, "wire": args.wire,
                           "stream": [q.id for _, q in stream]},
-               "machine": runner.machine(), "parquet_bytes": facts["parquet_bytes"], "settings": {}}
+               "machine": runner.machine(), "parquet_bytes": facts["parquet_bytes"], "settings": {},
+               "mismatches": []}
+    expected = {}  # query id → the no-cache server's first answer
     for name, policy, cached in SETTINGS:
         ctx = engines.Context(tables, args.threads, root, args.cirro, cirro_data, args.wire)
         ctx.cirro_env = {"CIRRO_CACHE_MEMORY": str(cache_bytes if cached else 0), "CIRRO_CACHE_POLICY": policy}
         engine = engines.Cirro(ctx)
-        times = []
         try:
-            for p, q in stream:
-                start = time.perf_counter()
-                engine.run(q.sql)
-                times.append({"pass": p, "query": q.id, "seconds": round(time.perf_counter() - start, 4)})
-                print(f"cirro bench cache: {name} pass {p + 1} {q.id} {times[-1]['seconds']:.3f} s",
-                      file=sys.stderr, flush=True)
+            times = run_stream(engine, name, stream, expected, results["mismatches"])
             totals = engine.run("SELECT coalesce(sum(hits), 0), coalesce(sum(misses), 0), "
                                 "coalesce(sum(bytes), 0) FROM cirro.cache").to_pylist()[0]
         finally:
@@ -73,7 +71,30 @@ def main(args, out):
     path = out / "report.md"
     path.write_text(report(results))
     print(f"cirro bench: report {path}", file=sys.stderr)
-    return 0
+    for m in results["mismatches"]:
+        print(f"cirro bench cache: CORRECTNESS FAILURE: {m}", file=sys.stderr)
+    return 1 if results["mismatches"] else 0
+
+
+def run_stream(engine, name, stream, expected, mismatches):
+    """Runs the stream on `engine`, timing each query; each answer is
+    compared with `expected[query id]` (the first answer seen is kept
+    there). Differences go to `mismatches`. Returns the times."""
+    times = []
+    for p, q in stream:
+        start = time.perf_counter()
+        answer = engine.run(q.sql)
+        times.append({"pass": p, "query": q.id, "seconds": round(time.perf_counter() - start, 4)})
+        print(f"cirro bench cache: {name} pass {p + 1} {q.id} {times[-1]['seconds']:.3f} s",
+              file=sys.stderr, flush=True)
+        if q.id not in expected:
+            expected[q.id] = answer
+            continue
+        try:
+            compare.compare(answer, expected[q.id], what=f"{q.id} {name} pass {p + 1} vs no cache")
+        except compare.Mismatch as e:
+            mismatches.append(str(e))
+    return times
 
 
 def report(results):
@@ -91,6 +112,11 @@ def report(results):
         + " | chunk hits | misses | hit ratio | cached MiB |",
         "|---|---:|" + "---:|" * c["passes"] + "---:|---:|---:|---:|",
     ]
+    if "mismatches" in results:  # (older results did not compare answers)
+        wrong = results["mismatches"]
+        lines[2:2] = (["## ❌ CORRECTNESS FAILURE", ""] + [f"- {m}" for m in wrong] + [""] if wrong else
+                      ["Every answer equals the no-cache server's first answer to its query, value by value.",
+                       ""])
     for name, s in results["settings"].items():
         ratio = "–" if s["hit_ratio"] is None else f"{s['hit_ratio']:.1%}"
         lines.append(f"| {name} | {s['total_seconds']:.2f} | "

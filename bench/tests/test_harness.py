@@ -263,6 +263,28 @@ class CacheStreamReportTest(unittest.TestCase):
         self.assertIn("| plan | 2.00 | 1.00 | 1.00 | 3 | 1 | 75.0% |", text)
         self.assertIn("| q06 | 2.000 | 1.800 | 1.000 |", text)
 
+    def test_every_answer_of_the_stream_is_compared_with_the_no_cache_one(self):
+        from cirrobench import cache
+
+        class Engine:
+            def __init__(self, wrong_at=None):
+                self.calls, self.wrong_at = 0, wrong_at
+
+            def run(self, sql):
+                self.calls += 1
+                return table(a=pa.array([2.0 if self.calls == self.wrong_at else 1.0]))
+
+        q1 = type("Q", (), {"id": "q01", "sql": "SELECT 1"})()
+        q6 = type("Q", (), {"id": "q06", "sql": "SELECT 1"})()
+        stream = [(0, q1), (0, q6), (1, q6), (1, q1)]
+        expected, mismatches = {}, []
+        times = cache.run_stream(Engine(), "no cache", stream, expected, mismatches)
+        self.assertEqual((len(times), sorted(expected), mismatches), (4, ["q01", "q06"], []))
+        # the plan policy's fourth answer (q01 in pass 2) is wrong
+        cache.run_stream(Engine(wrong_at=4), "plan", stream, expected, mismatches)
+        self.assertEqual(len(mismatches), 1, mismatches)
+        self.assertIn("q01 plan pass 2 vs no cache", mismatches[0])
+
 
 class GpuReportTest(unittest.TestCase):
     def test_metrics_are_summed_over_the_gpu_operators_only(self):
