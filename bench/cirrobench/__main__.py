@@ -27,7 +27,7 @@ def parse(argv):
                     help="how the harness queries Cirro: Arrow Flight SQL (default) or the PostgreSQL protocol")
     ap.add_argument("--runs", type=int, default=3, help="hot runs per query and engine (default 3)")
     ap.add_argument("--starts", type=int, default=3,
-                    help="tpch, ssb, joins, aggregation: fresh processes of every engine (Cirro's server among "
+                    help="tpch, ssb, joins, aggregation, cluster: fresh processes of every engine (Cirro's server among "
                          "them), each running every query; a figure is the median over the starts of each "
                          "start's median, shown with their range (default 3)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per query run (default 300)")
@@ -42,6 +42,9 @@ def parse(argv):
     ap.add_argument("--fresh", action="store_true", help="ignore earlier results in --out instead of resuming")
     ap.add_argument("--drop-caches", action="store_true", help="empty the page cache before each cold run (root)")
     ap.add_argument("--no-probe", action="store_true", help="skip the memory-bandwidth probe")
+    ap.add_argument("--setups", default="alone,1,3,shuffle",
+                    help="cluster: what to run, of alone (cirro serve alone, the baseline), 1 and 3 (TPC-H on a "
+                         "cluster of that many nodes) and shuffle (default: all)")
     ap.add_argument("--scaling", action="store_true",
                     help="cluster: TPC-H on 1, 2, 3 nodes, bucketed and not, bytes exchanged, a model of larger "
                          "clusters (results in cluster-scaling-sf<N>)")

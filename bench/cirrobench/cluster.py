@@ -1,14 +1,19 @@
 """`cirro bench cluster`: what distribution costs and carries.
 
-tpch     TPC-H (--sf, default 1) on a cluster of 1 node and of 3 nodes
-         started by `scripts/cluster up --storage local` on this machine: the
-         same cores either way, so the ratio is the price of cutting queries
-         into stages and moving rows between processes, not a speed-up.
-         Loaded through node 1 (CREATE TABLE … AS over the suite's Parquet
-         files), queried through node 1 over Arrow Flight SQL (ADBC), the
-         default task sizes; cold run, then --runs hot runs, median. Every
-         run's result, cold and hot, is compared with DuckDB's on the same
-         files.
+tpch     TPC-H (--sf, default 1) on `cirro serve` alone (the baseline) and
+         on clusters of 1 node and of 3 nodes started by `scripts/cluster up
+         --storage local` on this machine: the same cores either way, so the
+         ratios are the price of cutting queries into stages and moving rows
+         between processes, not a speed-up. Each node runs --threads threads;
+         a setup's processes share 60 % of the machine's memory (at most
+         16 GiB) evenly, so each node's hot-data tier is its share of the
+         single server's. Every setup is started --starts times afresh; each
+         start loads the tables (CREATE TABLE … AS over the suite's Parquet
+         files, through node 1) and runs every query cold, then --runs hot
+         runs, over --wire (Flight SQL, or pg: the PostgreSQL protocol). A
+         query's figure is the median over the starts of each start's median,
+         with their range. Every run's result, cold and hot, is compared with
+         DuckDB's on the same files. --setups picks what runs.
 
 shuffle  rows moved between two nodes by a hash shuffle, the OSU HiBD
          micro-benchmark idea: a join of a(k, v) of N rows with b(k, v) of
@@ -38,39 +43,48 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from . import compare, data, engines, suites  # noqa: E402
-from .runner import machine  # noqa: E402
+from .runner import keep_earlier, machine  # noqa: E402
 from .wire import finish_report  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
 SHUFFLE_ROWS = 10_000_000
 
 
-class Cluster:
-    """`scripts/cluster up --nodes N` in a scratch directory, and a Flight SQL
-    connection to node 1."""
+# The setups of the TPC-H comparison: `cirro serve` alone (the baseline
+# that a node of a cluster must match) and clusters of 1 and 3 nodes.
+SETUPS = ("alone", "1", "3")
+SETUP_NAMES = {"alone": "cirro serve alone", "1": "1 node", "2": "2 nodes", "3": "3 nodes"}
 
-    def __init__(self, nodes, cirro_bin):
-        self.dir = tempfile.mkdtemp(prefix=f"cirro-bench-cluster{nodes}-")
-        env = {**os.environ, "CIRRO_BIN": cirro_bin}
-        out = subprocess.run([str(SCRIPT), "up", "--nodes", str(nodes), "--storage", "local", "--dir", self.dir],
-                             capture_output=True, text=True, env=env)
-        if out.returncode != 0:
-            subprocess.run([str(SCRIPT), "down", "--dir", self.dir], capture_output=True)
+
+def setup_memory():
+    """The memory of all of a setup's Cirro processes together: 60 % of
+    this machine's, at most 16 GiB, split evenly between a cluster's nodes
+    (each node's hot-data tier, 30 % of its limit, is then that share of the
+    single server's)."""
+    return min(16 << 30, int(engines.memory_bytes() * 0.6))
+
+
+def _size(nbytes):
+    return f"{nbytes >> 20}MB"
+
+
+class Alone:
+    """`cirro serve` alone on an empty data location of its own (the
+    tables are loaded into it as into a cluster's)."""
+
+    def __init__(self, cirro_bin, wire, threads, memory):
+        self.dir = tempfile.mkdtemp(prefix="cirro-bench-alone-")
+        ctx = engines.Context({}, threads, self.dir, cirro_bin, self.dir, wire)
+        ctx.cirro_env = {"CIRRO_MEMORY_LIMIT": _size(memory)}
+        try:
+            self.server = engines.Cirro(ctx)
+        except BaseException:
             shutil.rmtree(self.dir, ignore_errors=True)
-            raise SystemExit(f"cirro bench: scripts/cluster up failed:\n{out.stdout}\n{out.stderr}")
-        self.nodes = nodes
-        flight = [line.split("flight=")[1].split()[0] for line in out.stdout.splitlines()
-                  if line.startswith("node")]
-        password = Path(self.dir, "password").read_text().strip()
-        import adbc_driver_flightsql.dbapi as flightsql
-
-        self.conn = flightsql.connect(f"grpc://{flight[0]}", db_kwargs={"username": "cirro", "password": password},
-                                      autocommit=True)
+            raise
+        self.pids = [self.server.pid]
 
     def run(self, sql):
-        with self.conn.cursor() as cur:
-            cur.execute(sql)
-            return cur.fetch_arrow_table()
+        return self.server.run(sql)
 
     def timed(self, sql):
         start = time.perf_counter()
@@ -79,43 +93,127 @@ class Cluster:
 
     def close(self):
         try:
-            self.conn.close()
+            self.server.close()
         finally:
-            subprocess.run([str(SCRIPT), "down", "--dir", self.dir], capture_output=True)
-            # The loaded tables and logs (hundreds of MB at SF 1) go too.
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def run_tpch(args, tables, queries, reference):
-    results = {}
-    for nodes in (1, 3):
-        print(f"cirro bench cluster: TPC-H SF{args.sf:g} on {nodes} node(s)", file=sys.stderr, flush=True)
-        cluster = Cluster(nodes, args.cirro)
+class Cluster(Alone):
+    """`scripts/cluster up --nodes N` in a scratch directory (each node
+    with `threads` threads and `memory` / N of memory), and a connection to
+    node 1 over `wire`."""
+
+    def __init__(self, nodes, cirro_bin, wire="flight", threads=None, memory=None):
+        self.dir = tempfile.mkdtemp(prefix=f"cirro-bench-cluster{nodes}-")
+        env = {**os.environ, "CIRRO_BIN": cirro_bin}
+        if threads:
+            env["CIRRO_THREADS"] = str(threads)
+        if memory:
+            env["CIRRO_MEMORY_LIMIT"] = _size(memory // nodes)
+        out = subprocess.run([str(SCRIPT), "up", "--nodes", str(nodes), "--storage", "local", "--dir", self.dir],
+                             capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            subprocess.run([str(SCRIPT), "down", "--dir", self.dir], capture_output=True)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise SystemExit(f"cirro bench: scripts/cluster up failed:\n{out.stdout}\n{out.stderr}")
+        self.nodes = nodes
+        address = [line.split(f"{wire}=")[1].split()[0] for line in out.stdout.splitlines()
+                   if line.startswith("node")][0]
+        host, port = address.rsplit(":", 1)
+        password = Path(self.dir, "password").read_text().strip()
+        self.pids = [int(Path(self.dir, f"node{i}", "pid").read_text().split()[0]) for i in range(1, nodes + 1)]
         try:
-            start = time.perf_counter()
-            for name, path in tables.items():
-                cluster.run(f"CREATE TABLE {name} AS SELECT * FROM read_parquet('{path}/')")
-            load = time.perf_counter() - start
-            per_query = {}
-            for q in queries:
-                runs = []
-                try:
-                    for r in range(args.runs + 1):
-                        seconds, table = cluster.timed(q.sql)
-                        runs.append(seconds)
-                        # every timed answer, cold and hot
-                        compare.compare(table, reference[q.id], f"{q.id} on {nodes} node(s), run {r}")
-                        del table
-                    per_query[q.id] = {"cold": runs[0], "hot": runs[1:], "median": statistics.median(runs[1:])}
-                except compare.Mismatch as e:
-                    per_query[q.id] = {"error": f"wrong answer: {e}"}
-                except Exception as e:  # noqa: BLE001 (recorded, reported)
-                    per_query[q.id] = {"error": str(e).splitlines()[0][:300]}
-                print(f"  {q.id}: {per_query[q.id].get('median', per_query[q.id].get('error'))}",
-                      file=sys.stderr, flush=True)
-            results[str(nodes)] = {"load_seconds": load, "queries": per_query}
+            self.client = engines.Connection(wire, host, int(port), password)
+        except BaseException:
+            self._down()
+            raise
+
+    def run(self, sql):
+        return self.client.run(sql)
+
+    def _down(self):
+        subprocess.run([str(SCRIPT), "down", "--dir", self.dir], capture_output=True)
+        # The loaded tables and logs (hundreds of MB at SF 1) go too.
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def close(self):
+        try:
+            self.client.close()
         finally:
-            cluster.close()
+            self._down()
+
+
+def start_setup(setup, args):
+    """A fresh start of one of SETUPS."""
+    if setup == "alone":
+        return Alone(args.cirro, args.wire, args.threads, setup_memory())
+    return Cluster(int(setup), args.cirro, args.wire, args.threads, setup_memory())
+
+
+def run_start(target, tables, queries, reference, runs, label):
+    """Load the tables through `target` (CREATE TABLE … AS over the
+    Parquet files) and run every query cold and `runs` times hot, every
+    answer compared with `reference`'s."""
+    start = time.perf_counter()
+    for name, path in tables.items():
+        target.run(f"CREATE TABLE {name} AS SELECT * FROM read_parquet('{path}/')")
+    load = time.perf_counter() - start
+    per_query = {}
+    for q in queries:
+        times = []
+        try:
+            for r in range(runs + 1):
+                seconds, table = target.timed(q.sql)
+                times.append(seconds)
+                # every timed answer, cold and hot
+                compare.compare(table, reference[q.id], f"{q.id} on {label}, run {r}")
+                del table
+            per_query[q.id] = {"cold": times[0], "hot": times[1:], "median": statistics.median(times[1:] or times)}
+        except compare.Mismatch as e:
+            per_query[q.id] = {"error": f"wrong answer: {e}"}
+        except Exception as e:  # noqa: BLE001 (recorded, reported)
+            per_query[q.id] = {"error": str(e).splitlines()[0][:300]}
+        print(f"  {q.id}: {per_query[q.id].get('median', per_query[q.id].get('error'))}",
+              file=sys.stderr, flush=True)
+    return {"pids": target.pids, "load_seconds": load, "queries": per_query}
+
+
+def summarize(starts):
+    """One setup's figures over its fresh starts: per query the median of
+    the starts' medians with their range (an error in any start is the
+    query's error); the 22-query total of each start over the queries that
+    every start answered, their median and range."""
+    ids = list(starts[0]["queries"])
+    queries = {}
+    for q in ids:
+        recs = [s["queries"][q] for s in starts]
+        errors = [r["error"] for r in recs if "error" in r]
+        if errors:
+            queries[q] = {"error": errors[0], "failed_starts": len(errors)}
+            continue
+        medians = [r["median"] for r in recs]
+        queries[q] = {"median": statistics.median(medians), "min": min(medians), "max": max(medians),
+                      "starts": medians, "cold": statistics.median(r["cold"] for r in recs)}
+    answered = [q for q in ids if "median" in queries[q]]
+    totals = [sum(s["queries"][q]["median"] for q in answered) for s in starts]
+    return {"queries": queries, "starts": starts, "totals": totals,
+            "total": statistics.median(totals) if totals else None,
+            "load_seconds": statistics.median(s["load_seconds"] for s in starts)}
+
+
+def run_tpch(args, tables, queries, reference, setups=SETUPS, make_setup=start_setup):
+    results = {}
+    for setup in setups:
+        starts = []
+        for n in range(args.starts):
+            print(f"cirro bench cluster: TPC-H SF{args.sf:g}, {SETUP_NAMES[setup]}, start {n + 1}/{args.starts}",
+                  file=sys.stderr, flush=True)
+            target = make_setup(setup, args)
+            try:
+                starts.append(run_start(target, tables, queries, reference, args.runs, SETUP_NAMES[setup]))
+            finally:
+                target.close()
+        results[setup] = summarize(starts)
     return results
 
 
@@ -132,7 +230,7 @@ def run_shuffle(args):
     results = {}
     for nodes in (1, 2):
         print(f"cirro bench cluster: shuffle on {nodes} node(s)", file=sys.stderr, flush=True)
-        cluster = Cluster(nodes, args.cirro)
+        cluster = Cluster(nodes, args.cirro, args.wire, args.threads, setup_memory())
         try:
             cluster.run(f"CREATE TABLE b AS SELECT CAST(value AS BIGINT) AS k, CAST(value AS BIGINT) AS v "
                         f"FROM generate_series(0, {m - 1})")
@@ -196,14 +294,23 @@ def main(args, out):
         doc = json.loads((out / "results.json").read_text())
         print(report(doc, out))
         return 0
+    setups = [s for s in args.setups.split(",") if s]
+    unknown = set(setups) - set(SETUPS) - {"shuffle"}
+    if unknown:
+        sys.exit(f"cirro bench: unknown --setups {', '.join(sorted(unknown))}: of {', '.join(SETUPS)}, shuffle")
     queries, tables, facts, reference = tpch_with_answers(args)
     doc = {"command": " ".join(args.argv), "machine": machine(), "sf": args.sf, "runs": args.runs,
+           "starts": args.starts, "wire": args.wire, "threads": args.threads, "memory_bytes": setup_memory(),
            "parquet_bytes": facts.get("parquet_bytes"),
-           "tpch": run_tpch(args, tables, queries, reference), "shuffle": run_shuffle(args)}
-    (out / "results.json").write_text(json.dumps(doc, indent=1))
+           "tpch": run_tpch(args, tables, queries, reference, [s for s in SETUPS if s in setups]),
+           "shuffle": run_shuffle(args) if "shuffle" in setups else {}}
+    path = out / "results.json"
+    if path.exists():
+        print(f"cirro bench: the earlier results are kept as {keep_earlier(path).name}", file=sys.stderr)
+    path.write_text(json.dumps(doc, indent=1))
     path = report(doc, out)
     print(f"cirro bench: report {path}", file=sys.stderr)
-    errors = [f"{n} node(s) {q}: {r['error']}" for n, res in doc["tpch"].items()
+    errors = [f"{SETUP_NAMES[n]} {q}: {r['error']}" for n, res in doc["tpch"].items()
               for q, r in res["queries"].items() if "error" in r]
     if errors:
         print("cirro bench: FAILED:\n  " + "\n  ".join(errors), file=sys.stderr)
@@ -224,31 +331,70 @@ def _geomean(values):
     return statistics.geometric_mean(values) if values else float("nan")
 
 
+# The ratios the report shows: a 1-node cluster against `cirro serve`
+# alone, 3 nodes against 1.
+RATIOS = (("1", "alone"), ("3", "1"))
+
+
+def _cell(r):
+    """A query's figure: the median over the starts, with their range."""
+    if "median" not in r:
+        return str(r.get("error", "—"))[:80]
+    if r.get("starts") and len(r["starts"]) > 1:
+        return f"{r['median']:.3f} ({r['min']:.3f}–{r['max']:.3f})"
+    return f"{r['median']:.3f}"
+
+
+def _total(res, both):
+    """A setup's total over the queries `both` (median over its starts of
+    each start's total, and their range; results of before --starts have
+    one)."""
+    starts = res.get("starts") or [res]
+    totals = [sum(s["queries"][q]["median"] for q in both) for s in starts]
+    return statistics.median(totals), min(totals), max(totals)
+
+
 def report(doc, out):
-    one, three = doc["tpch"]["1"]["queries"], doc["tpch"]["3"]["queries"]
-    ids = sorted(one)
-    both = [q for q in ids if "median" in one[q] and "median" in three.get(q, {})]
-    total1 = sum(one[q]["median"] for q in both)
-    total3 = sum(three[q]["median"] for q in both)
-    ratios = [three[q]["median"] / one[q]["median"] for q in both]
-    lines = [f"# Cluster: TPC-H SF{doc['sf']:g} on 1 and 3 nodes, shuffle throughput", "",
+    setups = [s for s in SETUPS if s in doc["tpch"]]
+    ratios = [(a, b) for a, b in RATIOS if a in setups and b in setups]
+    per = {s: doc["tpch"][s]["queries"] for s in setups}
+    ids = sorted(set().union(*per.values())) if per else []
+    # The queries every setup answered: totals compare like with like.
+    both = [q for q in ids if all("median" in per[s].get(q, {}) for s in setups)]
+    totals = {s: _total(doc["tpch"][s], both) for s in setups}
+    wire = {"pg": "the PostgreSQL protocol", "flight": "Flight SQL"}[doc.get("wire", "flight")]
+    starts = doc.get("starts", 1)
+    lines = [f"# Cluster: TPC-H SF{doc['sf']:g}, {', '.join(SETUP_NAMES[s] for s in setups)}; shuffle throughput",
+             "",
              f"`{doc['command']}` — {doc['machine'].get('cpu', '?')}, {doc['machine'].get('cpus')} cores, "
              f"{doc['machine'].get('memory_gib')} GiB; every node on this machine (the same cores: "
-             "this measures the cost of distribution, not a speed-up). Medians of "
-             f"{doc['runs']} hot runs through node 1 over Flight SQL; answers checked against DuckDB.", "",
+             "this measures the cost of distribution, not a speed-up). Each setup started "
+             f"{starts} time(s) afresh, tables loaded by CREATE TABLE … AS from the same Parquet files; a figure "
+             f"is the median over the starts of each start's median of {doc['runs']} hot runs (range in "
+             f"parentheses), through {wire} (node 1 of a cluster); every answer, cold and hot, checked against "
+             "DuckDB's."
+             + (f" The memory of a setup's processes together: {doc['memory_bytes'] >> 20} MB, a cluster's nodes "
+                "an equal share each." if doc.get("memory_bytes") else ""), "",
              "## TPC-H", "",
-             f"| | 1 node | 3 nodes | 3 / 1 |", "|---|---:|---:|---:|",
-             f"| total of medians (s) | {total1:.2f} | {total3:.2f} | {total3 / total1:.2f} |",
-             f"| geometric mean of per-query ratios | | | {_geomean(ratios):.2f} |",
-             f"| load through node 1 (s) | {doc['tpch']['1']['load_seconds']:.1f} | "
-             f"{doc['tpch']['3']['load_seconds']:.1f} | |", "",
-             "| query | 1 node (s) | 3 nodes (s) | 3 / 1 |", "|---|---:|---:|---:|"]
+             "| | " + " | ".join(SETUP_NAMES[s] for s in setups) + "".join(f" | {a} / {b}" for a, b in ratios) + " |",
+             "|---|" + "---:|" * (len(setups) + len(ratios))]
+    lines.append("| total (s), median (range) | "
+                 + " | ".join(f"{t[0]:.2f} ({t[1]:.2f}–{t[2]:.2f})" for t in totals.values())
+                 + "".join(f" | {totals[a][0] / totals[b][0]:.2f}" for a, b in ratios) + " |")
+    lines.append("| geometric mean of per-query ratios | " + " | " * (len(setups) - 1)
+                 + "".join(f" | {_geomean([per[a][q]['median'] / per[b][q]['median'] for q in both]):.2f}"
+                           for a, b in ratios) + " |")
+    lines.append("| load (s), median | "
+                 + " | ".join(f"{doc['tpch'][s]['load_seconds']:.1f}" for s in setups) + " |" * len(ratios) + " |")
+    lines += ["", "| query | " + " | ".join(f"{SETUP_NAMES[s]} (s)" for s in setups)
+              + "".join(f" | {a} / {b}" for a, b in ratios) + " |",
+              "|---|" + "---:|" * (len(setups) + len(ratios))]
     for q in ids:
-        a, b = one[q], three.get(q, {})
-        if "median" in a and "median" in b:
-            lines.append(f"| {q} | {a['median']:.3f} | {b['median']:.3f} | {b['median'] / a['median']:.2f} |")
-        else:
-            lines.append(f"| {q} | {a.get('median', a.get('error'))} | {b.get('median', b.get('error'))} | |")
+        cells = [_cell(per[s].get(q, {})) for s in setups]
+        for a, b in ratios:
+            x, y = per[a].get(q, {}), per[b].get(q, {})
+            cells.append(f"{x['median'] / y['median']:.2f}" if "median" in x and "median" in y else "")
+        lines.append(f"| {q} | " + " | ".join(cells) + " |")
     lines += ["", "## Shuffle (join of a: N rows with b: N/10 unique keys, hash-partitioned on the key)", "",
               "| keys | nodes | rows | time (s) | M rows/s | MB/s | between nodes |",
               "|---|---:|---:|---:|---:|---:|---|"]
@@ -258,11 +404,14 @@ def report(doc, out):
                          f"{r['mb_per_s']:.0f} | {_exchange(r)} |")
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     x = range(len(both))
-    axes[0].bar([i - 0.2 for i in x], [one[q]["median"] for q in both], 0.4, label="1 node", color="#1f77b4")
-    axes[0].bar([i + 0.2 for i in x], [three[q]["median"] for q in both], 0.4, label="3 nodes", color="#d62728")
+    width = 0.8 / max(1, len(setups))
+    for j, setup in enumerate(setups):
+        axes[0].bar([i + (j - (len(setups) - 1) / 2) * width for i in x], [per[setup][q]["median"] for q in both],
+                    width, label=SETUP_NAMES[setup])
     axes[0].set_xticks(list(x), both, rotation=90)
     axes[0].set_ylabel("seconds (median)")
     axes[0].set_title(f"TPC-H SF{doc['sf']:g}, same machine")
+    axes[0].legend()
     kinds = list(SHUFFLE_KEYS)
     for j, nodes in enumerate(sorted(doc["shuffle"])):
         axes[1].bar([i + (j - 0.5) * 0.4 for i in range(len(kinds))],
@@ -270,5 +419,6 @@ def report(doc, out):
     axes[1].set_xticks(range(len(kinds)), kinds)
     axes[1].set_ylabel("M rows/s through the join")
     axes[1].set_title("hash shuffle throughput")
-    axes[1].legend()
+    if doc["shuffle"]:
+        axes[1].legend()
     return finish_report(fig, axes, lines, out, plot="cluster.png")

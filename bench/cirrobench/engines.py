@@ -94,11 +94,50 @@ def thread_env(threads):
     }
 
 
+class Connection:
+    """A client connection to a Cirro server, as a client program would
+    make it: over Arrow Flight SQL (ADBC), or (`wire="pg"`) over the
+    PostgreSQL protocol (psycopg, binary results, turned into an Arrow table
+    column by column). `run(sql)` returns a pyarrow Table."""
+
+    def __init__(self, wire, host, port, password, user="cirro"):
+        self.wire = wire
+        if wire == "pg":
+            import psycopg
+
+            self.conn = psycopg.connect(host=host, port=port, user=user, dbname="cirro", password=password,
+                                        autocommit=True)
+        else:
+            import adbc_driver_flightsql.dbapi as flightsql
+
+            self.conn = flightsql.connect(f"grpc://{host}:{port}",
+                                          db_kwargs={"username": user, "password": password}, autocommit=True)
+
+    def run(self, sql):
+        if self.wire == "pg":
+            return self._run_pg(sql)
+        with self.conn.cursor() as cur:
+            cur.execute(sql)
+            return cur.fetch_arrow_table()
+
+    def _run_pg(self, sql):
+        import pyarrow as pa
+
+        with self.conn.cursor(binary=True) as cur:
+            cur.execute(sql)
+            if cur.description is None:
+                return pa.table({})
+            rows = cur.fetchall()
+            names = [f"c{i}" for i in range(len(cur.description))]
+            return pa.table({n: pa.array([r[i] for r in rows]) for i, n in enumerate(names)})
+
+    def close(self):
+        self.conn.close()
+
+
 class Cirro:
-    """`cirro serve` on the data location, queried as a client program
-    would, so the time includes the round trip: over Arrow Flight SQL
-    (ADBC), or with `--wire pg` over the PostgreSQL protocol (psycopg, binary
-    results, turned into an Arrow table column by column)."""
+    """`cirro serve` on the data location, queried through a `Connection`
+    (`ctx.wire`), so the time includes the round trip."""
 
     name = "cirro"
     PASSWORD = "cirro-bench"
@@ -120,7 +159,7 @@ class Cirro:
         if self.wire not in ports:
             raise RuntimeError(f"cirro serve did not start (exit {self.proc.poll()})")
         self.ports = ports
-        self.conn = self.connect_again()
+        self.client = self.connect_again()
         for name, value in ctx.cirro_settings:
             self.run(f"SET {name} = {value}")
         self.pid = self.proc.pid
@@ -129,38 +168,14 @@ class Cirro:
 
     def connect_again(self):
         """A new client connection to this server."""
-        if self.wire == "pg":
-            import psycopg
-
-            return psycopg.connect(host="127.0.0.1", port=self.ports["pg"], user="cirro", dbname="cirro",
-                                   password=self.PASSWORD, autocommit=True)
-        import adbc_driver_flightsql.dbapi as flightsql
-
-        return flightsql.connect(f"grpc://127.0.0.1:{self.ports['flight']}",
-                                 db_kwargs={"username": "cirro", "password": self.PASSWORD},
-                                 autocommit=True)
+        return Connection(self.wire, "127.0.0.1", self.ports[self.wire], self.PASSWORD)
 
     def run(self, sql):
-        if self.wire == "pg":
-            return self._run_pg(sql)
-        with self.conn.cursor() as cur:
-            cur.execute(sql)
-            return cur.fetch_arrow_table()
-
-    def _run_pg(self, sql):
-        import pyarrow as pa
-
-        with self.conn.cursor(binary=True) as cur:
-            cur.execute(sql)
-            if cur.description is None:
-                return pa.table({})
-            rows = cur.fetchall()
-            names = [f"c{i}" for i in range(len(cur.description))]
-            return pa.table({n: pa.array([r[i] for r in rows]) for i, n in enumerate(names)})
+        return self.client.run(sql)
 
     def close(self):
         try:
-            self.conn.close()
+            self.client.close()
         finally:
             self.proc.terminate()
             self.proc.wait(timeout=30)

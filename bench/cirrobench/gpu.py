@@ -162,8 +162,8 @@ def co_runs(args, queries, root, cirro_data, tables, results):
         clients = []
         try:
             # A second connection to the same server, and one that watches.
-            second = _second_connection(first)
-            watcher = _second_connection(first)
+            second = first.connect_again()
+            watcher = first.connect_again()
             clients = [second, watcher]
             for e in (first, second):
                 e.run("SET gpu = force")
@@ -198,25 +198,8 @@ def co_runs(args, queries, root, cirro_data, tables, results):
                   file=sys.stderr, flush=True)
         finally:
             for client in clients:
-                client.conn.close()
+                client.close()
             first.close()
-
-
-class _Client:
-    """Another client connection to a server `engines.Cirro` started; runs
-    statements as `engines.Cirro` does."""
-
-    run = engines.Cirro.run
-    _run_pg = engines.Cirro._run_pg
-
-    def __init__(self, engine):
-        self.wire = engine.wire
-        self.conn = engine.connect_again()
-
-
-def _second_connection(engine):
-    """Another client of `engine`'s server (Flight SQL or PostgreSQL)."""
-    return _Client(engine)
 
 
 def main(args, out):

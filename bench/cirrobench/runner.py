@@ -84,10 +84,18 @@ def load_state(path, config, fresh):
         print(f"cirro bench: {path} holds a run with other settings (kept as {kept.name}); starting over",
               file=sys.stderr)
     elif path.exists():
-        kept = path.with_name(f"results-{time.strftime('%Y-%m-%dT%H%M%S')}-replaced.json")
-        path.replace(kept)
+        kept = keep_earlier(path)
         print(f"cirro bench: --fresh: the earlier results are kept as {kept.name}", file=sys.stderr)
     return {"config": config, "queries": {}, "mismatches": [], "versions": {}, "setup": {}}
+
+
+def keep_earlier(path):
+    """Move an earlier run's results aside (results-<when it was written>-
+    replaced.json) so that a new run never overwrites them; the new name."""
+    when = time.strftime("%Y-%m-%dT%H%M%S", time.localtime(path.stat().st_mtime))
+    kept = path.with_name(f"results-{when}-replaced.json")
+    path.replace(kept)
+    return kept
 
 
 def save_state(path, state):

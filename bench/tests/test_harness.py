@@ -40,6 +40,14 @@ class CompareTest(unittest.TestCase):
         })
         self.assertEqual(compare.compare(got, expected), 3)
 
+    def test_a_column_of_nulls_of_unknown_type_equals_only_nulls(self):
+        nulls = table(a=pa.array([None], type=pa.null()))
+        self.assertEqual(compare.compare(nulls, table(a=pa.array([None], type=pa.float64()))), 1)
+        with self.assertRaises(compare.Mismatch):
+            compare.compare(nulls, table(a=[1.5]))
+        with self.assertRaises(compare.Mismatch):
+            compare.compare(table(a=[1.5]), nulls)
+
     def test_wrong_value_is_caught(self):
         good = table(g=pa.array([1, 2, 3]), s=pa.array([10.0, 20.0, 30.0]))
         bad = table(g=pa.array([1, 2, 3]), s=pa.array([10.0, 20.0, 30.01]))
@@ -167,6 +175,72 @@ class EveryRunCheckedTest(unittest.TestCase):
             self.assertEqual(len(kept), 1, kept)
             earlier = json.loads((Path(tmp) / kept[0]).read_text())
             self.assertEqual(earlier["config"]["starts"], 1)
+
+
+class FakeSetup:
+    """A start of a `cirro bench cluster` setup: answers 1.0 (1.5 on the
+    (setup, start, run) in `wrong`), taking 0.1 s × its start × (2 on three
+    nodes)."""
+
+    wrong = set()
+    started = []
+
+    def __init__(self, setup, args):
+        FakeSetup.started.append(setup)
+        self.setup, self.start_no, self.run_no = setup, FakeSetup.started.count(setup), 0
+        self.pids = [len(FakeSetup.started)]
+        self.loaded = []
+
+    def run(self, sql):
+        self.loaded.append(sql)
+        return table()
+
+    def timed(self, sql):
+        value = 1.5 if (self.setup, self.start_no, self.run_no) in FakeSetup.wrong else 1.0
+        self.run_no += 1
+        return 0.1 * self.start_no * (2 if self.setup == "3" else 1), table(a=pa.array([value]))
+
+    def close(self):
+        pass
+
+
+class ClusterBenchTest(unittest.TestCase):
+    def run_fake(self, tmp, wrong=()):
+        from cirrobench import cluster
+
+        FakeSetup.wrong, FakeSetup.started = set(wrong), []
+        args = cli.parse(["cluster", "--runs", "2", "--starts", "3", "--out", tmp])
+        queries = [type("Q", (), {"id": i, "sql": "SELECT 1"})() for i in ("q01", "q02")]
+        reference = {"q01": table(a=[1.0]), "q02": table(a=[1.0])}
+        return cluster.run_tpch(args, {"t": "/nowhere"}, queries, reference, make_setup=FakeSetup)
+
+    def test_every_setup_started_afresh_and_figures_over_starts(self):
+        from cirrobench import cluster
+
+        with tempfile.TemporaryDirectory() as tmp:
+            results = self.run_fake(tmp)
+            self.assertEqual(FakeSetup.started, ["alone"] * 3 + ["1"] * 3 + ["3"] * 3)
+            q = results["1"]["queries"]["q01"]
+            self.assertAlmostEqual(q["median"], 0.2)
+            self.assertEqual([round(x, 3) for x in (q["min"], q["max"])], [0.1, 0.3])
+            self.assertEqual([round(t, 3) for t in results["3"]["totals"]], [0.4, 0.8, 1.2])
+            self.assertEqual(len({tuple(s["pids"]) for s in results["alone"]["starts"]}), 3)
+            doc = {"command": "cirro bench cluster", "machine": {}, "sf": 1, "runs": 2, "starts": 3,
+                   "wire": "pg", "tpch": results, "shuffle": {}}
+            text = cluster.report(doc, Path(tmp)).read_text()
+            self.assertIn("| 1 / alone | 3 / 1 |", text)
+            self.assertIn("| total (s), median (range) | 0.40 (0.20–0.60) | 0.40 (0.20–0.60) | "
+                          "0.80 (0.40–1.20) | 1.00 | 2.00 |", text)
+            self.assertIn("| q01 | 0.200 (0.100–0.300) |", text)
+
+    def test_a_wrong_hot_answer_in_one_start_fails_the_query(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            # The 1-node cluster's second start, its fifth run: q02's first
+            # hot run (runs 0-2 are q01's, cold and hot).
+            results = self.run_fake(tmp, wrong={("1", 2, 4)})
+            self.assertIn("wrong answer", results["1"]["queries"]["q02"]["error"])
+            self.assertIn("median", results["1"]["queries"]["q01"])
+            self.assertIn("median", results["3"]["queries"]["q02"])
 
 
 class WorkerTest(unittest.TestCase):

@@ -218,22 +218,29 @@ fn cluster_bench_at_sf_001(args: &[&str]) -> (DataDir, serde_json::Value) {
     (work, results)
 }
 
-/// `cirro bench cluster` end to end on TPC-H SF 0.01: a 1-node and a 3-node
-/// cluster by `scripts/cluster`, every answer checked against DuckDB's (a
-/// wrong one fails the run), and rows crossing between the nodes in the
-/// shuffle benchmark on two nodes.
+/// `cirro bench cluster` end to end on TPC-H SF 0.01 over the PostgreSQL
+/// protocol: `cirro serve` alone, a 1-node and a 3-node cluster by
+/// `scripts/cluster`, every answer checked against DuckDB's (a wrong one
+/// fails the run), and rows crossing between the nodes in the shuffle
+/// benchmark on two nodes. (The figures over several starts are the
+/// harness tests'.)
 #[test]
 fn cluster_suite_end_to_end() {
-    let (work, results) = cluster_bench_at_sf_001(&[]);
+    let (work, results) = cluster_bench_at_sf_001(&["--wire", "pg", "--starts", "1"]);
     let out_dir = work.path().join("results");
-    for nodes in ["1", "3"] {
-        let queries = results["tpch"][nodes]["queries"]
+    for setup in ["alone", "1", "3"] {
+        let queries = results["tpch"][setup]["queries"]
             .as_object()
             .expect("queries");
-        assert_eq!(queries.len(), 22, "{nodes} node(s)");
+        assert_eq!(queries.len(), 22, "{setup}");
         for (id, r) in queries {
-            assert!(r["median"].as_f64().is_some(), "{nodes} node(s) {id}: {r}");
+            assert!(r["median"].as_f64().is_some(), "{setup} {id}: {r}");
         }
+        let pids = results["tpch"][setup]["starts"][0]["pids"]
+            .as_array()
+            .expect("pids");
+        let want = if setup == "3" { 3 } else { 1 };
+        assert_eq!(pids.len(), want, "{setup}: {pids:?}");
     }
     // On two nodes rows cross between them (at this size b is broadcast
     // rather than both sides shuffled; at SF 1 both are shuffled); on one,
@@ -247,7 +254,8 @@ fn cluster_suite_end_to_end() {
         assert_eq!(results["shuffle"]["1"][kind]["exchange"], "none");
     }
     let report = std::fs::read_to_string(out_dir.join("report.md")).expect("report");
-    assert!(report.contains("| total of medians (s) |"), "{report}");
+    assert!(report.contains("| total (s), median (range) |"), "{report}");
+    assert!(report.contains("| 1 / alone | 3 / 1 |"), "{report}");
     assert!(out_dir.join("cluster.png").exists());
 }
 
