@@ -65,6 +65,7 @@ pub use crate::deletion_vectors::{CirroCodec, DeletionVectorsExec};
 use url::Url;
 
 use crate::ZkCluster;
+use crate::local::LocalPlanning;
 use crate::locality::Located;
 use crate::placement::TaskNode;
 use crate::worker::SECRET_HEADER;
@@ -95,6 +96,7 @@ pub struct ClusterExecution {
     worker: WorkerHandle,
     me: Url,
     locator: Arc<crate::locality::BlockLocator>,
+    local: LocalPlanning,
 }
 
 /// The node's own worker (tasks routed to the coordinator run in process).
@@ -109,15 +111,19 @@ impl std::fmt::Debug for WorkerHandle {
 
 impl ClusterExecution {
     /// The execution of the node `cluster.me()`, whose worker service
-    /// answers requests carrying `secret` and reads through `runtime`.
+    /// answers requests carrying `secret`, reads through `runtime` and
+    /// optimizes each task with `local` (as the coordinator does the part
+    /// of its queries it runs itself).
     pub fn new(
         cluster: Arc<ZkCluster>,
         secret: &str,
         runtime: Arc<RuntimeEnv>,
+        local: LocalPlanning,
     ) -> Result<Arc<Self>, cirro_common::CirroError> {
         let channels = ClusterChannels::new(secret)?;
         let worker = Worker::from_session_builder(WorkerSessions {
             channels: channels.clone(),
+            local: local.clone(),
         })
         .with_runtime_env(runtime)
         .with_version(env!("CARGO_PKG_VERSION"));
@@ -130,6 +136,7 @@ impl ClusterExecution {
             worker: WorkerHandle(worker),
             me,
             locator: Arc::default(),
+            local,
         }))
     }
 
@@ -190,14 +197,20 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
             .query_planner()
             .take()
             .expect("with_distributed_planner sets a query planner");
-        builder
-            .config()
-            .get_or_insert_default()
-            .set_extension(Arc::new(PlacementLog::default()));
+        let config = builder.config().get_or_insert_default();
+        config.set_extension(Arc::new(PlacementLog::default()));
+        // The settings of the local rules go with every task.
+        self.local.propagate(config);
+        // Tasks send their metrics back for EXPLAIN ANALYZE only (see
+        // `for_analyze`): a worker keeps a task's shape only then.
+        if let Err(e) = config.set_distributed_metrics_collection(false) {
+            log::warn!("tasks' metrics: {e}");
+        }
         builder.with_query_planner(Arc::new(ClusterPlanner {
             distributed,
             workers: self.workers(),
             locator: Arc::clone(&self.locator),
+            local: self.local.clone(),
         }))
     }
 
@@ -232,6 +245,10 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
                 }
             }
         })
+    }
+
+    fn for_analyze(&self, config: &mut SessionConfig) -> DfResult<()> {
+        config.set_distributed_metrics_collection(true)
     }
 
     fn take_task_placement(&self, config: &SessionConfig) -> Vec<String> {
@@ -657,6 +674,7 @@ impl ChannelResolver for ClusterChannels {
 #[derive(Clone)]
 struct WorkerSessions {
     channels: ClusterChannels,
+    local: LocalPlanning,
 }
 
 #[async_trait]
@@ -665,7 +683,10 @@ impl WorkerSessionBuilder for WorkerSessions {
         let mut builder = ctx
             .builder
             .with_distributed_user_codec(CirroCodec)
-            .with_distributed_channel_resolver(self.channels.clone());
+            .with_distributed_channel_resolver(self.channels.clone())
+            .with_distributed_worker_plan_rewrite_handler(self.local.worker_rules());
+        self.local
+            .receive(builder.config().get_or_insert_default(), &ctx.headers)?;
         if let Some(functions) = builder.scalar_functions() {
             functions.extend(cirro_exec::functions::portable_udfs());
         }
@@ -790,6 +811,7 @@ struct ClusterPlanner {
     distributed: Arc<dyn QueryPlanner + Send + Sync>,
     workers: ClusterWorkers,
     locator: Arc<crate::locality::BlockLocator>,
+    local: LocalPlanning,
 }
 
 impl std::fmt::Debug for ClusterPlanner {
@@ -811,7 +833,7 @@ impl ClusterPlanner {
             None => &plan,
         };
         if !distributable(inner) {
-            return Ok(plan);
+            return self.local.optimize_head(plan, session.config_options());
         }
         // Where the blocks of HDFS scans are, for task placement.
         let plan = self.locator.locate(plan).await;
@@ -822,6 +844,8 @@ impl ClusterPlanner {
                 self.distributed.create_physical_plan(logical_plan, session),
             )
             .await?;
+        // The part above the stages runs here: this node's rules.
+        let plan = self.local.optimize_head(plan, session.config_options())?;
         // EXPLAIN ANALYZE must not wait forever for tasks that never ran.
         crate::analyze::bound_metrics_wait(plan)
     }

@@ -21,14 +21,16 @@
 //! node runs into Cirro's own (adaptive aggregation, the GPU operators,
 //! the hot-data tier, compiled expressions, spilling joins, shared
 //! subplans); its operators are not carried by DataFusion's plan codec, so
-//! a cluster node that sends stages to other nodes plans without it (those
-//! nodes get DataFusion's operators).
+//! a cluster session plans without it and each node applies it to the part
+//! of the plan it runs (`cirro_cluster::local`, given [`local_rules`] and
+//! [`EngineOptions`] when the node joins).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use cirro_catalog::{CirroCatalogList, DEFAULT_DATABASE, DEFAULT_SCHEMA};
 use cirro_common::Result;
+use cirro_exec::distribution::{OptionList, OptionVisitor};
 use cirro_exec::rules as cirro;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
@@ -218,7 +220,7 @@ fn coordinator_entries() -> Vec<Entry<Physical>> {
 /// The physical rules one node applies to the plan it executes, after the
 /// coordinator's, in this order; those that keep state (the hot-data tier,
 /// the kernels, the GPU) hold `node`'s.
-pub(crate) fn local_rules(node: &Node) -> Vec<Physical> {
+pub fn local_rules(node: &Node) -> Vec<Physical> {
     let mut rules: Vec<Physical> = Vec::new();
     // Radix partitions are planned for one node's threads.
     rules.push(Arc::new(cirro::AdaptiveAggregation));
@@ -267,6 +269,30 @@ impl cirro_storage::cache::OperatorRoles for GpuRoles {
     }
 }
 
+/// The option extensions of Cirro's rules, which every session has (and a
+/// cluster sends with every task, see [`OptionList`]).
+pub struct EngineOptions;
+
+impl OptionList for EngineOptions {
+    fn visit<V: OptionVisitor>(visitor: &mut V) {
+        visitor.visit::<cirro_storage::cache::CacheOptions>();
+        visitor.visit::<cirro::AggregationOptions>();
+        visitor.visit::<cirro::JitOptions>();
+        visitor.visit::<cirro::JoinOrderOptions>();
+        #[cfg(feature = "gpu")]
+        visitor.visit::<cirro_gpu::GpuOptions>();
+    }
+}
+
+/// Registers each option extension (its defaults) in a configuration.
+struct Register<'a>(&'a mut SessionConfig);
+
+impl OptionVisitor for Register<'_> {
+    fn visit<T: datafusion::config::ConfigExtension + Default + Clone>(&mut self) {
+        self.0.options_mut().extensions.insert(T::default());
+    }
+}
+
 /// A session's configuration: PostgreSQL's NUMERIC literals and the
 /// switches of Cirro's rules (`SET cache`, `SET adaptive_aggregation`, …).
 fn session_config(config: &EngineConfig) -> SessionConfig {
@@ -283,15 +309,7 @@ fn session_config(config: &EngineConfig) -> SessionConfig {
         .options_mut()
         .sql_parser
         .parse_float_as_decimal = true;
-    session_config = session_config
-        .with_option_extension(cirro_storage::cache::CacheOptions::default())
-        .with_option_extension(cirro::AggregationOptions::default())
-        .with_option_extension(cirro::JitOptions::default())
-        .with_option_extension(cirro::JoinOrderOptions::default());
-    #[cfg(feature = "gpu")]
-    {
-        session_config = session_config.with_option_extension(cirro_gpu::GpuOptions::default());
-    }
+    EngineOptions::visit(&mut Register(&mut session_config));
     if let Some(partitions) = config.target_partitions {
         session_config = session_config.with_target_partitions(partitions.max(1));
     }

@@ -4,8 +4,10 @@
 
 use std::sync::Arc;
 
+use datafusion::config::ConfigExtension;
 use datafusion::error::DataFusionError;
 use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use futures::future::BoxFuture;
 
@@ -30,4 +32,31 @@ pub trait Distribution: Send + Sync + std::fmt::Debug {
     /// Which nodes ran the tasks of the queries the session with `config`
     /// ran since the last call (one line per stage), for `EXPLAIN ANALYZE`.
     fn take_task_placement(&self, config: &datafusion::prelude::SessionConfig) -> Vec<String>;
+
+    /// Set up `config` to run an `EXPLAIN ANALYZE`: every task sends its
+    /// operators' metrics back (other queries' do not).
+    fn for_analyze(
+        &self,
+        config: &mut datafusion::prelude::SessionConfig,
+    ) -> Result<(), DataFusionError>;
+}
+
+/// The physical rules one node applies to the plans it executes itself
+/// (the local half of the planner: the hot-data tier, compiled
+/// expressions, …), for a cluster node to apply to the tasks it runs, its
+/// own queries' and other nodes'.
+pub type LocalRules = Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>;
+
+/// Visits the types of a list of session option extensions
+/// ([`OptionList`]).
+pub trait OptionVisitor {
+    fn visit<T: ConfigExtension + Default + Clone>(&mut self);
+}
+
+/// The session option extensions Cirro's rules read (`SET cache`, `SET
+/// jit`, …): a session registers them, and a cluster sends their values
+/// with every task so that a worker's local rules see the session's
+/// settings.
+pub trait OptionList {
+    fn visit<V: OptionVisitor>(visitor: &mut V);
 }

@@ -309,7 +309,7 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
                 flight: flight_local,
                 http: http.as_ref().map(|(_, a)| *a),
             };
-            Some(node::Member::join(options, &root, &at, &runtime).await?)
+            Some(node::Member::join(options, &root, &at, &runtime, &config.engine.node).await?)
         }
         None => None,
     };

@@ -29,13 +29,15 @@ pub(crate) struct Addresses {
 }
 
 impl Member {
-    /// Join the cluster: start the worker service, register in ZooKeeper,
-    /// take the cluster's secret.
+    /// Join the cluster: start the worker service (which runs other
+    /// nodes' tasks with this node's engine: `node`'s local rules), register
+    /// in ZooKeeper, take the cluster's secret.
     pub(crate) async fn join(
         options: &ClusterOptions,
         root: &StorageRoot,
         at: &Addresses,
         runtime: &Arc<RuntimeEnv>,
+        node: &cirro_engine::Node,
     ) -> Result<Member> {
         let (worker_listener, worker_local) =
             listen(&at.listen, options.worker_port, " (worker)").await?;
@@ -58,6 +60,9 @@ impl Member {
             Arc::clone(&cluster),
             &secret,
             Arc::clone(runtime),
+            cirro_cluster::local::LocalPlanning::new::<cirro_engine::EngineOptions>(
+                cirro_engine::local_rules(node),
+            ),
         )?;
         let worker_tasks =
             cirro_cluster::worker::spawn_worker(worker_listener, &secret, execution.worker())?;

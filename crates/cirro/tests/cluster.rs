@@ -410,6 +410,9 @@ fn tpch_runs_across_three_hdfs_nodes_through_each_node() {
         assert!(placement.contains(node), "{node} ran nothing:\n{analyzed}");
     }
     assert!(analyzed.contains("output_rows"), "{analyzed}");
+    // The scan stage's tasks read through the hot-data tier of the node
+    // that ran them: the tier's metrics come back with the task's.
+    assert!(analyzed.contains("cache_misses="), "{analyzed}");
 
     // Rows a DELETE removed (a deletion vector) stay removed on every node.
     cluster.sql(1, "CREATE TABLE li AS SELECT * FROM lineitem");
@@ -431,6 +434,92 @@ fn tpch_runs_across_three_hdfs_nodes_through_each_node() {
         &format!("{SMALL_TASKS}; EXPLAIN SELECT count(*) FROM li"),
     );
     assert!(explain.contains("DeletionVectorsExec"), "{explain}");
+}
+
+/// Every node runs the tasks it gets with Cirro's engine (the local rules):
+/// through its own hot-data tier and with expressions compiled by its own
+/// JIT, with the settings of the session that sent them. On local storage,
+/// where tasks go round the nodes (HDFS places them by their blocks).
+#[test]
+fn every_node_runs_its_tasks_with_cirros_engine() {
+    let cluster = Cluster::up(3, "local");
+    // lineitem in six files, so that each of a scan's three tasks (one a
+    // node) has rows to read.
+    let generated = load_tpch_through_node1(&cluster, "0.1", &["lineitem"]);
+    cluster.sql(
+        1,
+        "CREATE TABLE parts AS SELECT * FROM lineitem WHERE l_orderkey % 6 = 0",
+    );
+    for part in 1..6 {
+        cluster.sql(
+            1,
+            &format!("INSERT INTO parts SELECT * FROM lineitem WHERE l_orderkey % 6 = {part}"),
+        );
+    }
+    cluster.sql(1, "DROP TABLE lineitem");
+    cluster.sql(1, "ALTER TABLE parts RENAME TO lineitem");
+    drop(generated);
+    let shared = common::shared_dir();
+    let q1 = std::fs::read_to_string(shared.join("tpch/queries/q01.sql")).expect("q1");
+    let answer = std::fs::read_to_string(shared.join("tpch/answers/sf0.1/q01.csv")).expect("q1");
+    for _ in 0..2 {
+        let out = cluster.psql(
+            1,
+            &[
+                "-q",
+                "-A",
+                "-F",
+                "|",
+                "-P",
+                "footer=off",
+                "-c",
+                SMALL_TASKS,
+                "-c",
+                &q1,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        common::compare::compare(&String::from_utf8_lossy(&out.stdout), &answer, true)
+            .expect("q1's answer");
+    }
+    for node in 1..=3 {
+        let tier = cluster.sql(
+            node,
+            "SELECT sum(entries) > 0, sum(hits + misses) > 0 FROM cirro.cache",
+        );
+        // (Hits on every node wait for tasks that go to the same node
+        // every time.)
+        assert_eq!(tier, "t|t", "node{node}'s hot-data tier was not read");
+        let jit = cluster.sql(node, "SELECT compiled > 0 FROM cirro.jit");
+        assert_eq!(jit, "t", "node{node} compiled nothing");
+    }
+    // The session's settings go with its tasks: with `SET jit = off` no
+    // node compiles a new expression, with `jit = force` every node that
+    // runs one of its tasks does.
+    let compiled = |node: usize| -> u64 {
+        cluster
+            .sql(node, "SELECT compiled FROM cirro.jit")
+            .parse()
+            .expect("a count")
+    };
+    let query = "SELECT sum(l_quantity * 3 + l_linenumber * 7) FROM lineitem";
+    let before: Vec<u64> = (1..=3).map(compiled).collect();
+    let off = cluster.sql(1, &format!("{SMALL_TASKS}; SET jit = off; {query}"));
+    let after_off: Vec<u64> = (1..=3).map(compiled).collect();
+    assert_eq!(before, after_off, "compiled with jit = off");
+    let forced = cluster.sql(1, &format!("{SMALL_TASKS}; SET jit = force; {query}"));
+    assert_eq!(forced, off, "the same answer compiled and interpreted");
+    let after_force: Vec<u64> = (1..=3).map(compiled).collect();
+    for node in 1..=3 {
+        assert!(
+            after_force[node - 1] > after_off[node - 1],
+            "node{node} did not compile: {after_off:?} -> {after_force:?}"
+        );
+    }
 }
 
 /// A query long enough (~3 s on this machine) to be running when a node fails.

@@ -129,7 +129,12 @@ impl Engine {
         let analyze = matches!(plan, LogicalPlan::Analyze(_));
         let mut retried = false;
         loop {
-            let frame = self.ctx.execute_logical_plan(plan.clone()).await?;
+            let mut frame = self.ctx.execute_logical_plan(plan.clone()).await?;
+            if analyze {
+                let (mut state, plan) = frame.into_parts();
+                distribution.for_analyze(state.config_mut())?;
+                frame = datafusion::dataframe::DataFrame::new(state, plan);
+            }
             let task_ctx = Arc::new(frame.task_ctx());
             let physical = frame.create_physical_plan().await?;
             let distributed = distribution.is_distributed(&physical);

@@ -42,7 +42,7 @@ use crate::system::pg_compat::memory_table;
 /// The system schema's name (reserved: CREATE SCHEMA refuses it).
 pub const SYSTEM_SCHEMA: &str = "cirro";
 
-const TABLES: &[&str] = &["nodes", "cache", "statistics", "queries", "gpu"];
+const TABLES: &[&str] = &["nodes", "cache", "statistics", "queries", "gpu", "jit"];
 
 /// The `cirro` schema of a session.
 #[derive(Debug)]
@@ -67,6 +67,7 @@ impl SchemaProvider for SystemSchema {
             "nodes" => Ok(Some(nodes_table(&self.nodes())?)),
             "cache" => Ok(Some(cache_table(&self.node)?)),
             "gpu" => Ok(Some(gpu_table(&self.node)?)),
+            "jit" => Ok(Some(jit_table(&self.node)?)),
             "statistics" => Ok(Some(statistics_table(&self.catalog)?)),
             "queries" => {
                 let views = match self.backend.get() {
@@ -282,6 +283,19 @@ fn gpu_table(node: &crate::node::Node) -> DfResult<Arc<dyn TableProvider>> {
         ));
     }
     memory_table(columns)
+}
+
+/// This node's runtime code generation: kernels compiled, found compiled
+/// already, and expressions that could not be compiled (its own queries'
+/// and the tasks of other nodes' queries it ran).
+fn jit_table(node: &crate::node::Node) -> DfResult<Arc<dyn TableProvider>> {
+    let stats = node.kernels().stats();
+    let column = |v: u64| Arc::new(Int64Array::from(vec![v as i64])) as ArrayRef;
+    memory_table(vec![
+        ("compiled", column(stats.compiled)),
+        ("cache_hits", column(stats.cache_hits)),
+        ("failed", column(stats.failed)),
+    ])
 }
 
 fn cache_table(node: &crate::node::Node) -> DfResult<Arc<dyn TableProvider>> {

@@ -1,0 +1,422 @@
+//! Cirro's engine on every node: the local half of the planner (the
+//! hot-data tier over the scans, compiled expressions, adaptive
+//! aggregation, spilling joins, the GPU twins, …) applied to the part of a
+//! distributed plan that one node executes.
+//!
+//! The coordinator plans the query as a whole and cuts it into stages
+//! with DataFusion's operators only (they are what the plan codec
+//! carries). Then each node optimizes what it runs:
+//!
+//! - a worker, every task it receives, before it runs it
+//!   ([`WorkerRules`], `datafusion-distributed`'s worker plan rewrite);
+//! - the coordinator, the head of the plan that it runs itself
+//!   ([`optimize_head`]).
+//!
+//! Both stop at the network boundaries: below one lies another stage,
+//! which its own nodes optimize (or, on the coordinator, which is still to
+//! be encoded and sent). The boundaries are swapped for leaves
+//! ([`BoundaryLeaf`]) while the rules run, and put back after.
+//!
+//! A worker reports the metrics of its task's operators by their position
+//! in the plan, which the coordinator maps onto its own copy of the stage.
+//! Tasks send metrics only for `EXPLAIN ANALYZE`; in those, a rule that
+//! changes the task's shape (a fused or a shared operator, a projection the
+//! compiled arguments of an aggregation add) is left out, so that each
+//! operator's metrics (cache hits, spills) show under the operator it
+//! replaced. A rule that fails leaves the task as it was sent: a plan a
+//! worker cannot optimize runs as sent, never fails for that reason.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::common::Statistics;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::config::{ConfigExtension, ConfigOptions};
+use datafusion::error::Result as DfResult;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+};
+use datafusion::prelude::SessionConfig;
+use datafusion_distributed::{
+    DistributedConfig, DistributedExt, NetworkBoundaryExt, WorkerPlanRewriteEvent,
+    WorkerPlanRewriteEventResponse, WorkerPlanRewriteHandler,
+};
+use tonic::codegen::http::HeaderMap;
+
+use cirro_exec::distribution::{LocalRules, OptionList, OptionVisitor};
+
+/// What a node applies to the plans it executes: its local rules, and
+/// the session options they read (sent with every task).
+#[derive(Clone)]
+pub struct LocalPlanning {
+    rules: Arc<LocalRules>,
+    propagate: fn(&mut SessionConfig),
+    receive: fn(&mut SessionConfig, &HeaderMap) -> DfResult<()>,
+}
+
+impl fmt::Debug for LocalPlanning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.rules.iter().map(|r| r.name()).collect();
+        write!(f, "LocalPlanning({names:?})")
+    }
+}
+
+impl LocalPlanning {
+    /// `rules`, reading the options `O` lists.
+    pub fn new<O: OptionList>(rules: LocalRules) -> Self {
+        Self {
+            rules: Arc::new(rules),
+            propagate: |config| O::visit(&mut Propagate(config)),
+            receive: |config, headers| {
+                let mut receive = Receive {
+                    config,
+                    headers,
+                    result: Ok(()),
+                };
+                O::visit(&mut receive);
+                receive.result
+            },
+        }
+    }
+
+    /// None: a node that runs DataFusion's operators only.
+    pub fn none() -> Self {
+        Self {
+            rules: Arc::default(),
+            propagate: |_| {},
+            receive: |_, _| Ok(()),
+        }
+    }
+
+    /// A coordinating session's configuration sends the options' values
+    /// with every task (the values when the task is sent: `SET` applies).
+    pub(crate) fn propagate(&self, config: &mut SessionConfig) {
+        (self.propagate)(config)
+    }
+
+    /// A worker's session takes the options its task came with.
+    pub(crate) fn receive(&self, config: &mut SessionConfig, headers: &HeaderMap) -> DfResult<()> {
+        (self.receive)(config, headers)
+    }
+
+    /// The handler a worker's session rewrites each task with.
+    pub(crate) fn worker_rules(&self) -> WorkerRules {
+        WorkerRules(Arc::clone(&self.rules))
+    }
+
+    /// The coordinator's part of a plan: everything above the network
+    /// boundaries (all of it when the plan stays on this node).
+    pub(crate) fn optimize_head(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        options: &ConfigOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        optimize(plan, &self.rules, options, false)
+    }
+}
+
+/// Registers each option extension in a coordinating session's
+/// configuration for sending, with the values it has.
+struct Propagate<'a>(&'a mut SessionConfig);
+
+impl OptionVisitor for Propagate<'_> {
+    fn visit<T: ConfigExtension + Default + Clone>(&mut self) {
+        let current = self
+            .0
+            .options()
+            .extensions
+            .get::<T>()
+            .cloned()
+            .unwrap_or_default();
+        self.0.set_distributed_option_extension(current);
+    }
+}
+
+/// Registers each option extension in a worker's session configuration,
+/// with the values its task came with.
+struct Receive<'a> {
+    config: &'a mut SessionConfig,
+    headers: &'a HeaderMap,
+    result: DfResult<()>,
+}
+
+impl OptionVisitor for Receive<'_> {
+    fn visit<T: ConfigExtension + Default + Clone>(&mut self) {
+        if self.result.is_ok() {
+            self.result = self
+                .config
+                .set_distributed_option_extension_from_headers::<T>(self.headers)
+                .map(|_| ());
+        }
+    }
+}
+
+/// A worker's rewrite of each task it receives (see the module docs).
+#[derive(Clone)]
+pub(crate) struct WorkerRules(Arc<LocalRules>);
+
+impl WorkerPlanRewriteHandler for WorkerRules {
+    fn rewrite_worker_plan(
+        &self,
+        ev: WorkerPlanRewriteEvent,
+    ) -> DfResult<WorkerPlanRewriteEventResponse> {
+        let options = ev.session_config.options();
+        // Metrics are sent back (EXPLAIN ANALYZE) by position in the plan.
+        let keep_shape = DistributedConfig::from_config_options(options)
+            .map(|c| c.collect_metrics)
+            .unwrap_or(true);
+        let plan = match optimize(Arc::clone(&ev.plan), &self.0, options, keep_shape) {
+            Ok(plan) => plan,
+            Err(e) => {
+                log::warn!("a task runs as sent: its local optimization failed: {e}");
+                ev.plan
+            }
+        };
+        Ok(WorkerPlanRewriteEventResponse::new(plan))
+    }
+}
+
+/// `rules` applied in order to `plan` above its network boundaries; with
+/// `keep_shape`, a rule that changes the plan's shape is left out.
+fn optimize(
+    plan: Arc<dyn ExecutionPlan>,
+    rules: &LocalRules,
+    options: &ConfigOptions,
+    keep_shape: bool,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    if rules.is_empty() {
+        return Ok(plan);
+    }
+    let mut cut = cut_boundaries(plan)?;
+    let mut shape = keep_shape.then(|| shape_of(&cut));
+    // What the node above the plan takes from it (a task's output goes to
+    // the stage above, partition by partition) stays as it is.
+    let partitions = cut.properties().output_partitioning().partition_count();
+    let schema = cut.schema();
+    for rule in rules.iter() {
+        let next = rule.optimize(Arc::clone(&cut), options)?;
+        if next.properties().output_partitioning().partition_count() != partitions
+            || next.schema() != schema
+        {
+            log::debug!("{} left out: it changes the plan's output", rule.name());
+            continue;
+        }
+        if let Some(before) = &shape {
+            let after = shape_of(&next);
+            if after != *before {
+                log::debug!(
+                    "{} left out of a task: it changes the task's shape",
+                    rule.name()
+                );
+                continue;
+            }
+            shape = Some(after);
+        }
+        cut = next;
+    }
+    restore_boundaries(cut)
+}
+
+/// A plan's shape: the number of children of each operator, in pre-order.
+fn shape_of(plan: &Arc<dyn ExecutionPlan>) -> Vec<usize> {
+    let mut shape = Vec::new();
+    let _ = plan.apply(|node| {
+        shape.push(node.children().len());
+        Ok(TreeNodeRecursion::Continue)
+    });
+    shape
+}
+
+/// `plan` with each network boundary (and what lies below it) swapped for
+/// a [`BoundaryLeaf`].
+fn cut_boundaries(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+    plan.transform_down(|node| {
+        if node.is_network_boundary() {
+            let leaf = Arc::new(BoundaryLeaf::new(node)) as Arc<dyn ExecutionPlan>;
+            Ok(Transformed::new(leaf, true, TreeNodeRecursion::Jump))
+        } else {
+            Ok(Transformed::no(node))
+        }
+    })
+    .map(|t| t.data)
+}
+
+/// The network boundaries back in place of their leaves.
+fn restore_boundaries(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| match node.downcast_ref::<BoundaryLeaf>() {
+        Some(leaf) => Ok(Transformed::yes(Arc::clone(&leaf.boundary))),
+        None => Ok(Transformed::no(node)),
+    })
+    .map(|t| t.data)
+}
+
+/// A network boundary while the local rules run: a leaf with the
+/// boundary's properties, which never executes. It prints with the
+/// boundary's identity, so that no rule takes two boundaries for the same
+/// subplan.
+#[derive(Debug)]
+pub(crate) struct BoundaryLeaf {
+    boundary: Arc<dyn ExecutionPlan>,
+}
+
+impl BoundaryLeaf {
+    fn new(boundary: Arc<dyn ExecutionPlan>) -> Self {
+        Self { boundary }
+    }
+}
+
+impl DisplayAs for BoundaryLeaf {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "BoundaryLeaf: {} #{:p}",
+            self.boundary.name(),
+            Arc::as_ptr(&self.boundary)
+        )
+    }
+}
+
+impl ExecutionPlan for BoundaryLeaf {
+    fn name(&self) -> &str {
+        "BoundaryLeaf"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.boundary.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    /// The boundary's: what the stage below it is estimated to send.
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> DfResult<Arc<Statistics>> {
+        StatisticsContext::new().compute(self.boundary.as_ref(), args)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        datafusion::common::internal_err!(
+            "a network boundary's placeholder was executed (local rules must restore it)"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_optimizer::PhysicalOptimizerRule;
+    use datafusion::physical_plan::coop::CooperativeExec;
+    use datafusion::physical_plan::empty::EmptyExec;
+
+    /// A rule that puts a node over the plan (a new shape).
+    #[derive(Debug)]
+    struct Wrap;
+
+    impl PhysicalOptimizerRule for Wrap {
+        fn optimize(
+            &self,
+            plan: Arc<dyn ExecutionPlan>,
+            _: &ConfigOptions,
+        ) -> DfResult<Arc<dyn ExecutionPlan>> {
+            Ok(Arc::new(CooperativeExec::new(plan)))
+        }
+        fn name(&self) -> &str {
+            "wrap"
+        }
+        fn schema_check(&self) -> bool {
+            true
+        }
+    }
+
+    /// A rule that fails.
+    #[derive(Debug)]
+    struct Fail;
+
+    impl PhysicalOptimizerRule for Fail {
+        fn optimize(
+            &self,
+            _: Arc<dyn ExecutionPlan>,
+            _: &ConfigOptions,
+        ) -> DfResult<Arc<dyn ExecutionPlan>> {
+            datafusion::common::plan_err!("cannot")
+        }
+        fn name(&self) -> &str {
+            "fail"
+        }
+        fn schema_check(&self) -> bool {
+            true
+        }
+    }
+
+    fn scan() -> Arc<dyn ExecutionPlan> {
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
+        Arc::new(EmptyExec::new(schema))
+    }
+
+    fn rules(rules: Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>) -> LocalRules {
+        rules
+    }
+
+    #[test]
+    fn a_rule_that_changes_the_shape_is_left_out_only_where_the_shape_must_stay() {
+        let options = ConfigOptions::default();
+        let wrap = rules(vec![Arc::new(Wrap)]);
+        let kept = optimize(scan(), &wrap, &options, true).expect("optimized");
+        assert_eq!(kept.name(), "EmptyExec");
+        let changed = optimize(scan(), &wrap, &options, false).expect("optimized");
+        assert_eq!(changed.name(), "CooperativeExec");
+        assert_eq!(shape_of(&changed), [1, 0]);
+    }
+
+    #[test]
+    fn a_task_whose_rules_fail_runs_as_sent() {
+        let handler = WorkerRules(Arc::new(rules(vec![Arc::new(Wrap), Arc::new(Fail)])));
+        let config = SessionConfig::new();
+        let sent = scan();
+        let response = handler
+            .rewrite_worker_plan(WorkerPlanRewriteEvent {
+                plan: Arc::clone(&sent),
+                session_config: &config,
+            })
+            .expect("a plan");
+        assert!(Arc::ptr_eq(&response.plan, &sent));
+    }
+
+    #[test]
+    fn a_boundary_leaf_prints_as_its_own_boundary() {
+        let (a, b) = (scan(), scan());
+        let show = |p: &Arc<dyn ExecutionPlan>| {
+            datafusion::physical_plan::displayable(&BoundaryLeaf::new(Arc::clone(p)))
+                .one_line()
+                .to_string()
+        };
+        assert_ne!(show(&a), show(&b));
+        assert_eq!(show(&a), show(&a));
+    }
+}
