@@ -153,6 +153,15 @@ impl Engine {
                 if !retried {
                     log::warn!("a node failed during a query; running it again: {e}");
                     retried = true;
+                    // Counted in cirro.queries.
+                    let record = self
+                        .current_query
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                    if let Some(record) = record {
+                        record.retried();
+                    }
                     distribution.forget_failed_nodes().await;
                     continue;
                 }

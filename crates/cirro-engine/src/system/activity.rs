@@ -182,6 +182,7 @@ struct Progress {
     memory: Option<Arc<QueryMemory>>,
     plan: Option<Arc<dyn ExecutionPlan>>,
     rows: u64,
+    retries: u32,
 }
 
 /// What `cirro.queries` shows of a statement.
@@ -215,6 +216,10 @@ pub struct QueryView {
     /// ended; None without any (see docs/gpu.md).
     #[serde(default)]
     pub gpu: Option<String>,
+    /// Times it was run again on the remaining nodes after a node failed
+    /// during it (a cluster's read-only queries).
+    #[serde(default)]
+    pub retries: u32,
 }
 
 impl QueryView {
@@ -327,6 +332,7 @@ impl QueryRecord {
             error: None,
             plan: None,
             gpu: plan.and_then(|p| gpu_state(p, progress.state)),
+            retries: progress.retries,
         }
     }
 
@@ -356,6 +362,14 @@ impl QueryRecord {
     /// run several).
     pub fn set_plan(&self, plan: Arc<dyn ExecutionPlan>) {
         self.progress.lock().unwrap_or_else(|e| e.into_inner()).plan = Some(plan);
+    }
+
+    /// It is run again after a node failed during it.
+    pub fn retried(&self) {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retries += 1;
     }
 
     /// Rows it returned or changed.
@@ -447,6 +461,7 @@ fn without_plan(view: &QueryView) -> QueryView {
         error: view.error.clone(),
         plan: None,
         gpu: view.gpu.clone(),
+        retries: view.retries,
     }
 }
 
@@ -749,6 +764,7 @@ impl Backend {
                 memory: None,
                 plan: None,
                 rows: 0,
+                retries: 0,
             }),
         });
         let mut queries = activity.queries.lock().unwrap_or_else(|e| e.into_inner());

@@ -279,6 +279,7 @@ pub(crate) fn queries_table(views: &[QueryView]) -> DfResult<Arc<dyn TableProvid
         ("peak_memory", int64(&|v| v.peak_memory as i64)),
         ("spilled_bytes", int64(&|v| v.spilled_bytes as i64)),
         ("rows", int64(&|v| v.rows as i64)),
+        ("retries", int64(&|v| v.retries as i64)),
         (
             "progress",
             Arc::new(Float64Array::from(
