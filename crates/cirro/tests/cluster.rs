@@ -640,6 +640,21 @@ fn a_query_outlives_a_node_killed_or_cut_during_it() {
     whole_or_failed(&out, &expected);
     assert_eq!(retries(), before, "the query was run again");
     members_become(&cluster, &["node1", "node2"], "node3 gone after SIGTERM");
+
+    // The client's own node killed: nothing runs the query again; the
+    // client loses its connection (a connection failure, 08006, as drivers
+    // report it), not a wrong or partial answer.
+    let (out, _) = long_query_with_fault(&cluster, Duration::from_millis(1500), || {
+        cluster.script(&["kill", "1"]);
+    });
+    assert!(!out.status.success(), "an answer from a killed node");
+    assert!(out.stdout.is_empty() || String::from_utf8_lossy(&out.stdout).trim() == "SET");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("server closed the connection unexpectedly")
+            || err.contains("connection to server was lost"),
+        "{err}"
+    );
 }
 
 /// LONG_QUERY through node 1 while `fault` hits 1.5 s into it: the whole
