@@ -82,15 +82,6 @@ impl LocalPlanning {
         }
     }
 
-    /// None: a node that runs DataFusion's operators only.
-    pub fn none() -> Self {
-        Self {
-            rules: Arc::default(),
-            propagate: |_| {},
-            receive: |_, _| Ok(()),
-        }
-    }
-
     /// A coordinating session's configuration sends the options' values
     /// with every task (the values when the task is sent: `SET` applies).
     pub(crate) fn propagate(&self, config: &mut SessionConfig) {
