@@ -13,6 +13,59 @@ from pathlib import Path
 from . import engines, suites
 
 BENCH = Path(__file__).resolve().parents[1]
+# A run's folder under results/<suite>-sf<N>/: the day and the commit.
+RUN_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}-[0-9a-z]+(-dirty)?(-\d+)?$")
+
+
+def _commit():
+    """The checkout's commit (short), `-dirty` with changes; `unknown`
+    outside a git checkout."""
+    import subprocess
+
+    repo = BENCH.parent
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def _unfinished(run):
+    """Whether `run` holds a suite run that stopped before its end (the
+    runner's state without `finished`)."""
+    import json
+
+    path = run / "results.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return "config" in state and not state.get("finished")
+
+
+def run_dir(base, fresh=False, latest=False, day=None, commit=None):
+    """The folder of this run under `base` (results/<suite>-sf<N>): the
+    latest run's when it is unfinished (it resumes; not with `fresh`) or
+    when `latest` (--report-only), else a new `<day>-<commit>` folder
+    (`-2`, `-3`, … when that name is taken). Earlier runs are never
+    touched."""
+    import time
+
+    base.mkdir(parents=True, exist_ok=True)
+    runs = sorted((p for p in base.iterdir() if p.is_dir() and RUN_NAME.match(p.name)),
+                  key=lambda p: (p.stat().st_mtime, p.name))
+    if runs and (latest or (not fresh and _unfinished(runs[-1]))):
+        return runs[-1]
+    name = f"{day or time.strftime('%Y-%m-%d')}-{commit or _commit()}"
+    run, k = base / name, 1
+    while run.exists():
+        k += 1
+        run = base / f"{name}-{k}"
+    run.mkdir()
+    return run
 
 
 def parse(argv):
@@ -35,7 +88,9 @@ def parse(argv):
     ap.add_argument("--baseline", help="micro: another cirro binary (an older build) measured in the same run")
     ap.add_argument("--ops", help="micro: comma-separated subset of operations (insert-1, insert-1000, update, select, point)")
     ap.add_argument("--queries", help="comma-separated subset of query ids (e.g. q01,q06)")
-    ap.add_argument("--out", type=Path, help="results directory (default bench/results/<suite>-sf<N>)")
+    ap.add_argument("--out", type=Path,
+                    help="results directory (default bench/results/<suite>-sf<N>/<date>-<commit>/: a folder per "
+                         "run; an unfinished latest run is resumed)")
     ap.add_argument("--data-dir", type=Path,
                     default=Path(os.environ.get("HOME", "/root")) / ".cache/cirro/bench-data",
                     help="where generated data is kept (default ~/.cache/cirro/bench-data; reused by later runs)")
@@ -44,7 +99,8 @@ def parse(argv):
     ap.add_argument("--no-probe", action="store_true", help="skip the memory-bandwidth probe")
     ap.add_argument("--setups", default="alone,1,3,shuffle",
                     help="cluster: what to run, of alone (cirro serve alone, the baseline), 1 and 3 (TPC-H on a "
-                         "cluster of that many nodes) and shuffle (default: all)")
+                         "cluster of that many nodes), shuffle and aggregation (grouped aggregations on 3 nodes, "
+                         "each exchange; default: all but aggregation)")
     ap.add_argument("--scaling", action="store_true",
                     help="cluster: TPC-H on 1, 2, 3 nodes, bucketed and not, bytes exchanged, a model of larger "
                          "clusters (results in cluster-scaling-sf<N>)")
@@ -84,8 +140,12 @@ def main(argv=None):
     if args.suite not in ("dml", "micro", "cluster", "cache", "gpu"):
         suites.get(args.suite)  # refuses an unknown suite before anything is written
     name = "cluster-scaling" if args.suite == "cluster" and args.scaling else args.suite
-    out = args.out or BENCH / "results" / f"{name}-sf{sf_label}"
-    out.mkdir(parents=True, exist_ok=True)
+    if args.out:
+        out = args.out
+        out.mkdir(parents=True, exist_ok=True)
+    else:
+        out = run_dir(BENCH / "results" / f"{name}-sf{sf_label}", args.fresh, args.report_only)
+    print(f"cirro bench: results in {out}", file=sys.stderr)
     if args.suite == "cluster" and args.scaling:
         from . import scaling
 

@@ -24,6 +24,16 @@ shuffle  rows moved between two nodes by a hash shuffle, the OSU HiBD
          sides over the query's time, on 2 nodes and, for scale, the same join
          on 1 node (nothing crosses a network).
 
+aggregation  grouped aggregations on 3 nodes over g(k10, k10000, k, v) of
+         10 M × sf rows (v = i, k10 = i mod 10, k10000 = i mod 10,000, k = i):
+         10, 10,000 and 10 M × sf groups, each with `SET aggregation_exchange`
+         auto (Cirro's choice), partial (pre-aggregated on every node before
+         the shuffle) and rows (rows shuffled to a single-phase aggregation);
+         the time (median of --runs hot runs, each answer checked), the
+         choice EXPLAIN shows and the bytes EXPLAIN ANALYZE counts between
+         the nodes. Scans are cut into tasks of 4 MB × sf so that every node
+         reads a share.
+
 Output: results/cluster-sf<N>/results.json, report.md, cluster.png.
 """
 
@@ -48,6 +58,10 @@ from .wire import finish_report  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "cluster"
 SHUFFLE_ROWS = 10_000_000
+AGGREGATION_ROWS = 10_000_000
+# The aggregation comparison's group keys (their groups: 10, 10⁴ and the rows).
+AGGREGATION_KEYS = {"10": "k10", "10^4": "k10000", "rows": "k"}
+EXCHANGES = ("auto", "partial", "rows")
 
 
 # The setups of the TPC-H comparison: `cirro serve` alone (the baseline
@@ -272,6 +286,53 @@ def run_shuffle(args):
     return results
 
 
+def _bytes(text):
+    """The bytes that EXPLAIN ANALYZE's network boundaries report as
+    transferred (`bytes_transferred=1.5 MB`, 1024-based), summed; None
+    when none does."""
+    import re
+    units = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+    found = re.findall(r"bytes_transferred=([0-9.]+) ?([KMGT]?B)", text)
+    return int(sum(float(n) * units[u] for n, u in found)) if found else None
+
+
+def run_aggregation(args):
+    n = int(AGGREGATION_ROWS * args.sf)
+    print(f"cirro bench cluster: aggregation on 3 nodes, {n:,} rows", file=sys.stderr, flush=True)
+    cluster = Cluster(3, args.cirro, args.wire, args.threads, setup_memory())
+    results = {}
+    try:
+        cluster.run(f"CREATE TABLE g AS SELECT i % 10 AS k10, i % 10000 AS k10000, i AS k, i AS v "
+                    f"FROM (SELECT CAST(value AS BIGINT) AS i FROM generate_series(1, {n}))")
+        cluster.run(f"SET distributed.file_scan_config_bytes_per_partition = {max(65536, int(4_194_304 * args.sf))}")
+        total = n * (n + 1) // 2
+        for name, key in AGGREGATION_KEYS.items():
+            groups = {"k10": min(10, n), "k10000": min(10_000, n), "k": n}[key]
+            sql = f"SELECT count(*), sum(s) FROM (SELECT {key}, sum(v) AS s FROM g GROUP BY {key}) AS t"
+            per = {}
+            for exchange in EXCHANGES:
+                cluster.run(f"SET aggregation_exchange = {exchange}")
+                runs = []
+                for _ in range(args.runs + 1):
+                    seconds, table = cluster.timed(sql)
+                    runs.append(seconds)
+                    got = (table.column(0)[0].as_py(), int(table.column(1)[0].as_py()))
+                    if got != (groups, total):
+                        raise SystemExit(f"cirro bench: aggregation by {key} ({exchange}): {got}, "
+                                         f"expected {(groups, total)}")
+                plan = "\n".join(str(v) for v in cluster.run(f"EXPLAIN {sql}").column(1).to_pylist())
+                choice = [line.split("aggregation=", 1)[1] for line in plan.splitlines() if "aggregation=" in line]
+                analyzed = "\n".join(str(v) for v in cluster.run(f"EXPLAIN ANALYZE {sql}").column(1).to_pylist())
+                per[exchange] = {"median": statistics.median(runs[1:]), "hot": runs[1:], "cold": runs[0],
+                                 "choice": choice[0] if choice else None, "bytes": _bytes(analyzed)}
+                print(f"  {name} groups, {exchange}: {per[exchange]['median']:.3f} s, "
+                      f"{per[exchange]['choice']}, {per[exchange]['bytes']} bytes", file=sys.stderr, flush=True)
+            results[name] = {"groups": groups, "rows": n, "exchanges": per}
+    finally:
+        cluster.close()
+    return results
+
+
 def tpch_with_answers(args):
     """TPC-H at --sf (--queries of it), generated or reused: the queries, the
     tables' Parquet directories, the data's facts and DuckDB's answers."""
@@ -295,15 +356,17 @@ def main(args, out):
         print(report(doc, out))
         return 0
     setups = [s for s in args.setups.split(",") if s]
-    unknown = set(setups) - set(SETUPS) - {"shuffle"}
+    unknown = set(setups) - set(SETUPS) - {"shuffle", "aggregation"}
     if unknown:
-        sys.exit(f"cirro bench: unknown --setups {', '.join(sorted(unknown))}: of {', '.join(SETUPS)}, shuffle")
+        sys.exit(f"cirro bench: unknown --setups {', '.join(sorted(unknown))}: "
+                 f"of {', '.join(SETUPS)}, shuffle, aggregation")
     queries, tables, facts, reference = tpch_with_answers(args)
     doc = {"command": " ".join(args.argv), "machine": machine(), "sf": args.sf, "runs": args.runs,
            "starts": args.starts, "wire": args.wire, "threads": args.threads, "memory_bytes": setup_memory(),
            "parquet_bytes": facts.get("parquet_bytes"),
            "tpch": run_tpch(args, tables, queries, reference, [s for s in SETUPS if s in setups]),
-           "shuffle": run_shuffle(args) if "shuffle" in setups else {}}
+           "shuffle": run_shuffle(args) if "shuffle" in setups else {},
+           "aggregation": run_aggregation(args) if "aggregation" in setups else {}}
     path = out / "results.json"
     if path.exists():
         print(f"cirro bench: the earlier results are kept as {keep_earlier(path).name}", file=sys.stderr)
@@ -402,6 +465,17 @@ def report(doc, out):
         for kind, r in kinds.items():
             lines.append(f"| {kind} | {nodes} | {r['rows']:,} | {r['median']:.3f} | {r['rows_per_s'] / 1e6:.1f} | "
                          f"{r['mb_per_s']:.0f} | {_exchange(r)} |")
+    if doc.get("aggregation"):
+        lines += ["", "## Aggregation across 3 nodes (`SET aggregation_exchange`; time in s, bytes between nodes)",
+                  "", "| groups | rows | " + " | ".join(EXCHANGES) + " | auto / best forced | auto chose |",
+                  "|---|---:|" + "---:|" * len(EXCHANGES) + "---:|---|"]
+        for name, r in doc["aggregation"].items():
+            ex = r["exchanges"]
+            cells = [f"{ex[x]['median']:.3f}" + (f" ({ex[x]['bytes'] / 1e6:.1f} MB)" if ex[x].get("bytes") else "")
+                     for x in EXCHANGES]
+            best = min(ex["partial"]["median"], ex["rows"]["median"])
+            lines.append(f"| {r['groups']:,} | {r['rows']:,} | " + " | ".join(cells)
+                         + f" | {ex['auto']['median'] / best:.2f} | {ex['auto'].get('choice') or ''} |")
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     x = range(len(both))
     width = 0.8 / max(1, len(setups))

@@ -7,6 +7,8 @@ Run by crates/cirro/tests/bench.rs inside the benchmark environment:
 """
 
 import decimal
+import os
+import time
 import json
 import tempfile
 import unittest
@@ -233,6 +235,24 @@ class ClusterBenchTest(unittest.TestCase):
                           "0.80 (0.40–1.20) | 1.00 | 2.00 |", text)
             self.assertIn("| q01 | 0.200 (0.100–0.300) |", text)
 
+    def test_aggregation_exchanges_are_reported_against_the_best_forced(self):
+        from cirrobench import cluster
+
+        self.assertEqual(cluster._bytes("NetworkShuffleExec, metrics=[bytes_transferred=1.5 MB]\n"
+                                        "NetworkShuffleExec, metrics=[bytes_transferred=512.0 B]"),
+                         int(1.5 * (1 << 20)) + 512)
+        self.assertIsNone(cluster._bytes("AggregateExec: mode=Final"))
+        with tempfile.TemporaryDirectory() as tmp:
+            ex = {"auto": {"median": 1.1, "choice": "rows shuffled (≈10 groups of 10 rows)", "bytes": 2_000_000},
+                  "partial": {"median": 2.0, "bytes": None},
+                  "rows": {"median": 1.0, "bytes": 2_000_000}}
+            doc = {"command": "cirro bench cluster", "machine": {}, "sf": 1, "runs": 2, "starts": 1,
+                   "wire": "pg", "tpch": {}, "shuffle": {},
+                   "aggregation": {"rows": {"groups": 10, "rows": 10, "exchanges": ex}}}
+            text = cluster.report(doc, Path(tmp)).read_text()
+            self.assertIn("| 10 | 10 | 1.100 (2.0 MB) | 2.000 | 1.000 (2.0 MB) | 1.10 | "
+                          "rows shuffled (≈10 groups of 10 rows) |", text)
+
     def test_a_wrong_hot_answer_in_one_start_fails_the_query(self):
         with tempfile.TemporaryDirectory() as tmp:
             # The 1-node cluster's second start, its fifth run: q02's first
@@ -241,6 +261,32 @@ class ClusterBenchTest(unittest.TestCase):
             self.assertIn("wrong answer", results["1"]["queries"]["q02"]["error"])
             self.assertIn("median", results["1"]["queries"]["q01"])
             self.assertIn("median", results["3"]["queries"]["q02"])
+
+
+class RunDirTest(unittest.TestCase):
+    def test_each_run_has_its_folder_and_an_unfinished_one_resumes(self):
+        from cirrobench.__main__ import run_dir
+
+        with tempfile.TemporaryDirectory() as tmp:
+            base = Path(tmp) / "tpch-sf1"
+            first = run_dir(base, day="2026-12-03", commit="abc123")
+            self.assertEqual(first.name, "2026-12-03-abc123")
+            # Stopped half-way: the next run continues it.
+            (first / "results.json").write_text(json.dumps({"config": {}, "queries": {}}))
+            self.assertEqual(run_dir(base, day="2026-12-03", commit="abc123"), first)
+            # Unless --fresh: a new folder beside, the earlier one kept.
+            second = run_dir(base, fresh=True, day="2026-12-03", commit="abc123")
+            self.assertEqual(second.name, "2026-12-03-abc123-2")
+            self.assertTrue((first / "results.json").exists())
+            # Finished: the next run starts a folder of its own.
+            (second / "results.json").write_text(json.dumps({"config": {}, "finished": "now"}))
+            os.utime(second, (time.time() + 5, time.time() + 5))
+            third = run_dir(base, day="2026-12-04", commit="def456")
+            self.assertEqual(third.name, "2026-12-04-def456")
+            self.assertEqual(len(list(base.iterdir())), 3)
+            # --report-only reads the latest run.
+            os.utime(third, (time.time() + 10, time.time() + 10))
+            self.assertEqual(run_dir(base, latest=True), third)
 
 
 class WorkerTest(unittest.TestCase):
