@@ -319,7 +319,18 @@ impl SchemaProvider for CirroSchemaProvider {
                 .version(name)
                 .map(|t| Arc::new(t) as Arc<dyn TableProvider>));
         }
-        let snapshot = self.session.state(&self.catalog);
+        let mut snapshot = self.session.state(&self.catalog);
+        if snapshot.table(&self.db, &self.schema, name).is_none()
+            && snapshot.view(&self.db, &self.schema, name).is_none()
+            && self
+                .catalog
+                .refresh_from_storage()
+                .await
+                .map_err(CirroError::into_datafusion)?
+        {
+            // Written by another process; a transaction keeps its own snapshot.
+            snapshot = self.session.state(&self.catalog);
+        }
         if let Some(entry) = snapshot.table(&self.db, &self.schema, name) {
             if let Some(pinned) = self.session.get(&entry.location) {
                 return Ok(Some(Arc::new(pinned)));

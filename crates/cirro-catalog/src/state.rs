@@ -313,6 +313,29 @@ impl Catalog {
         self.read_latest(latest).await
     }
 
+    /// Read the newest catalog version on the storage itself. In a cluster
+    /// [`Catalog::refresh`] reads only the number the members published, so
+    /// versions that another process wrote into the data location (`cirro
+    /// load --data`, `cirro sql --data` beside a running cluster) stay unseen
+    /// until a member's next DDL; a name that is not found comes here before
+    /// it is an error. A newer version found is published for the other
+    /// members (best effort: they find it the same way). Whether the
+    /// snapshot moved.
+    pub async fn refresh_from_storage(&self) -> Result<bool> {
+        let before = self.snapshot().version;
+        let latest = self.versions.latest().await?;
+        if latest <= before {
+            return Ok(false);
+        }
+        self.read_latest(latest).await?;
+        if let Some(coordination) = &self.coordination
+            && let Err(e) = coordination.publish_catalog_version(latest).await
+        {
+            log::warn!("catalog version {latest} found on the storage but not published: {e}");
+        }
+        Ok(self.snapshot().version > before)
+    }
+
     async fn read_latest(&self, latest: u64) -> Result<Arc<CatalogState>> {
         if latest > self.snapshot().version {
             let state = self.read_version(latest).await?;
