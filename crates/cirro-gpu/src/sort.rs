@@ -18,6 +18,11 @@
 //! device (a top-N keeps each chunk's first `fetch` rows), and the sorted
 //! chunks are merged on the host by their keys in Arrow's row format. Where
 //! the device cannot take a chunk, the CPU sorts the whole partition.
+//!
+//! The rows it holds on the host count against the query's memory (the
+//! input as read, then its sorted copy): when the budget cannot take them,
+//! the rows read so far and the rest of the input go to DataFusion's
+//! `SortExec`, which spills (`cpu_blocks` counts it).
 
 use std::sync::Arc;
 
@@ -28,12 +33,16 @@ use arrow::row::{RowConverter, SortField};
 use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder, Time};
 use datafusion::physical_plan::sorts::sort::{SortExec, sort_batch};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::TryStreamExt;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 
 use crate::Accelerator;
 use crate::columns::{HostColumn, Repr, encode_for_sort, repr_of};
@@ -176,8 +185,26 @@ impl GpuSortExec {
                 .into_iter()
                 .map(|p| input.execute(p, Arc::clone(&context)))
                 .collect::<Result<Vec<_>>>()?;
-            let batches: Vec<RecordBatch> =
-                futures::stream::select_all(streams).try_collect().await?;
+            let mut rest = futures::stream::select_all(streams);
+            let reservation = MemoryConsumer::new(format!("GpuSortExec[{partition}]"))
+                .register(context.memory_pool());
+            let mut batches: Vec<RecordBatch> = Vec::new();
+            while let Some(batch) = rest.next().await {
+                let batch = batch?;
+                if reservation.try_grow(batch.get_array_memory_size()).is_err() {
+                    batches.push(batch);
+                    metrics.cpu_blocks.add(1);
+                    return on_the_cpu(&twin, batches, rest.boxed(), reservation, context);
+                }
+                batches.push(batch);
+            }
+            // The sorted copy beside the input (the device's chunks, then
+            // their merge).
+            if reservation.try_grow(reservation.size()).is_err() {
+                metrics.cpu_blocks.add(1);
+                let none = futures::stream::empty().boxed();
+                return on_the_cpu(&twin, batches, none, reservation, context);
+            }
             let all = concat_batches(&input.schema(), &batches)?;
             drop(batches);
             let sorted = tokio::task::spawn_blocking(move || {
@@ -189,7 +216,15 @@ impl GpuSortExec {
                 .step_by(batch_size)
                 .map(|o| Ok(sorted.slice(o, batch_size.min(sorted.num_rows() - o))))
                 .collect();
-            Ok::<_, DataFusionError>(futures::stream::iter(pieces))
+            // The reservation goes with the last piece handed on.
+            let held = futures::stream::iter(pieces).chain(
+                futures::stream::once(async move {
+                    drop(reservation);
+                    None::<Result<RecordBatch>>
+                })
+                .filter_map(futures::future::ready),
+            );
+            Ok::<_, DataFusionError>(held.boxed())
         })
         .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, sorted)))
@@ -236,6 +271,69 @@ struct Metrics {
     gpu_blocks: Count,
     cpu_blocks: Count,
     kernel: Time,
+}
+
+/// The rows read so far (`read`) and the rest of the input sorted by
+/// DataFusion's `SortExec` as `twin` says, which spills where the memory
+/// does not take them all; `reservation` (what `read` held) is given back
+/// first.
+fn on_the_cpu(
+    twin: &SortExec,
+    read: Vec<RecordBatch>,
+    rest: BoxStream<'static, Result<RecordBatch>>,
+    reservation: MemoryReservation,
+    context: Arc<TaskContext>,
+) -> Result<BoxStream<'static, Result<RecordBatch>>> {
+    reservation.free();
+    let schema = twin.input().schema();
+    let rows = futures::stream::iter(read.into_iter().map(Ok)).chain(rest);
+    let source = Arc::new(ReadOnce {
+        schema: Arc::clone(&schema),
+        stream: std::sync::Mutex::new(Some(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&schema),
+            rows,
+        )))),
+    });
+    let input = StreamingTableExec::try_new(schema, vec![source], None, Vec::new(), false, None)?;
+    let cpu = SortExec::new(twin.expr().clone(), Arc::new(input)).with_fetch(twin.fetch());
+    Ok(cpu.execute(0, context)?.boxed())
+}
+
+/// A stream as a plan's one partition, read once (the CPU sort's input).
+struct ReadOnce {
+    schema: datafusion::arrow::datatypes::SchemaRef,
+    stream: std::sync::Mutex<Option<SendableRecordBatchStream>>,
+}
+
+impl std::fmt::Debug for ReadOnce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReadOnce")
+    }
+}
+
+impl PartitionStream for ReadOnce {
+    fn schema(&self) -> &datafusion::arrow::datatypes::SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let taken = self
+            .stream
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        match taken {
+            Some(stream) => stream,
+            None => Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&self.schema),
+                futures::stream::once(async {
+                    Err(DataFusionError::Internal(
+                        "GpuSortExec's input was read already".into(),
+                    ))
+                }),
+            )),
+        }
+    }
 }
 
 /// `all` sorted as `twin` says: on the device in chunks of `chunk_rows`

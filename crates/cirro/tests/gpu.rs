@@ -220,6 +220,33 @@ fn tpch_and_ssb_answers_with_gpu_forced_and_without_a_device() {
     assert!(hits_again > hits, "{out}");
 }
 
+/// The GPU sort's rows on the host count against the query's memory: under
+/// a limit that cannot hold its input it hands the rows to the CPU's sort
+/// (which needs only the top rows here), with the same answer.
+#[test]
+fn a_gpu_sort_over_its_memory_goes_to_the_cpu_sort() {
+    let data = DataDir::new();
+    data.sql_ok(
+        "CREATE TABLE s AS SELECT value * 7919 % 2000003 AS k, value AS v \
+         FROM generate_series(1, 2000000)",
+    );
+    let query = "SELECT k, v FROM s ORDER BY k DESC, v LIMIT 5";
+    let expected = common::answer_after(&data, "SET gpu = off", query);
+    let analyzed =
+        |sets: &str| data.sql_ok(&format!("SET gpu = force; {sets}; EXPLAIN ANALYZE {query}"));
+    let free = analyzed("SET memory_limit = '1GB'");
+    assert!(free.contains("GpuSortExec"), "{free}");
+    assert_eq!(metric(&free, "cpu_blocks"), 0, "{free}");
+    // 2 M rows of two BIGINTs: 32 MB read, more than 16 MB holds.
+    let tight = analyzed("SET memory_limit = '16MB'");
+    assert!(tight.contains("GpuSortExec"), "{tight}");
+    assert!(metric(&tight, "cpu_blocks") >= 1, "{tight}");
+    assert_eq!(
+        common::answer_after(&data, "SET gpu = force; SET memory_limit = '16MB'", query),
+        expected
+    );
+}
+
 #[test]
 fn the_gpu_setting_takes_off_on_and_force() {
     let data = DataDir::new();

@@ -1,6 +1,9 @@
 //! `SharedExec`: one copy of a subtree that a plan holds several times,
 //! each output partition run once on a task of its own and its batches
-//! handed to every occurrence (placed by `rules/shared.rs`).
+//! handed to every occurrence (placed by `rules/shared.rs`). The batches
+//! kept count against the query's memory while they are kept; a partition
+//! that outgrows it fails the query with 53200 naming `SharedExec` (the
+//! occurrences read one copy, so none can run it again alone).
 
 use std::sync::{Arc, Mutex};
 
@@ -9,6 +12,7 @@ use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -17,7 +21,14 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
-type Output = std::result::Result<Arc<Vec<RecordBatch>>, Arc<DataFusionError>>;
+type Output = std::result::Result<Arc<Kept>, Arc<DataFusionError>>;
+
+/// A partition's batches and the memory they hold.
+#[derive(Debug)]
+struct Kept {
+    batches: Vec<RecordBatch>,
+    reservation: MemoryReservation,
+}
 
 /// The one copy of a shared subtree and its output partitions, each
 /// started once.
@@ -52,13 +63,21 @@ impl SharedState {
         if let Some(output) = slot.as_ref() {
             return Ok(output.clone());
         }
-        let stream = self.input.execute(partition, context)?;
+        let reservation =
+            MemoryConsumer::new(format!("SharedExec[{partition}]")).register(context.memory_pool());
+        let mut stream = self.input.execute(partition, context)?;
         let task = SpawnedTask::spawn(async move {
-            stream
-                .try_collect::<Vec<_>>()
-                .await
-                .map(Arc::new)
-                .map_err(Arc::new)
+            let mut kept = Kept {
+                batches: Vec::new(),
+                reservation,
+            };
+            while let Some(batch) = stream.try_next().await.map_err(Arc::new)? {
+                kept.reservation
+                    .try_grow(batch.get_array_memory_size())
+                    .map_err(Arc::new)?;
+                kept.batches.push(batch);
+            }
+            Ok(Arc::new(kept))
         });
         let output = async move {
             match task.join().await {
@@ -137,7 +156,8 @@ impl ExecutionPlan for SharedExec {
         let output = self.state.output(partition, context)?;
         let batches = futures::stream::once(async move {
             let batches = output.await.map_err(DataFusionError::Shared)?;
-            let replay: Vec<Result<RecordBatch>> = batches.iter().cloned().map(Ok).collect();
+            let replay: Vec<Result<RecordBatch>> =
+                batches.batches.iter().cloned().map(Ok).collect();
             Ok::<_, DataFusionError>(futures::stream::iter(replay))
         })
         .try_flatten();
@@ -145,5 +165,54 @@ impl ExecutionPlan for SharedExec {
             self.input.schema(),
             batches.boxed(),
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{MemoryBudget, QueryMemory};
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::execution::runtime_env::RuntimeEnv;
+
+    /// Two occurrences of a shared scan of 200,000 rows under a query
+    /// memory of `limit` bytes: the rows each occurrence reads.
+    async fn read_twice(limit: usize) -> Result<Vec<usize>> {
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from_iter_values(0..100_000))],
+        )?;
+        let input = MemorySourceConfig::try_new_exec(&[vec![batch.clone(), batch]], schema, None)?;
+        let state = Arc::new(SharedState::new(input, 1));
+        let mut runtime = RuntimeEnv::default();
+        runtime.memory_pool = Arc::new(QueryMemory::new(
+            limit,
+            Arc::new(MemoryBudget::new(1 << 40)),
+        ));
+        let context = Arc::new(TaskContext::default().with_runtime(Arc::new(runtime)));
+        let mut rows = Vec::new();
+        for _ in 0..2 {
+            let occurrence = SharedExec::new(Arc::clone(&state));
+            let batches: Vec<RecordBatch> = occurrence
+                .execute(0, Arc::clone(&context))?
+                .try_collect()
+                .await?;
+            rows.push(batches.iter().map(RecordBatch::num_rows).sum());
+        }
+        Ok(rows)
+    }
+
+    #[tokio::test]
+    async fn the_kept_batches_count_against_the_querys_memory() {
+        assert_eq!(
+            read_twice(64 << 20).await.expect("fits"),
+            [200_000, 200_000]
+        );
+        // 1.6 MB of rows kept: more than 1 MB holds.
+        let err = read_twice(1 << 20).await.expect_err("over the limit");
+        assert!(err.to_string().contains("SharedExec[0]"), "{err}");
     }
 }
