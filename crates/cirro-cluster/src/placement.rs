@@ -40,6 +40,15 @@
 //! (`distributed.rs`) sends the task there. Bucketed scans are not marked:
 //! the router sends each of their tasks to the node holding most of its
 //! bytes, so bucket b of every table scanned in a stage goes to one node.
+//!
+//! **Cache affinity.** Other scans split into several tasks (local storage,
+//! S3, HDFS files without block locations) are split the same way, each file
+//! range belonging to the node that rendezvous hashing picks for it
+//! ([`affinity`]): the same range goes to the same node query after query,
+//! from whichever node coordinates, so that each node's hot-data and disk
+//! tiers hold a stable slice of the data; when a node joins or leaves, only
+//! the ranges it gains or held move. A scan of one task stays where the
+//! router puts it (the coordinator).
 
 use std::sync::Arc;
 
@@ -78,11 +87,17 @@ impl ScaleUpLeafNodeHandler for ScanPlacement {
             return bucketed_scan_tasks(&ev, scan);
         }
         let files: Vec<&PartitionedFile> = scan.file_groups.iter().flat_map(|g| g.iter()).collect();
-        if !files.iter().any(|f| f.extension::<Located>().is_some()) {
+        let located = files.iter().any(|f| f.extension::<Located>().is_some());
+        if !located && ev.task_count <= 1 {
             return None;
         }
         let nodes = self.workers.live();
-        let variants = local_split(scan, &files, ev.task_count.max(1), &nodes);
+        let owners = if located {
+            holders(&files, &nodes)
+        } else {
+            affinity(&files, &nodes).into_iter().map(Some).collect()
+        };
+        let variants = local_split(scan, &files, &owners, ev.task_count.max(1), &nodes);
         Some(
             DistributedLeafExec::try_new(Arc::clone(ev.plan), variants)
                 .map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf))),
@@ -95,19 +110,14 @@ impl ScaleUpLeafNodeHandler for ScanPlacement {
 #[derive(Debug, Clone)]
 pub(crate) struct TaskNode(pub(crate) Url);
 
-/// The per-task scans of a locality split (see the module docs).
-fn local_split(
-    scan: &FileScanConfig,
-    files: &[&PartitionedFile],
-    tasks: usize,
-    nodes: &[LiveNode],
-) -> Vec<Arc<dyn ExecutionPlan>> {
-    // Each file's size and the node holding most of it.
-    let sized: Vec<(u64, Option<usize>)> = files
+/// Each file's node by its HDFS blocks: the live node holding most of its
+/// bytes (None where no live node holds any).
+fn holders(files: &[&PartitionedFile], nodes: &[LiveNode]) -> Vec<Option<usize>> {
+    files
         .iter()
         .map(|file| {
-            let (range, size) = file_range(file);
-            let best = file.extension::<Located>().and_then(|located| {
+            let (range, _) = file_range(file);
+            file.extension::<Located>().and_then(|located| {
                 nodes
                     .iter()
                     .enumerate()
@@ -115,9 +125,111 @@ fn local_split(
                     .filter(|(bytes, _)| *bytes > 0)
                     .max_by_key(|(bytes, i)| (*bytes, std::cmp::Reverse(*i)))
                     .map(|(_, i)| i)
-            });
-            (size, best)
+            })
         })
+        .collect()
+}
+
+/// How far above its share of the bytes (by cores) [`affinity`] lets a
+/// node's slice grow before a range goes to its next choice.
+const AFFINITY_SLACK: f64 = 1.05;
+
+/// Each file range's node (an index into `nodes`), by rendezvous hashing
+/// with bounded loads: every node scores a range by a hash of the two (a
+/// fixed function, so every coordinator agrees), weighted by its cores;
+/// ranges go, largest first, to the best-scoring node whose slice stays
+/// within [`AFFINITY_SLACK`] of its share of the bytes, else to their best.
+/// A range's order of nodes does not depend on the other nodes, so when a
+/// node joins only the ranges it now wins move to it, and when one leaves
+/// only its own move (give or take the few the bound pushes along).
+fn affinity(files: &[&PartitionedFile], nodes: &[LiveNode]) -> Vec<usize> {
+    let units: Vec<(String, u64)> = files
+        .iter()
+        .map(|file| {
+            let (range, size) = file_range(file);
+            let start = range.map_or(0, |(start, _)| start);
+            (format!("{}@{start}", file.object_meta.location), size)
+        })
+        .collect();
+    let keys: Vec<(String, f64)> = nodes
+        .iter()
+        .map(|n| (n.url.to_string(), n.cores.max(1.0)))
+        .collect();
+    rendezvous(&units, &keys)
+}
+
+/// [`affinity`] over `units` (key, bytes) and `nodes` (key, weight).
+fn rendezvous(units: &[(String, u64)], nodes: &[(String, f64)]) -> Vec<usize> {
+    if nodes.is_empty() {
+        return vec![0; units.len()];
+    }
+    let total: f64 = units.iter().map(|(_, size)| *size as f64).sum();
+    let weights: f64 = nodes.iter().map(|(_, w)| *w).sum();
+    let caps: Vec<f64> = nodes
+        .iter()
+        .map(|(_, w)| total * w / weights * AFFINITY_SLACK)
+        .collect();
+    let mut order: Vec<usize> = (0..units.len()).collect();
+    order.sort_by(|a, b| {
+        units[*b]
+            .1
+            .cmp(&units[*a].1)
+            .then(units[*a].0.cmp(&units[*b].0))
+    });
+    let mut held = vec![0f64; nodes.len()];
+    let mut owner = vec![0usize; units.len()];
+    for u in order {
+        let (key, size) = &units[u];
+        // Weighted rendezvous: -w / ln(h), h uniform in (0, 1).
+        let mut ranked: Vec<(f64, usize)> = nodes
+            .iter()
+            .enumerate()
+            .map(|(n, (node, weight))| {
+                let h = (stable_hash(node, key) >> 11) as f64 / (1u64 << 53) as f64;
+                (-weight / h.max(f64::MIN_POSITIVE).ln(), n)
+            })
+            .collect();
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let n = ranked
+            .iter()
+            .map(|(_, n)| *n)
+            .find(|n| held[*n] + *size as f64 <= caps[*n])
+            .unwrap_or(ranked[0].1);
+        held[n] += *size as f64;
+        owner[u] = n;
+    }
+    owner
+}
+
+/// A hash of a node's key and a range's key that every node computes
+/// alike (FNV-1a, then SplitMix64's finalizer to spread the bits).
+fn stable_hash(node: &str, unit: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in node.bytes().chain([0u8]).chain(unit.bytes()) {
+        h ^= u64::from(byte);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// The per-task scans of a split by node (see the module docs): `owners`
+/// gives each file's node (None: none).
+fn local_split(
+    scan: &FileScanConfig,
+    files: &[&PartitionedFile],
+    owners: &[Option<usize>],
+    tasks: usize,
+    nodes: &[LiveNode],
+) -> Vec<Arc<dyn ExecutionPlan>> {
+    // Each file's size and its node.
+    let sized: Vec<(u64, Option<usize>)> = files
+        .iter()
+        .zip(owners)
+        .map(|(file, owner)| (file_range(file).1, *owner))
         .collect();
     let mut owned = vec![0u64; nodes.len()];
     for (size, best) in &sized {
@@ -369,7 +481,7 @@ mod tests {
         let config = scan(files, 2);
         let refs: Vec<&PartitionedFile> =
             config.file_groups.iter().flat_map(|g| g.iter()).collect();
-        local_split(&config, &refs, tasks, nodes)
+        local_split(&config, &refs, &holders(&refs, nodes), tasks, nodes)
             .iter()
             .map(|variant| {
                 let scan = variant
@@ -461,5 +573,74 @@ mod tests {
             .filter(|(_, m)| m.as_deref() == Some("a"))
             .count();
         assert_eq!(on_a, 2, "{tasks:?}");
+    }
+
+    /// Rendezvous keys of `n` equal ranges and of nodes named `names`.
+    fn ranges(n: usize) -> Vec<(String, u64)> {
+        (0..n)
+            .map(|i| (format!("t/part-{i:05}.parquet@0"), 1000))
+            .collect()
+    }
+
+    fn weighted(names: &[&str]) -> Vec<(String, f64)> {
+        names
+            .iter()
+            .map(|n| (format!("http://{n}:7000/"), 2.0))
+            .collect()
+    }
+
+    fn owners_by_name(units: &[(String, u64)], names: &[&str]) -> Vec<String> {
+        rendezvous(units, &weighted(names))
+            .into_iter()
+            .map(|n| names[n].to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_membership_change_moves_only_the_share_of_the_node_that_came_or_went() {
+        let units = ranges(1000);
+        let three = owners_by_name(&units, &["a", "b", "c"]);
+        // Balanced: each node within the bound of its third.
+        for name in ["a", "b", "c"] {
+            let held = three.iter().filter(|o| *o == name).count();
+            assert!((300..=350).contains(&held), "{name} holds {held}");
+        }
+        // Stable: the same answer every time, in any order of the nodes.
+        assert_eq!(three, owners_by_name(&units, &["a", "b", "c"]));
+        assert_eq!(three, owners_by_name(&units, &["c", "a", "b"]));
+        // A fourth node joins: at most 1/4 + 5 % of the ranges move, and
+        // (nearly) all of those to it.
+        let four = owners_by_name(&units, &["a", "b", "c", "d"]);
+        let moved: Vec<usize> = (0..units.len()).filter(|i| three[*i] != four[*i]).collect();
+        assert!(moved.len() <= 300, "{} of 1000 moved", moved.len());
+        let to_d = moved.iter().filter(|i| four[**i] == "d").count();
+        assert!(
+            to_d * 100 >= moved.len() * 95,
+            "{to_d} of {} went to d",
+            moved.len()
+        );
+        // c leaves: at most 1/3 + 5 % move, (nearly) all of them c's.
+        let two = owners_by_name(&units, &["a", "b"]);
+        let moved: Vec<usize> = (0..units.len()).filter(|i| three[*i] != two[*i]).collect();
+        assert!(moved.len() <= 383, "{} of 1000 moved", moved.len());
+        let from_c = moved.iter().filter(|i| three[**i] == "c").count();
+        assert!(
+            from_c * 100 >= moved.len() * 95,
+            "{from_c} of {} were c's",
+            moved.len()
+        );
+    }
+
+    #[test]
+    fn a_few_ranges_are_dealt_evenly() {
+        let units = ranges(6);
+        let owners = owners_by_name(&units, &["a", "b", "c"]);
+        for name in ["a", "b", "c"] {
+            assert_eq!(
+                owners.iter().filter(|o| *o == name).count(),
+                2,
+                "{owners:?}"
+            );
+        }
     }
 }

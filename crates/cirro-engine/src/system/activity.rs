@@ -100,6 +100,9 @@ pub trait ClusterActivity: Send + Sync {
     /// Cancel statement `id` on node `node` for `user` (the node checks the
     /// user's rights as its own `CANCEL QUERY` does). Ok(false): none.
     async fn cancel_query(&self, node: u32, id: i64, user: Option<&str>) -> Result<bool>;
+    /// The hot-data and disk tiers of every other live node, by data file
+    /// (an unreachable node is left out, with a warning).
+    async fn cache(&self) -> Vec<crate::system::CacheRow>;
     /// Signal backend `pid` on node `node` for `user`. Ok(false): none.
     async fn signal(
         &self,
@@ -519,6 +522,14 @@ impl Activity {
             views.extend(cluster.queries(plans).await);
         }
         views
+    }
+
+    /// The other nodes' tiers by data file (none on a single node).
+    pub async fn cluster_cache(&self) -> Vec<crate::system::CacheRow> {
+        match self.cluster.get() {
+            Some(cluster) => cluster.cache().await,
+            None => Vec::new(),
+        }
     }
 
     /// [`Activity::cancel_query`] for a statement of any node.

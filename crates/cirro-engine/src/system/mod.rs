@@ -65,7 +65,18 @@ impl SchemaProvider for SystemSchema {
     async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
         match name {
             "nodes" => Ok(Some(nodes_table(&self.nodes())?)),
-            "cache" => Ok(Some(cache_table(&self.node)?)),
+            "cache" => {
+                // This node's tiers, then (on a cluster) every other node's.
+                let me = match self.catalog.coordination() {
+                    Some(cluster) => cluster.node_id(),
+                    None => "local".to_string(),
+                };
+                let mut rows = cache_rows(&self.node, &me);
+                if let Some(backend) = self.backend.get() {
+                    rows.extend(backend.activity().cluster_cache().await);
+                }
+                Ok(Some(cache_table(&rows)?))
+            }
             "gpu" => Ok(Some(gpu_table(&self.node)?)),
             "jit" => Ok(Some(jit_table(&self.node)?)),
             "statistics" => Ok(Some(statistics_table(&self.catalog)?)),
@@ -298,51 +309,75 @@ fn jit_table(node: &crate::node::Node) -> DfResult<Arc<dyn TableProvider>> {
     ])
 }
 
-fn cache_table(node: &crate::node::Node) -> DfResult<Arc<dyn TableProvider>> {
-    // The memory tier's files, then the disk tier's (full URLs).
-    let mut rows: Vec<(String, cirro_storage::cache::FileCounts, &str)> = node
+/// A row of `cirro.cache`: one data file's entries in one tier of one node.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct CacheRow {
+    pub node: String,
+    pub file: String,
+    pub entries: u64,
+    pub bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub priority: Option<String>,
+    pub tier: String,
+    pub repairs: u64,
+}
+
+/// `node`'s tiers by data file, as node `id`: the memory tier's files, then
+/// the disk tier's (full URLs).
+pub fn cache_rows(node: &crate::node::Node, id: &str) -> Vec<CacheRow> {
+    let row = |file: String, c: cirro_storage::cache::FileCounts, tier: &str| CacheRow {
+        node: id.to_string(),
+        file,
+        entries: c.entries,
+        bytes: c.bytes,
+        hits: c.hits,
+        misses: c.misses,
+        priority: c.priority.map(|p| p.name().to_string()),
+        tier: tier.to_string(),
+        repairs: c.repairs,
+    };
+    let mut rows: Vec<CacheRow> = node
         .cache()
         .by_file()
         .into_iter()
-        .map(|(file, counts)| (file, counts, "memory"))
+        .map(|(file, counts)| row(file, counts, "memory"))
         .collect();
     if let Some(disk) = node.disk() {
         rows.extend(
             disk.by_file()
                 .into_iter()
-                .map(|(file, counts)| (file, counts, "disk")),
+                .map(|(file, counts)| row(file, counts, "disk")),
         );
     }
-    let int64 = |f: &dyn Fn(&cirro_storage::cache::FileCounts) -> u64| {
+    rows
+}
+
+fn cache_table(rows: &[CacheRow]) -> DfResult<Arc<dyn TableProvider>> {
+    let int64 = |f: &dyn Fn(&CacheRow) -> u64| {
         Arc::new(Int64Array::from_iter_values(
-            rows.iter().map(|(_, c, _)| f(c) as i64),
+            rows.iter().map(|r| f(r) as i64),
         )) as ArrayRef
     };
+    let text = |f: &dyn Fn(&CacheRow) -> &str| {
+        Arc::new(StringArray::from_iter_values(rows.iter().map(f))) as ArrayRef
+    };
     memory_table(vec![
-        (
-            "file",
-            Arc::new(StringArray::from_iter_values(
-                rows.iter().map(|(f, _, _)| f),
-            )) as ArrayRef,
-        ),
-        ("entries", int64(&|c| c.entries)),
-        ("bytes", int64(&|c| c.bytes)),
-        ("hits", int64(&|c| c.hits)),
-        ("misses", int64(&|c| c.misses)),
+        ("node", text(&|r| &r.node)),
+        ("file", text(&|r| &r.file)),
+        ("entries", int64(&|r| r.entries)),
+        ("bytes", int64(&|r| r.bytes)),
+        ("hits", int64(&|r| r.hits)),
+        ("misses", int64(&|r| r.misses)),
         (
             "priority",
             Arc::new(StringArray::from(
                 rows.iter()
-                    .map(|(_, c, _)| c.priority.map(|p| p.name()))
+                    .map(|r| r.priority.as_deref())
                     .collect::<Vec<_>>(),
             )),
         ),
-        (
-            "tier",
-            Arc::new(StringArray::from_iter_values(
-                rows.iter().map(|(_, _, tier)| *tier),
-            )),
-        ),
-        ("repairs", int64(&|c| c.repairs)),
+        ("tier", text(&|r| &r.tier)),
+        ("repairs", int64(&|r| r.repairs)),
     ])
 }

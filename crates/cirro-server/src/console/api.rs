@@ -452,6 +452,24 @@ pub(crate) async fn internal_queries(
     json(&serde_json::to_value(console.shared.activity.queries_with(plans)).unwrap_or(Value::Null))
 }
 
+/// Another node asks for this node's hot-data and disk tiers by data file
+/// (its `cirro.cache` rows).
+pub(crate) async fn internal_cache(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+) -> Response<Body> {
+    if !matches!(caller!(console, headers), Caller::Node) {
+        return only_nodes();
+    }
+    let shared = &console.shared;
+    let me = match shared.catalog.coordination() {
+        Some(cluster) => cluster.node_id(),
+        None => "local".to_string(),
+    };
+    let rows = cirro_engine::system::cache_rows(&shared.engine.node, &me);
+    json(&serde_json::to_value(rows).unwrap_or(Value::Null))
+}
+
 fn only_nodes() -> Response<Body> {
     error(
         StatusCode::FORBIDDEN,

@@ -160,6 +160,7 @@ fn router(console: Arc<Console>) -> Router {
         .route("/api/history", get(api::history))
         .route("/metrics", get(api::metrics))
         .route("/internal/queries", get(api::internal_queries))
+        .route("/internal/cache", get(api::internal_cache))
         .route("/internal/queries/{id}/cancel", post(api::internal_cancel))
         .route(
             "/internal/backends/{pid}/{signal}",

@@ -1,6 +1,6 @@
 //! Requests to the other nodes' HTTP APIs (`/internal/…`), proved with the
-//! cluster secret: the cluster-wide list of statements and cancels of
-//! statements that run elsewhere. Over TLS when this node's console uses
+//! cluster secret: the cluster-wide lists of statements and of the nodes'
+//! hot-data tiers, and cancels of statements that run elsewhere. Over TLS when this node's console uses
 //! TLS, trusting the certificates of this node's own chain (the nodes of a
 //! cluster share a certificate or its issuer).
 
@@ -82,9 +82,11 @@ impl ClusterPeers {
     }
 }
 
-#[async_trait::async_trait]
-impl cirro_engine::activity::ClusterActivity for ClusterPeers {
-    async fn queries(&self, plans: bool) -> Vec<cirro_engine::activity::QueryView> {
+impl ClusterPeers {
+    /// GET `path` from every other live node: their JSON lists, together
+    /// (a node that does not answer is left out with a warning naming
+    /// `what`: a dead node runs nothing and holds nothing).
+    async fn gather<T: serde::de::DeserializeOwned>(&self, path: &str, what: &str) -> Vec<T> {
         let me = self.cluster.me();
         let others: Vec<_> = cirro_catalog::Coordination::nodes(self.cluster.as_ref())
             .into_iter()
@@ -93,16 +95,7 @@ impl cirro_engine::activity::ClusterActivity for ClusterPeers {
         let answers = futures::future::join_all(others.iter().map(|node| async move {
             let answer = self
                 .peers
-                .call(
-                    &node.http,
-                    Method::GET,
-                    if plans {
-                        "/internal/queries"
-                    } else {
-                        "/internal/queries?plans=false"
-                    },
-                    None,
-                )
+                .call(&node.http, Method::GET, path, None)
                 .await
                 .and_then(|(status, body)| {
                     if !status.is_success() {
@@ -111,20 +104,36 @@ impl cirro_engine::activity::ClusterActivity for ClusterPeers {
                             format!("node {}: {status}: {body}", node.id),
                         ));
                     }
-                    serde_json::from_value::<Vec<cirro_engine::activity::QueryView>>(body)
+                    serde_json::from_value::<Vec<T>>(body)
                         .map_err(|e| CirroError::internal(format!("node {}: {e}", node.id)))
                 });
             (node, answer)
         }))
         .await;
-        let mut views = Vec::new();
+        let mut all = Vec::new();
         for (node, answer) in answers {
             match answer {
-                Ok(list) => views.extend(list),
-                Err(e) => log::warn!("statements of node {} left out: {}", node.id, e.message),
+                Ok(list) => all.extend(list),
+                Err(e) => log::warn!("{what} of node {} left out: {}", node.id, e.message),
             }
         }
-        views
+        all
+    }
+}
+
+#[async_trait::async_trait]
+impl cirro_engine::activity::ClusterActivity for ClusterPeers {
+    async fn queries(&self, plans: bool) -> Vec<cirro_engine::activity::QueryView> {
+        let path = if plans {
+            "/internal/queries"
+        } else {
+            "/internal/queries?plans=false"
+        };
+        self.gather(path, "statements").await
+    }
+
+    async fn cache(&self) -> Vec<cirro_engine::system::CacheRow> {
+        self.gather("/internal/cache", "the cache").await
     }
 
     async fn cancel_query(&self, node: u32, id: i64, user: Option<&str>) -> Result<bool> {
