@@ -835,6 +835,9 @@ impl ClusterPlanner {
         if !distributable(inner) {
             return self.local.optimize_head(plan, session.config_options());
         }
+        // Choices that depend on what crosses the network (how each grouped
+        // aggregation meets its shuffle), before the stages are cut.
+        let plan = self.local.before_cut(plan, session.config_options());
         // Where the blocks of HDFS scans are, for task placement.
         let plan = self.locator.locate(plan).await;
         let plan = DeletionVectorsExec::wrap_scans(plan)?;

@@ -53,6 +53,9 @@ use cirro_exec::distribution::{LocalRules, OptionList, OptionVisitor};
 #[derive(Clone)]
 pub struct LocalPlanning {
     rules: Arc<LocalRules>,
+    /// What the coordinator applies to a whole plan before it cuts it into
+    /// stages (choices that depend on the rows crossing the network).
+    cut: Arc<LocalRules>,
     propagate: fn(&mut SessionConfig),
     receive: fn(&mut SessionConfig, &HeaderMap) -> DfResult<()>,
 }
@@ -65,10 +68,12 @@ impl fmt::Debug for LocalPlanning {
 }
 
 impl LocalPlanning {
-    /// `rules`, reading the options `O` lists.
-    pub fn new<O: OptionList>(rules: LocalRules) -> Self {
+    /// `rules` on every node, `cut` on a coordinator's plan before it is
+    /// cut into stages, reading the options `O` lists.
+    pub fn new<O: OptionList>(rules: LocalRules, cut: LocalRules) -> Self {
         Self {
             rules: Arc::new(rules),
+            cut: Arc::new(cut),
             propagate: |config| O::visit(&mut Propagate(config)),
             receive: |config, headers| {
                 let mut receive = Receive {
@@ -96,6 +101,23 @@ impl LocalPlanning {
     /// The handler a worker's session rewrites each task with.
     pub(crate) fn worker_rules(&self) -> WorkerRules {
         WorkerRules(Arc::clone(&self.rules))
+    }
+
+    /// A plan about to be cut into stages, with the `cut` rules applied in
+    /// order; a rule that fails is skipped (the plan is still right
+    /// without it).
+    pub(crate) fn before_cut(
+        &self,
+        mut plan: Arc<dyn ExecutionPlan>,
+        options: &ConfigOptions,
+    ) -> Arc<dyn ExecutionPlan> {
+        for rule in self.cut.iter() {
+            match rule.optimize(Arc::clone(&plan), options) {
+                Ok(optimized) => plan = optimized,
+                Err(e) => log::warn!("{} left out: {e}", rule.name()),
+            }
+        }
+        plan
     }
 
     /// The coordinator's part of a plan: everything above the network

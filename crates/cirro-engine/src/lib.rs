@@ -35,7 +35,7 @@ pub use cirro_sql::{
     CopyIn, CopyOutSource, SettingStatement, TextFormat, is_complete, split_statements,
 };
 pub use node::{Node, NodeConfig};
-pub use planner::{EngineOptions, local_rules};
+pub use planner::{EngineOptions, cut_rules, local_rules};
 pub use session::prepared::{NUMERIC_AT_BIND, Prepared};
 pub use session::settings::SERVER_VERSION;
 pub use session::{Engine, EngineConfig, Flag};

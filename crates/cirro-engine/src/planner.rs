@@ -150,25 +150,25 @@ fn analyzer_entries() -> Vec<Entry<Analyzer>> {
     ]
 }
 
-/// The logical optimizer's rules Cirro adds after DataFusion's. `scans`
-/// reads the statistics of Cirro's tables; a cluster node (`distributed`)
-/// keeps the FROM order, the co-located joins first.
-pub(crate) fn logical_rules(distributed: bool) -> Vec<Logical> {
-    let mut rules: Vec<Logical> = Vec::new();
-    if !distributed {
+/// The logical optimizer's rules Cirro adds after DataFusion's, on a single
+/// node and on a cluster alike: the join order the tables' statistics give
+/// (the smallest estimated join first, which on a cluster also keeps the
+/// rows every later join shuffles fewest), then the co-located joins first.
+pub(crate) fn logical_rules() -> Vec<Logical> {
+    vec![
         // After DataFusion's rewrites: orders the joins it leaves, by the
-        // tables' statistics.
-        rules.push(Arc::new(cirro::ReorderJoins::new(
+        // tables' statistics (groups of two or more bucketed tables are
+        // left to the next rule).
+        Arc::new(cirro::ReorderJoins::new(
             scan_rows,
             scan_keys,
             scan_range,
             scan_buckets,
-        )));
-    }
-    // After the join order is settled: joins of tables bucketed alike
-    // run first, without a shuffle.
-    rules.push(Arc::new(cirro::CoLocatedJoinsFirst::new(scan_buckets)));
-    rules
+        )),
+        // After the join order is settled: joins of tables bucketed alike
+        // run first, without a shuffle.
+        Arc::new(cirro::CoLocatedJoinsFirst::new(scan_buckets)),
+    ]
 }
 
 /// The coordinator's physical rules: DataFusion's with Cirro's among them.
@@ -250,6 +250,16 @@ pub fn local_rules(node: &Node) -> Vec<Physical> {
     // After every rewrite: it shares subtrees that print alike.
     rules.push(Arc::new(cirro::SharedSubplans));
     rules
+}
+
+/// The physical rules a cluster's coordinator applies to a whole plan
+/// after the coordinator's, just before it cuts the plan into stages: the
+/// choices that depend on what crosses the network.
+pub fn cut_rules() -> Vec<Physical> {
+    // Whether each grouped aggregation pre-aggregates before its shuffle
+    // or shuffles its rows (on a single node, adaptive aggregation above
+    // chooses instead, for one node's threads).
+    vec![Arc::new(cirro::AggregationExchange)]
 }
 
 /// The GPU's operators as the hot-data tier's rule sees them (by their
@@ -335,7 +345,7 @@ pub(crate) fn session_state(
     if let Some(functions) = builder.aggregate_functions() {
         cirro_exec::functions::replace_udafs(functions);
     }
-    for rule in logical_rules(distributed) {
+    for rule in logical_rules() {
         builder = builder.with_optimizer_rule(rule);
     }
     let mut physical = coordinator_rules();
@@ -442,16 +452,11 @@ mod tests {
                 "cirro_guard_fallible_conditions",
             ]
         );
-        let logical: Vec<String> = logical_rules(false)
+        let logical: Vec<String> = logical_rules()
             .iter()
             .map(|r| r.name().to_string())
             .collect();
         assert_eq!(logical, ["reorder_joins", "co_located_joins_first"]);
-        let cluster: Vec<String> = logical_rules(true)
-            .iter()
-            .map(|r| r.name().to_string())
-            .collect();
-        assert_eq!(cluster, ["co_located_joins_first"]);
         assert_eq!(
             names(&coordinator_rules()),
             [
@@ -497,6 +502,7 @@ mod tests {
             "cirro_shared_subplans",
         ]);
         assert_eq!(names(&local_rules(&Node::default())), local);
+        assert_eq!(names(&cut_rules()), ["cirro_aggregation_exchange"]);
     }
 
     /// Every place names a rule DataFusion has: a rule placed before or

@@ -62,6 +62,7 @@ impl Member {
             Arc::clone(runtime),
             cirro_cluster::local::LocalPlanning::new::<cirro_engine::EngineOptions>(
                 cirro_engine::local_rules(node),
+                cirro_engine::cut_rules(),
             ),
         )?;
         let worker_tasks =

@@ -279,10 +279,22 @@ fn a_single_node_data_location_opens_in_a_cluster_and_back() {
     );
     let cluster = Cluster::up_in(dir, 2, "local");
     assert_eq!(cluster.sql(2, "SELECT sum(x) FROM before"), "3");
+    // Another process writes into the running cluster's data location (no
+    // member publishes its catalog version): its table is read through
+    // every node without DDL there, and so are its rows in an old table.
+    common::sql_ok_at(
+        &data,
+        "CREATE TABLE beside AS SELECT 7 AS z; INSERT INTO before VALUES (4)",
+    );
+    assert_eq!(cluster.sql(2, "SELECT z FROM beside"), "7");
+    assert_eq!(
+        cluster.sql(1, "SELECT z + sum(x) FROM beside, before GROUP BY z"),
+        "14"
+    );
     cluster.sql(1, "CREATE TABLE after AS SELECT x * 10 AS y FROM before");
     cluster.script(&["down"]);
     let out = common::sql_ok_at(&data, "SELECT sum(y) FROM after");
-    assert!(out.contains("30"), "{out}");
+    assert!(out.contains("70"), "{out}");
 }
 
 /// Workers take tasks only from members: a client without the cluster
@@ -486,14 +498,24 @@ fn every_node_runs_its_tasks_with_cirros_engine() {
         common::compare::compare(&String::from_utf8_lossy(&out.stdout), &answer, true)
             .expect("q1's answer");
     }
+    // Through any node, cirro.cache shows every node's tier.
     for node in 1..=3 {
-        let tier = cluster.sql(
+        let nodes = cluster.sql(
             node,
-            "SELECT sum(entries) > 0, sum(hits + misses) > 0 FROM cirro.cache",
+            "SELECT node FROM cirro.cache WHERE entries > 0 GROUP BY node ORDER BY node",
         );
-        // (Hits on every node wait for tasks that go to the same node
-        // every time.)
-        assert_eq!(tier, "t|t", "node{node}'s hot-data tier was not read");
+        assert_eq!(nodes, "node1\nnode2\nnode3", "through node{node}");
+    }
+    for node in 1..=3 {
+        // Each file range goes to the same node every time (cache
+        // affinity), so the second run hits on every node.
+        let tier = cluster.sql(
+            1 + node % 3,
+            &format!(
+                "SELECT sum(entries) > 0, sum(hits) > 0 FROM cirro.cache WHERE node = 'node{node}'"
+            ),
+        );
+        assert_eq!(tier, "t|t", "node{node}'s hot-data tier was not hit");
         let jit = cluster.sql(node, "SELECT compiled > 0 FROM cirro.jit");
         assert_eq!(jit, "t", "node{node} compiled nothing");
     }
@@ -520,6 +542,62 @@ fn every_node_runs_its_tasks_with_cirros_engine() {
             "node{node} did not compile: {after_off:?} -> {after_force:?}"
         );
     }
+    aggregations_choose_what_crosses_the_network(&cluster);
+}
+
+/// A grouped aggregation across nodes pre-aggregates before the shuffle
+/// when its groups are few (l_linenumber: 7) and shuffles the rows when
+/// they are about as many as the rows (l_orderkey, l_linenumber), EXPLAIN
+/// says which and why, `SET aggregation_exchange` forces either, and every
+/// way gives the same answer.
+fn aggregations_choose_what_crosses_the_network(cluster: &Cluster) {
+    let few = "SELECT l_linenumber, count(*), sum(l_quantity) FROM lineitem \
+               GROUP BY l_linenumber ORDER BY 1";
+    let many = "SELECT count(*), sum(s), max(s) FROM (SELECT l_orderkey, l_linenumber, \
+                sum(l_quantity) AS s FROM lineitem GROUP BY l_orderkey, l_linenumber) AS g";
+    let explain = |set: &str, query: &str| -> String {
+        cluster.sql(
+            1,
+            &format!("{SMALL_TASKS}; SET aggregation_exchange = {set}; EXPLAIN {query}"),
+        )
+    };
+    let auto_few = explain("auto", few);
+    assert!(
+        auto_few.contains("aggregation=pre-aggregated (≈7 groups of "),
+        "{auto_few}"
+    );
+    let auto_many = explain("auto", many);
+    assert!(
+        auto_many.contains("aggregation=rows shuffled (≈"),
+        "{auto_many}"
+    );
+    assert!(auto_many.contains("mode=SinglePartitioned"), "{auto_many}");
+    let forced_rows = explain("rows", few);
+    assert!(
+        forced_rows.contains("aggregation=rows shuffled"),
+        "{forced_rows}"
+    );
+    let forced_partial = explain("partial", many);
+    assert!(
+        forced_partial.contains("aggregation=pre-aggregated"),
+        "{forced_partial}"
+    );
+    for query in [few, many] {
+        let answers: Vec<String> = ["auto", "partial", "rows"]
+            .iter()
+            .map(|set| {
+                cluster.sql(
+                    2,
+                    &format!("{SMALL_TASKS}; SET aggregation_exchange = {set}; {query}"),
+                )
+            })
+            .collect();
+        assert!(!answers[0].is_empty());
+        assert_eq!(answers[0], answers[1], "{query}");
+        assert_eq!(answers[0], answers[2], "{query}");
+    }
+    let err = cluster.sql_err(1, "SET aggregation_exchange = sometimes");
+    assert!(err.contains("22023"), "{err}");
 }
 
 /// Rounds of killing a worker during a query (see

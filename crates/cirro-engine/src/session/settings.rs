@@ -22,6 +22,7 @@ pub const SERVER_VERSION: &str = "16.6";
 /// accepted (42704 otherwise); `datafusion.*` settings go to the engine.
 const SETTINGS: &[(&str, &str)] = &[
     ("adaptive_aggregation", "on"),
+    ("aggregation_exchange", "auto"),
     ("application_name", ""),
     ("bytea_output", "hex"),
     ("cache", "on"),
@@ -36,7 +37,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("integer_datetimes", "on"),
     ("intervalstyle", "postgres"),
     ("jit", "on"),
-    ("join_order", "off"),
+    ("join_order", "on"),
     ("lc_messages", "C"),
     ("lc_monetary", "C"),
     ("lc_numeric", "C"),
@@ -246,12 +247,14 @@ impl Engine {
 
     /// Hand a setting that steers planning to the engine: `cache` is the
     /// hot-data tier's switch in the session's DataFusion options,
-    /// `adaptive_aggregation` the aggregation rule's, `jit` the compiling
+    /// `adaptive_aggregation` the aggregation rule's, `aggregation_exchange`
+    /// the cluster's aggregation exchange's, `jit` the compiling
     /// rule's, `join_order` the join ordering rule's, `spill_join` the
     /// spilling hash join's.
     fn apply_setting(&self, name: &str, value: &str) -> Result<()> {
         let (key, value) = match name {
             "adaptive_aggregation" => ("cirro_aggregation.mode", value),
+            "aggregation_exchange" => ("cirro_aggregation.exchange", value),
             "jit" => ("cirro_jit.mode", value),
             #[cfg(feature = "gpu")]
             "gpu" => ("cirro_gpu.mode", value),
@@ -423,6 +426,15 @@ pub(crate) fn checked_value(
             _ => Err(CirroError::new(
                 SqlState::INVALID_PARAMETER_VALUE,
                 format!("invalid value for parameter \"{name}\": \"{value}\" (on or off)"),
+            )),
+        },
+        "aggregation_exchange" => match value.to_ascii_lowercase().as_str() {
+            v @ ("auto" | "partial" | "rows") => Ok(v.to_string()),
+            _ => Err(CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!(
+                    "invalid value for parameter \"{name}\": \"{value}\" (auto, partial or rows)"
+                ),
             )),
         },
         "adaptive_aggregation" | "jit" | "gpu" => match value.to_ascii_lowercase().as_str() {

@@ -10,13 +10,25 @@
 //! - `join=shuffle`: rows of at least one side are exchanged by the hash of
 //!   the key (`RepartitionExec`, across nodes `NetworkShuffleExec`).
 //!
-//! The plan is the one the statement would run; its joins are matched to
-//! the EXPLAIN text by their one-line display, which is what both the
+//! On a cluster, every grouped aggregation whose rows cross the network
+//! ends its line with what crosses (the coordinator's choice, see
+//! `cirro_exec::rules::AggregationExchange`) and the estimate behind it —
+//!
+//! - `aggregation=pre-aggregated (≈G groups of R rows)`: each partition of
+//!   every node aggregates first, only its groups are shuffled;
+//! - `aggregation=rows shuffled (≈G groups of R rows)`: the input rows are
+//!   shuffled to one aggregation per partition;
+//!
+//! (`groups unknown` where the statistics do not tell).
+//!
+//! The plan is the one the statement would run; its operators are matched
+//! to the EXPLAIN text by their one-line display, which is what both the
 //! single-node and the distributed (staged) formats print for a node.
 
 use std::sync::Arc;
 
 use cirro_exec::operators::spill_join::SpillingHashJoinExec;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, displayable};
@@ -30,22 +42,71 @@ const JOINS: [&str; 5] = [
     "SymmetricHashJoinExec",
 ];
 
-/// Each join of `plan` (its one-line display) with its strategy, in plan
-/// order (the distributed planner's stages included).
-pub(crate) fn join_strategies(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, &'static str)> {
+/// Each join and each aggregation across the network of `plan` (its
+/// one-line display) with what EXPLAIN adds to its line (`join=…`,
+/// `aggregation=…`), in plan order (the distributed planner's stages
+/// included).
+pub(crate) fn line_marks(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, String)> {
     let mut found = Vec::new();
     collect(plan, &mut found);
     found
 }
 
-fn collect(plan: &Arc<dyn ExecutionPlan>, found: &mut Vec<(String, &'static str)>) {
-    if let Some(strategy) = strategy(plan) {
+fn collect(plan: &Arc<dyn ExecutionPlan>, found: &mut Vec<(String, String)>) {
+    let mark = match strategy(plan) {
+        Some(strategy) => Some(format!("join={strategy}")),
+        None => aggregation_exchange(plan),
+    };
+    if let Some(mark) = mark {
         let line = displayable(plan.as_ref()).one_line().to_string();
-        found.push((line.trim_end().to_string(), strategy));
+        found.push((line.trim_end().to_string(), mark));
     }
     for child in plan.children() {
         collect(child, found);
     }
+}
+
+/// What crosses the network below a grouped aggregation of a cluster's
+/// plan: None where nothing does (a single node's plan, or a stage that
+/// aggregates what it has).
+fn aggregation_exchange(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
+    let last = plan.downcast_ref::<AggregateExec>()?;
+    if last.group_expr().is_empty() {
+        return None;
+    }
+    // Down through the exchanges to what feeds them.
+    let mut networked = false;
+    let mut below = last.input();
+    while matches!(
+        below.name(),
+        "NetworkShuffleExec" | "RepartitionExec" | "CoalesceBatchesExec" | "CooperativeExec"
+    ) {
+        networked |= below.name() == "NetworkShuffleExec";
+        below = below.children().into_iter().next()?;
+    }
+    if !networked {
+        return None;
+    }
+    let (choice, estimate) = match last.mode() {
+        AggregateMode::FinalPartitioned => {
+            let partial = below.downcast_ref::<AggregateExec>()?;
+            let estimate = (*partial.mode() == AggregateMode::Partial)
+                .then(|| cirro_exec::rules::estimated_groups(partial.group_expr(), partial.input()))
+                .flatten();
+            ("pre-aggregated", estimate)
+        }
+        AggregateMode::SinglePartitioned => (
+            "rows shuffled",
+            cirro_exec::rules::estimated_groups(last.group_expr(), below),
+        ),
+        _ => return None,
+    };
+    Some(match estimate {
+        Some((groups, rows)) => {
+            format!("aggregation={choice} (≈{groups:.0} groups of {rows:.0} rows)")
+        }
+        None => format!("aggregation={choice} (groups unknown)"),
+    })
 }
 
 fn strategy(plan: &Arc<dyn ExecutionPlan>) -> Option<&'static str> {
@@ -88,10 +149,10 @@ fn exchanged(plan: &Arc<dyn ExecutionPlan>) -> bool {
     plan.children().iter().any(|child| exchanged(child))
 }
 
-/// `text` (EXPLAIN's plan column) with `, join=…` at the end of every line
-/// that shows one of `strategies`' joins.
-pub(crate) fn mark_joins(text: &str, strategies: &[(String, &'static str)]) -> String {
-    let mut left: Vec<Option<&(String, &'static str)>> = strategies.iter().map(Some).collect();
+/// `text` (EXPLAIN's plan column) with `, <mark>` at the end of every line
+/// that shows one of `marks`' operators.
+pub(crate) fn mark_lines(text: &str, marks: &[(String, String)]) -> String {
+    let mut left: Vec<Option<&(String, String)>> = marks.iter().map(Some).collect();
     let mut lines: Vec<String> = Vec::new();
     for line in text.split('\n') {
         let shown = line.trim_end();
@@ -104,7 +165,7 @@ pub(crate) fn mark_joins(text: &str, strategies: &[(String, &'static str)]) -> S
             })
         });
         match found.and_then(Option::take) {
-            Some((_, strategy)) => lines.push(format!("{shown}, join={strategy}")),
+            Some((_, mark)) => lines.push(format!("{shown}, {mark}")),
             None => lines.push(line.to_string()),
         }
     }
@@ -120,15 +181,15 @@ mod tests {
         let strategies = vec![
             (
                 "HashJoinExec: mode=Partitioned, join_type=Inner, on=[(a@0, b@0)]".to_string(),
-                "co-located",
+                "join=co-located".to_string(),
             ),
             (
                 "HashJoinExec: mode=CollectLeft, join_type=Inner, on=[(c@0, d@0)]".to_string(),
-                "broadcast",
+                "join=broadcast".to_string(),
             ),
         ];
         let text = "ProjectionExec: expr=[a@0 as a]\n  HashJoinExec: mode=Partitioned, join_type=Inner, on=[(a@0, b@0)]\n  │ HashJoinExec: mode=CollectLeft, join_type=Inner, on=[(c@0, d@0)]\n    DataSourceExec: x";
-        let marked = mark_joins(text, &strategies);
+        let marked = mark_lines(text, &strategies);
         assert!(
             marked.contains("on=[(a@0, b@0)], join=co-located"),
             "{marked}"
@@ -143,7 +204,7 @@ mod tests {
         // A line shown twice but planned once is marked once.
         let twice = format!("{}\n{}", strategies[0].0, strategies[0].0);
         assert_eq!(
-            mark_joins(&twice, &strategies[..1])
+            mark_lines(&twice, &strategies[..1])
                 .matches("join=")
                 .count(),
             1

@@ -197,16 +197,17 @@ impl Engine {
     }
 
     /// EXPLAIN (`plan`) of `explained`, with every join's strategy on its
-    /// line (see `explain.rs`).
+    /// line, and on a cluster every aggregation's exchange (see
+    /// `explain.rs`).
     async fn explain(&self, explained: &LogicalPlan, plan: LogicalPlan) -> Result<Outcome> {
-        let strategies = match self.ctx.state().create_physical_plan(explained).await {
-            Ok(physical) => explain::join_strategies(&physical),
+        let marks = match self.ctx.state().create_physical_plan(explained).await {
+            Ok(physical) => explain::line_marks(&physical),
             Err(_) => Vec::new(), // EXPLAIN itself reports what fails
         };
         let frame = self.ctx.execute_logical_plan(plan).await?;
         let schema = Arc::new(frame.schema().as_arrow().clone());
         let mut batches = frame.collect().await?;
-        if !strategies.is_empty() {
+        if !marks.is_empty() {
             for batch in &mut batches {
                 let Some(text) = batch
                     .column(1)
@@ -217,7 +218,7 @@ impl Engine {
                 };
                 let marked: arrow::array::StringArray = text
                     .iter()
-                    .map(|t| t.map(|t| explain::mark_joins(t, &strategies)))
+                    .map(|t| t.map(|t| explain::mark_lines(t, &marks)))
                     .collect();
                 let mut columns = batch.columns().to_vec();
                 columns[1] = Arc::new(marked);

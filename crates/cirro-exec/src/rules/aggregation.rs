@@ -62,7 +62,7 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{Distribution, Partitioning, PhysicalExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
@@ -94,6 +94,12 @@ datafusion::common::extensions_options! {
         /// measuring; the partial tables are the ones that outgrow the
         /// caches, so it is off).
         pub keep_partial: bool, default = false
+        /// On a cluster, how a grouped aggregation's rows cross the network
+        /// ([`AggregationExchange`], `SET aggregation_exchange`): `auto`
+        /// (from the estimated groups), `partial` (pre-aggregated on every
+        /// node before the shuffle) or `rows` (the input rows shuffled to
+        /// a single-phase aggregation).
+        pub exchange: String, default = "auto".to_string()
         /// The statement's memory limit in bytes (0: none), set by the
         /// engine: radix partitions all run at once and each needs room to
         /// start, so there are at most one per
@@ -254,21 +260,12 @@ impl Choice<'_> {
         let Some(last) = plan.downcast_ref::<AggregateExec>() else {
             return Ok(None);
         };
-        if *last.mode() != AggregateMode::FinalPartitioned || last.group_expr().is_empty() {
-            return Ok(None);
-        }
-        let Some(shuffle) = last.input().downcast_ref::<RepartitionExec>() else {
+        let Some((shuffle, partial)) = two_phases(last) else {
             return Ok(None);
         };
         let Partitioning::Hash(keys, _) = shuffle.partitioning() else {
             return Ok(None);
         };
-        let Some(partial) = shuffle.input().downcast_ref::<AggregateExec>() else {
-            return Ok(None);
-        };
-        if *partial.mode() != AggregateMode::Partial || !partial.group_expr().is_single() {
-            return Ok(None);
-        }
         let estimate = estimate_groups(partial);
         let many = estimate.is_some_and(|groups| groups >= self.options.min_groups as f64);
         let clustered = !self.force && many && clustered(partial);
@@ -321,24 +318,10 @@ impl Choice<'_> {
             )?);
             replace_children_if_necessary(Arc::clone(plan), vec![shuffle])?
         } else {
-            let input = partial.input();
-            let shuffle = Arc::new(RepartitionExec::try_new(
-                Arc::clone(input),
-                Partitioning::Hash(partial.group_expr().input_exprs(), partitions),
-            )?);
-            let single = AggregateExec::try_new(
-                AggregateMode::SinglePartitioned,
-                partial.group_expr().clone(),
-                partial.aggr_expr().to_vec(),
-                partial.filter_expr().to_vec(),
-                shuffle,
-                partial.input_schema(),
-            )?
-            .with_limit_options(last.limit_options());
-            if single.schema().fields() != plan.schema().fields() {
-                return Ok(None);
+            match single_phase(last, partial, partitions)? {
+                Some(single) => single,
+                None => return Ok(None),
             }
-            Arc::new(single)
         };
         if merged {
             return Ok(Some(aggregated));
@@ -371,23 +354,148 @@ impl Choice<'_> {
     }
 }
 
-/// Groups `partial`'s input is expected to hold: the product of its keys'
-/// distinct counts (a distinct count from the statistics, or the value range
-/// of an integer or date key), capped by the rows; None when a key has
-/// neither.
+/// `last` (a final aggregation over `partial`) as one phase: `partial`'s
+/// input hash-partitioned by the group keys into `partitions`, each
+/// partition aggregated alone (`SinglePartitioned`); None where the output
+/// would differ from `last`'s.
+fn single_phase(
+    last: &AggregateExec,
+    partial: &AggregateExec,
+    partitions: usize,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let shuffle = Arc::new(RepartitionExec::try_new(
+        Arc::clone(partial.input()),
+        Partitioning::Hash(partial.group_expr().input_exprs(), partitions),
+    )?);
+    let single = AggregateExec::try_new(
+        AggregateMode::SinglePartitioned,
+        partial.group_expr().clone(),
+        partial.aggr_expr().to_vec(),
+        partial.filter_expr().to_vec(),
+        shuffle,
+        partial.input_schema(),
+    )?
+    .with_limit_options(last.limit_options());
+    if single.schema().fields() != last.schema().fields() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(single)))
+}
+
+/// How a cluster's grouped aggregation meets the network, chosen on the
+/// coordinator before the network boundaries are placed (a coordinator
+/// rule; on a single node [`AdaptiveAggregation`] chooses, per node).
+/// DataFusion's plan aggregates in two phases: a partial aggregation in
+/// every partition of every node, its rows shuffled by the group keys,
+/// a final aggregation per partition. With few groups the partial phase
+/// shrinks what crosses the network to a few rows per partition; with
+/// about as many groups as rows it emits nearly what it reads, in its
+/// wider state columns, after hashing every row once more. So:
+///
+/// - `partial` (pre-aggregate) when the groups estimated from the
+///   statistics ([`estimated_groups`]: `ANALYZE`'s distinct counts, or the
+///   value ranges of integer and date keys), times the input's partitions,
+///   are at most half the input's rows (the partial phase at least halves
+///   the rows shuffled), or when the groups cannot be estimated (then
+///   DataFusion's own probe still skips the partial phase at run time once
+///   its first 100,000 rows made ≥ 80 % as many groups);
+/// - `rows` otherwise: the input rows are shuffled by the group keys into
+///   the final aggregation's partitions and aggregated there in one phase
+///   (`AggregateExec: mode=SinglePartitioned` above the shuffle).
+///
+/// `SET aggregation_exchange = partial | rows` forces either (`auto` is the
+/// default); `SET adaptive_aggregation = off` leaves DataFusion's plan.
+/// EXPLAIN on a cluster ends each such aggregation's line with the choice
+/// and its estimate (the engine's `explain.rs`).
+#[derive(Debug, Default)]
+pub struct AggregationExchange;
+
+impl PhysicalOptimizerRule for AggregationExchange {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let options = AggregationOptions::of(config);
+        let forced = match options.exchange.to_ascii_lowercase().as_str() {
+            "partial" => return Ok(plan),
+            "rows" => true,
+            _ if options.mode == "off" => return Ok(plan),
+            _ => false,
+        };
+        super::rewrite_each(plan, |last: &AggregateExec| {
+            let Some((shuffle, partial)) = two_phases(last) else {
+                return Ok(None);
+            };
+            if !forced && !shuffle_rows(partial) {
+                return Ok(None);
+            }
+            single_phase(last, partial, shuffle.partitioning().partition_count())
+        })
+    }
+
+    fn name(&self) -> &str {
+        "cirro_aggregation_exchange"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// The hash shuffle and the partial aggregation below `last`, when `last`
+/// is the final phase of a grouped two-phase aggregation (no grouping sets).
+fn two_phases(last: &AggregateExec) -> Option<(&RepartitionExec, &AggregateExec)> {
+    if *last.mode() != AggregateMode::FinalPartitioned || last.group_expr().is_empty() {
+        return None;
+    }
+    let shuffle = last.input().downcast_ref::<RepartitionExec>()?;
+    if !matches!(shuffle.partitioning(), Partitioning::Hash(..)) {
+        return None;
+    }
+    let partial = shuffle.input().downcast_ref::<AggregateExec>()?;
+    (*partial.mode() == AggregateMode::Partial && partial.group_expr().is_single())
+        .then_some((shuffle, partial))
+}
+
+/// Whether `partial`'s input is better shuffled as rows than pre-aggregated
+/// (see [`AggregationExchange`]): its partial phase would not halve them.
+fn shuffle_rows(partial: &AggregateExec) -> bool {
+    let partitions = partial
+        .input()
+        .properties()
+        .output_partitioning()
+        .partition_count()
+        .max(1);
+    estimated_groups(partial.group_expr(), partial.input())
+        .is_some_and(|(groups, rows)| groups * partitions as f64 * 2.0 > rows)
+}
+
+/// Groups `partial`'s input is expected to hold (see [`estimated_groups`]).
 fn estimate_groups(partial: &AggregateExec) -> Option<f64> {
+    estimated_groups(partial.group_expr(), partial.input()).map(|(groups, _)| groups)
+}
+
+/// The groups of `group_by` that `input`'s rows are expected to hold, and
+/// those rows: the product of the keys' distinct counts (a distinct count
+/// from the statistics, or the value range of an integer or date key),
+/// capped by the rows; None when a key has neither or the rows are unknown.
+pub fn estimated_groups(
+    group_by: &PhysicalGroupBy,
+    input: &Arc<dyn ExecutionPlan>,
+) -> Option<(f64, f64)> {
     let stats = StatisticsContext::new()
-        .compute(partial.input().as_ref(), &StatisticsArgs::new())
+        .compute(input.as_ref(), &StatisticsArgs::new())
         .ok()?;
     let rows = *stats.num_rows.get_value()? as f64;
     let mut groups = 1f64;
-    for (expr, _) in partial.group_expr().expr() {
+    for (expr, _) in group_by.expr() {
         groups *= distinct_values(&stats, expr)?;
         if groups >= rows {
-            return Some(rows);
+            return Some((rows, rows));
         }
     }
-    Some(groups.min(rows))
+    Some((groups.min(rows), rows))
 }
 
 /// Whether the data files under `partial` hold disjoint ranges of one of

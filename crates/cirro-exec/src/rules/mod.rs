@@ -30,7 +30,10 @@ use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
 pub use crate::operators::shared::SharedExec;
-pub use aggregation::{AdaptiveAggregation, AggregationOptions, FuseFilterAggregate};
+pub use aggregation::{
+    AdaptiveAggregation, AggregationExchange, AggregationOptions, FuseFilterAggregate,
+    estimated_groups,
+};
 pub use build_sides::BuildSides;
 pub use chains::TypeChainSegments;
 pub use checked::{CheckedArithmetic, PgOperators};
