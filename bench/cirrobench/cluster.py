@@ -29,7 +29,8 @@ aggregation  grouped aggregations on 3 nodes over g(k10, k10000, k, v) of
          10, 10,000 and 10 M × sf groups, each with `SET aggregation_exchange`
          auto (Cirro's choice), partial (pre-aggregated on every node before
          the shuffle) and rows (rows shuffled to a single-phase aggregation);
-         the time (median of --runs hot runs, each answer checked), the
+         the time (median of --runs hot runs, the three taking turns run by
+         run, each answer checked), the
          choice EXPLAIN shows and the bytes EXPLAIN ANALYZE counts between
          the nodes. Scans are cut into tasks of 4 MB × sf so that every node
          reads a share.
@@ -309,21 +310,26 @@ def run_aggregation(args):
         for name, key in AGGREGATION_KEYS.items():
             groups = {"k10": min(10, n), "k10000": min(10_000, n), "k": n}[key]
             sql = f"SELECT count(*), sum(s) FROM (SELECT {key}, sum(v) AS s FROM g GROUP BY {key}) AS t"
-            per = {}
-            for exchange in EXCHANGES:
-                cluster.run(f"SET aggregation_exchange = {exchange}")
-                runs = []
-                for _ in range(args.runs + 1):
+            # The exchanges take turns run by run (the first of each run
+            # rotating), so that none gains from the others' warming.
+            runs = {x: [] for x in EXCHANGES}
+            for r in range(args.runs + 1):
+                for exchange in EXCHANGES[r % 3:] + EXCHANGES[:r % 3]:
+                    cluster.run(f"SET aggregation_exchange = {exchange}")
                     seconds, table = cluster.timed(sql)
-                    runs.append(seconds)
+                    runs[exchange].append(seconds)
                     got = (table.column(0)[0].as_py(), int(table.column(1)[0].as_py()))
                     if got != (groups, total):
                         raise SystemExit(f"cirro bench: aggregation by {key} ({exchange}): {got}, "
                                          f"expected {(groups, total)}")
+            per = {}
+            for exchange in EXCHANGES:
+                cluster.run(f"SET aggregation_exchange = {exchange}")
                 plan = "\n".join(str(v) for v in cluster.run(f"EXPLAIN {sql}").column(1).to_pylist())
                 choice = [line.split("aggregation=", 1)[1] for line in plan.splitlines() if "aggregation=" in line]
                 analyzed = "\n".join(str(v) for v in cluster.run(f"EXPLAIN ANALYZE {sql}").column(1).to_pylist())
-                per[exchange] = {"median": statistics.median(runs[1:]), "hot": runs[1:], "cold": runs[0],
+                hot = runs[exchange][1:]
+                per[exchange] = {"median": statistics.median(hot), "hot": hot, "cold": runs[exchange][0],
                                  "choice": choice[0] if choice else None, "bytes": _bytes(analyzed)}
                 print(f"  {name} groups, {exchange}: {per[exchange]['median']:.3f} s, "
                       f"{per[exchange]['choice']}, {per[exchange]['bytes']} bytes", file=sys.stderr, flush=True)
