@@ -33,7 +33,7 @@ use arrow::buffer::BooleanBuffer;
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, Result, ScalarValue};
 use datafusion::datasource::physical_plan::parquet::{
     BloomFilterStatistics, DefaultParquetFileReaderFactory, ParquetAccessPlan, ParquetFileMetrics,
@@ -1077,12 +1077,23 @@ impl DynamicRowFilter {
             let prepared = match &part.prepared {
                 Some(prepared) => prepared.clone(),
                 None => {
-                    let current = if part.dynamic {
-                        snapshot_physical_expr(Arc::clone(&part.expr))?
+                    let prepared = if part.dynamic {
+                        // A join fills its filter with the columns of its
+                        // own input; where an operator between did not
+                        // re-point them at the scan's (seen in cluster
+                        // workers' tasks: TPC-H Q10's c_nationkey at the
+                        // join's index 8 over customer's 8 columns), they
+                        // are found by name, as DataFusion's Parquet reader
+                        // finds them. One that still does not fit is only a
+                        // shortcut (its join drops the rows): left out
+                        // until it changes.
+                        let current = snapshot_physical_expr(Arc::clone(&part.expr))?;
+                        by_name(current, &schema)
+                            .and_then(|current| Prepared::new(current, &schema).ok())
+                            .unwrap_or_else(Prepared::keep_all)
                     } else {
-                        Arc::clone(&part.expr)
+                        Prepared::new(Arc::clone(&part.expr), &schema)?
                     };
-                    let prepared = Prepared::new(current, &schema)?;
                     part.prepared = Some(prepared.clone());
                     prepared
                 }
@@ -1173,7 +1184,40 @@ struct Prepared {
     evaluation: Evaluation,
 }
 
+/// `expr` with each column that does not name `schema`'s column at its
+/// index re-pointed at the column of its name; None where `schema` has no
+/// column of that name.
+fn by_name(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Option<Arc<dyn PhysicalExpr>> {
+    expr.transform_up(|node| {
+        let Some(column) = node.downcast_ref::<Column>() else {
+            return Ok(Transformed::no(node));
+        };
+        let fits = schema
+            .fields()
+            .get(column.index())
+            .is_some_and(|f| f.name() == column.name());
+        if fits {
+            return Ok(Transformed::no(node));
+        }
+        let index = schema.index_of(column.name())?;
+        Ok(Transformed::yes(
+            Arc::new(Column::new(column.name(), index)) as Arc<dyn PhysicalExpr>,
+        ))
+    })
+    .ok()
+    .map(|t| t.data)
+}
+
 impl Prepared {
+    /// A filter that keeps every row.
+    fn keep_all() -> Self {
+        Self {
+            columns: Arc::from(Vec::new()),
+            schema: Arc::new(datafusion::arrow::datatypes::Schema::empty()),
+            evaluation: Evaluation::All,
+        }
+    }
+
     fn new(expr: Arc<dyn PhysicalExpr>, schema: &SchemaRef) -> Result<Self> {
         let always = expr
             .downcast_ref::<Literal>()
@@ -1696,6 +1740,66 @@ mod tests {
             assert_eq!(kept, expected);
         }
         assert!(filter.parts.iter().all(|p| p.seen > 0), "every filter ran");
+    }
+
+    #[test]
+    fn a_join_filter_at_its_joins_index_is_read_by_name_or_left_out() {
+        use arrow::array::Int64Array;
+        use arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::logical_expr::Operator;
+        use datafusion::physical_expr::expressions::{binary, col};
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", DataType::Int64, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..1000)) as ArrayRef,
+                Arc::new(Int64Array::from_iter_values((0..1000).map(|i| i % 10))),
+            ],
+        )
+        .unwrap();
+        // The join's input had b at index 8: its filter says b@8 < 3.
+        let join = Arc::new(DynamicFilterPhysicalExpr::new(
+            vec![col("b", &schema).unwrap()],
+            lit(true),
+        ));
+        let mut filter = DynamicRowFilter::new(
+            Some(Arc::clone(&join) as Arc<dyn PhysicalExpr>),
+            &schema,
+            &Above::default(),
+        );
+        join.update(Arc::new(
+            datafusion::physical_expr::expressions::BinaryExpr::new(
+                Arc::new(Column::new("b", 8)),
+                Operator::Lt,
+                lit(3i64),
+            ),
+        ))
+        .unwrap();
+        let kept = filter.apply(batch.clone()).unwrap();
+        assert_eq!(kept.num_rows(), 300, "b < 3 read by name");
+        // A column the scan does not have: the filter keeps every row.
+        let join = Arc::new(DynamicFilterPhysicalExpr::new(
+            vec![col("b", &schema).unwrap()],
+            lit(true),
+        ));
+        let mut filter = DynamicRowFilter::new(
+            Some(Arc::clone(&join) as Arc<dyn PhysicalExpr>),
+            &schema,
+            &Above::default(),
+        );
+        join.update(Arc::new(
+            datafusion::physical_expr::expressions::BinaryExpr::new(
+                Arc::new(Column::new("c_nationkey", 8)),
+                Operator::Lt,
+                lit(3i64),
+            ),
+        ))
+        .unwrap();
+        assert_eq!(filter.apply(batch).unwrap().num_rows(), 1000);
     }
 
     #[test]
