@@ -124,6 +124,7 @@ impl ClusterExecution {
         let worker = Worker::from_session_builder(WorkerSessions {
             channels: channels.clone(),
             local: local.clone(),
+            node: cluster.me().id.clone(),
         })
         .with_runtime_env(runtime)
         .with_version(env!("CARGO_PKG_VERSION"));
@@ -257,7 +258,7 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
         };
         let stages = std::mem::take(&mut *log.0.lock().unwrap_or_else(|e| e.into_inner()));
         let nodes = self.cluster.nodes();
-        let mut lines = Vec::new();
+        let mut lines = std::mem::take(&mut *log.1.lock().unwrap_or_else(|e| e.into_inner()));
         let (mut local, mut remote) = (0u64, 0u64);
         for stage in stages {
             let names: Vec<String> = stage.urls.iter().map(|u| node_name(u, &nodes)).collect();
@@ -443,9 +444,10 @@ fn node_load(node: &NodeInfo) -> f64 {
         + node.memory_used as f64 / node.memory_bytes.max(1) as f64
 }
 
-/// Where the tasks of each stage went, per session (`EXPLAIN ANALYZE`).
+/// Where the tasks of each stage went, per session (`EXPLAIN ANALYZE`),
+/// and what the sampling runs of the statement's planning found.
 #[derive(Debug, Default)]
-struct PlacementLog(Mutex<Vec<StagePlacement>>);
+struct PlacementLog(Mutex<Vec<StagePlacement>>, Mutex<Vec<String>>);
 
 #[derive(Debug)]
 struct StagePlacement {
@@ -675,6 +677,8 @@ impl ChannelResolver for ClusterChannels {
 struct WorkerSessions {
     channels: ClusterChannels,
     local: LocalPlanning,
+    /// This node's id (memory refusals name it).
+    node: String,
 }
 
 #[async_trait]
@@ -687,6 +691,13 @@ impl WorkerSessionBuilder for WorkerSessions {
             .with_distributed_worker_plan_rewrite_handler(self.local.worker_rules());
         self.local
             .receive(builder.config().get_or_insert_default(), &ctx.headers)?;
+        // The task counts in its query's pool on this node, within the
+        // node's budget, beside the query's other tasks here (the
+        // coordinator's own ones included). Tasks are not queued for
+        // admission: a task waiting on this node while its query holds
+        // another node's slot, and the other way round, would wait for
+        // each other forever; the budget refuses (spill or 53200) instead.
+        builder = self.local.task_session(builder, &self.node);
         if let Some(functions) = builder.scalar_functions() {
             functions.extend(cirro_exec::functions::portable_udfs());
         }
@@ -835,6 +846,8 @@ impl ClusterPlanner {
         if !distributable(inner) {
             return self.local.optimize_head(plan, session.config_options());
         }
+        // Group keys without statistics: a sampling run estimates them.
+        let plan = sample_group_keys(plan, session).await;
         // Choices that depend on what crosses the network (how each grouped
         // aggregation meets its shuffle), before the stages are cut.
         let plan = self.local.before_cut(plan, session.config_options());
@@ -851,6 +864,37 @@ impl ClusterPlanner {
         let plan = self.local.optimize_head(plan, session.config_options())?;
         // EXPLAIN ANALYZE must not wait forever for tasks that never ran.
         crate::analyze::bound_metrics_wait(plan)
+    }
+}
+
+/// `plan` with the distinct counts of the group keys that no statistics
+/// estimate, from a sampling run (`cirro_exec::rules::sample_group_keys`),
+/// each run's cost noted for EXPLAIN ANALYZE; `plan` as it is where the
+/// run fails (the choice it informs is then made without it).
+async fn sample_group_keys(
+    plan: Arc<dyn ExecutionPlan>,
+    session: &dyn Session,
+) -> Arc<dyn ExecutionPlan> {
+    let sampled = cirro_exec::rules::sample_group_keys(
+        Arc::clone(&plan),
+        session.config_options(),
+        session.task_ctx(),
+    )
+    .await;
+    match sampled {
+        Ok((sampled, samples)) => {
+            if let Some(log) = session.config().get_extension::<PlacementLog>() {
+                log.1
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(samples.iter().map(|s| s.to_string()));
+            }
+            sampled
+        }
+        Err(e) => {
+            log::warn!("group keys not sampled: {e}");
+            plan
+        }
     }
 }
 

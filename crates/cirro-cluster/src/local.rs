@@ -34,6 +34,8 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::config::{ConfigExtension, ConfigOptions};
 use datafusion::error::Result as DfResult;
 use datafusion::execution::TaskContext;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{
@@ -47,6 +49,7 @@ use datafusion_distributed::{
 use tonic::codegen::http::HeaderMap;
 
 use cirro_exec::distribution::{LocalRules, OptionList, OptionVisitor};
+use cirro_exec::resources::{QueryOptions, Resources, set_query_options};
 
 /// What a node applies to the plans it executes: its local rules, and
 /// the session options they read (sent with every task).
@@ -58,6 +61,8 @@ pub struct LocalPlanning {
     cut: Arc<LocalRules>,
     propagate: fn(&mut SessionConfig),
     receive: fn(&mut SessionConfig, &HeaderMap) -> DfResult<()>,
+    /// The node's memory and spill area, which its tasks count in.
+    resources: Option<Arc<Resources>>,
 }
 
 impl fmt::Debug for LocalPlanning {
@@ -84,7 +89,50 @@ impl LocalPlanning {
                 O::visit(&mut receive);
                 receive.result
             },
+            resources: None,
         }
+    }
+
+    /// Tasks count their memory in the pools of `resources` (one per
+    /// query, see `QueryPools`) and spill into its spill area.
+    pub fn with_resources(mut self, resources: Arc<Resources>) -> Self {
+        self.resources = Some(resources);
+        self
+    }
+
+    /// A task's session: counted in the memory pool of its query on this
+    /// node (named `node` in its refusals), spilling into the node's spill
+    /// area, with what depends on the query's limit set as its
+    /// coordinator set it. As it was without the node's resources or the
+    /// query's id (a task of an older coordinator).
+    pub(crate) fn task_session(
+        &self,
+        mut builder: SessionStateBuilder,
+        node: &str,
+    ) -> SessionStateBuilder {
+        let Some(resources) = &self.resources else {
+            return builder;
+        };
+        let Some(base) = builder.runtime_env().clone() else {
+            return builder;
+        };
+        let options = builder.config().get_or_insert_default().options_mut();
+        let Some(query) = options.extensions.get::<QueryOptions>().cloned() else {
+            return builder;
+        };
+        if query.id.is_empty() {
+            return builder;
+        }
+        let pool = resources.task_pool(&query.id, query.memory_limit);
+        pool.set_node(node);
+        set_query_options(options, None, pool.limit());
+        let mut runtime = RuntimeEnv::clone(&base);
+        runtime.memory_pool = pool;
+        match resources.spill() {
+            Ok(area) => runtime.disk_manager = Arc::clone(area.disk_manager()),
+            Err(e) => log::warn!("no spill area, tasks spill to DataFusion's default: {e}"),
+        }
+        builder.with_runtime_env(Arc::new(runtime))
     }
 
     /// A coordinating session's configuration sends the options' values

@@ -37,7 +37,7 @@ pub struct NodeConfig {
 /// What one node owns (see the module docs).
 #[derive(Debug)]
 pub struct Node {
-    resources: Resources,
+    resources: Arc<Resources>,
     cache: Arc<ColumnCache>,
     disk: Option<Arc<DiskTier>>,
     kernels: Arc<Kernels>,
@@ -73,7 +73,7 @@ impl Node {
             config.cache_policy,
         ));
         Ok(Self {
-            resources: Resources::new(config.resources)?,
+            resources: Arc::new(Resources::new(config.resources)?),
             cache,
             disk: config.disk,
             kernels: Arc::default(),
@@ -83,7 +83,7 @@ impl Node {
     }
 
     /// The memory budget, the admission queue and the spill area.
-    pub fn resources(&self) -> &Resources {
+    pub fn resources(&self) -> &Arc<Resources> {
         &self.resources
     }
 
@@ -126,7 +126,7 @@ impl Default for Node {
             Policy::Plan,
         ));
         Self {
-            resources,
+            resources: Arc::new(resources),
             cache,
             disk: None,
             kernels: Arc::default(),

@@ -289,6 +289,7 @@ impl OptionList for EngineOptions {
         visitor.visit::<cirro::AggregationOptions>();
         visitor.visit::<cirro::JitOptions>();
         visitor.visit::<cirro::JoinOrderOptions>();
+        visitor.visit::<cirro_exec::resources::QueryOptions>();
         #[cfg(feature = "gpu")]
         visitor.visit::<cirro_gpu::GpuOptions>();
     }

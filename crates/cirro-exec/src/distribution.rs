@@ -30,7 +30,9 @@ pub trait Distribution: Send + Sync + std::fmt::Debug {
     fn forget_failed_nodes(&self) -> BoxFuture<'_, ()>;
 
     /// Which nodes ran the tasks of the queries the session with `config`
-    /// ran since the last call (one line per stage), for `EXPLAIN ANALYZE`.
+    /// ran since the last call (one line per stage), after what their
+    /// planning's sampling runs found (a line per key), for `EXPLAIN
+    /// ANALYZE`.
     fn take_task_placement(&self, config: &datafusion::prelude::SessionConfig) -> Vec<String>;
 
     /// Set up `config` to run an `EXPLAIN ANALYZE`: every task sends its

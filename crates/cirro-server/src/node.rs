@@ -63,7 +63,8 @@ impl Member {
             cirro_cluster::local::LocalPlanning::new::<cirro_engine::EngineOptions>(
                 cirro_engine::local_rules(node),
                 cirro_engine::cut_rules(),
-            ),
+            )
+            .with_resources(Arc::clone(node.resources())),
         )?;
         let worker_tasks =
             cirro_cluster::worker::spawn_worker(worker_listener, &secret, execution.worker())?;

@@ -543,13 +543,172 @@ fn every_node_runs_its_tasks_with_cirros_engine() {
         );
     }
     aggregations_choose_what_crosses_the_network(&cluster);
+    a_querys_memory_limit_holds_on_every_node(&cluster);
+}
+
+/// Node `node`'s counters in `cirro.memory`: requests refused to operators
+/// that can spill, and to the others.
+fn refusals(cluster: &Cluster, node: usize) -> (u64, u64) {
+    let row = cluster.sql(
+        node,
+        "SELECT refused_spilling, refused_other FROM cirro.memory",
+    );
+    let (spilled, failed) = row.split_once('|').expect("two counters");
+    (
+        spilled.parse().expect("a count"),
+        failed.parse().expect("a count"),
+    )
+}
+
+/// Node `node`'s process: its resident memory's high-water mark (VmHWM)
+/// in bytes, reset to what it holds now with `reset`.
+fn node_peak_rss(cluster: &Cluster, node: usize, reset: bool) -> u64 {
+    let pid = cluster.pid(node);
+    if reset {
+        // 5: reset the peak resident set size (proc(5), clear_refs).
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("clear_refs");
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    assert!(
+        status.starts_with("Name:\tcirro\n"),
+        "node{node}'s pid is not cirro's"
+    );
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix(" kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+/// A query's memory limit holds on every node its tasks run on: each node
+/// counts the tasks of other nodes' queries in a pool of the query's limit
+/// (`cirro.memory`). Joins, aggregations, sorts and windows under a tight
+/// `memory_limit` give the answer they give without it or fail with 53200
+/// naming the node and the operator; each node's resident memory stays
+/// within the limit, its hot-data tier and 300 MB; and the queries that
+/// finished had requests refused on every node (a refused operator that
+/// does not fail its query spills: the spilling join's in-memory part
+/// hands its rows to the part that spills, the others spill themselves).
+fn a_querys_memory_limit_holds_on_every_node(cluster: &Cluster) {
+    const SLACK: u64 = 300 << 20;
+    let families = [
+        (
+            "join",
+            8,
+            "SELECT count(*), sum(a.l_quantity * b.l_discount) FROM lineitem a \
+             JOIN lineitem b ON a.l_orderkey = b.l_orderkey",
+        ),
+        (
+            "aggregation",
+            16,
+            "SELECT count(*), sum(s), max(c) FROM (SELECT l_orderkey, l_linenumber, \
+             sum(l_quantity) AS s, max(l_comment) AS c FROM lineitem \
+             GROUP BY l_orderkey, l_linenumber) AS g",
+        ),
+        // DataFusion's sorts fail at these limits on one node too (their
+        // merge cannot spill): they must fail cleanly.
+        (
+            "sort",
+            16,
+            "SELECT count(*), max(l_comment) FROM (SELECT l_comment FROM lineitem \
+             ORDER BY l_comment, l_orderkey OFFSET 10) AS s",
+        ),
+        (
+            "window",
+            16,
+            "SELECT max(r), sum(r) FROM (SELECT row_number() OVER (PARTITION BY l_suppkey \
+             ORDER BY l_comment, l_orderkey, l_linenumber) AS r FROM lineitem) AS w",
+        ),
+    ];
+    let total = |(a, b): (u64, u64)| a + b;
+    let mut refused_in_finished = [0u64; 3];
+    let mut finished = Vec::new();
+    for (family, limit_mb, query) in families {
+        let limit = format!("{limit_mb}MB");
+        let free = cluster.sql(1, &format!("{SMALL_TASKS}; {query}"));
+        let free = free.lines().last().unwrap_or_default();
+        let before: Vec<u64> = (1..=3).map(|n| total(refusals(cluster, n))).collect();
+        for node in 1..=3 {
+            node_peak_rss(cluster, node, true);
+        }
+        let out = cluster.psql(
+            1,
+            &[
+                "-At",
+                "-c",
+                SMALL_TASKS,
+                "-c",
+                &format!("SET memory_limit = '{limit}'"),
+                "-c",
+                query,
+            ],
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() {
+            let answer = stdout.lines().last().unwrap_or_default();
+            assert_eq!(answer, free, "the {family} under {limit}");
+            finished.push(family);
+            for node in 1..=3 {
+                refused_in_finished[node - 1] += total(refusals(cluster, node)) - before[node - 1];
+            }
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("53200") && err.contains(" is reached on node"),
+                "the {family} under {limit}: {err}"
+            );
+        }
+        let limit_bytes = limit_mb << 20;
+        for node in 1..=3 {
+            let peak = node_peak_rss(cluster, node, false);
+            let tier: u64 = cluster
+                .sql(
+                    node,
+                    &format!(
+                        "SELECT coalesce(sum(bytes), 0) FROM cirro.cache WHERE node = 'node{node}'"
+                    ),
+                )
+                .parse()
+                .expect("bytes");
+            assert!(
+                peak <= limit_bytes + tier + SLACK,
+                "the {family}: node{node}'s peak resident memory {peak} B past \
+                 {limit} + its tier's {tier} B + 300 MB"
+            );
+        }
+    }
+    assert!(
+        finished.contains(&"join") && finished.contains(&"aggregation"),
+        "{finished:?}"
+    );
+    for node in 1..=3 {
+        assert!(
+            refused_in_finished[node - 1] > 0,
+            "node{node} never held a finished query to its limit: {refused_in_finished:?}"
+        );
+    }
+    // Too little for a join that cannot spill.
+    let err = cluster.sql_err(
+        1,
+        &format!(
+            "{SMALL_TASKS}; SET memory_limit = '1MB'; SET spill_join = off; {}",
+            families[0].2
+        ),
+    );
+    assert!(err.contains("53200"), "{err}");
+    assert!(
+        err.contains(" is reached on node"),
+        "the node is named: {err}"
+    );
 }
 
 /// A grouped aggregation across nodes pre-aggregates before the shuffle
 /// when its groups are few (l_linenumber: 7) and shuffles the rows when
 /// they are about as many as the rows (l_orderkey, l_linenumber), EXPLAIN
 /// says which and why, `SET aggregation_exchange` forces either, and every
-/// way gives the same answer.
+/// way gives the same answer; text keys are estimated by sampling.
 fn aggregations_choose_what_crosses_the_network(cluster: &Cluster) {
     let few = "SELECT l_linenumber, count(*), sum(l_quantity) FROM lineitem \
                GROUP BY l_linenumber ORDER BY 1";
@@ -598,6 +757,41 @@ fn aggregations_choose_what_crosses_the_network(cluster: &Cluster) {
     }
     let err = cluster.sql_err(1, "SET aggregation_exchange = sometimes");
     assert!(err.contains("22023"), "{err}");
+    // Text keys: no statistics estimate their groups; a sampling run
+    // before execution does, and EXPLAIN ANALYZE shows what it read.
+    let few_text = "SELECT l_shipmode, count(*) FROM lineitem GROUP BY l_shipmode ORDER BY 1";
+    let many_text = "SELECT count(*), max(n) FROM (SELECT l_comment, count(*) AS n \
+                     FROM lineitem GROUP BY l_comment) AS g";
+    let explained = explain("auto", few_text);
+    assert!(
+        explained.contains("aggregation=pre-aggregated (≈"),
+        "{explained}"
+    );
+    let explained = explain("auto", many_text);
+    assert!(
+        explained.contains("aggregation=rows shuffled (≈"),
+        "{explained}"
+    );
+    let analyzed = cluster.sql(
+        1,
+        &format!("{SMALL_TASKS}; SET aggregation_exchange = auto; EXPLAIN ANALYZE {many_text}"),
+    );
+    assert!(
+        analyzed.contains("group key l_comment sampled: ") && analyzed.contains(" ms)"),
+        "{analyzed}"
+    );
+    for query in [few_text, many_text] {
+        let answers: Vec<String> = ["auto", "partial"]
+            .iter()
+            .map(|set| {
+                cluster.sql(
+                    3,
+                    &format!("{SMALL_TASKS}; SET aggregation_exchange = {set}; {query}"),
+                )
+            })
+            .collect();
+        assert_eq!(answers[0], answers[1], "{query}");
+    }
 }
 
 /// Rounds of killing a worker during a query (see
@@ -1234,6 +1428,117 @@ fn hdfs_scans_read_their_blocks_where_they_are_and_move_off_a_dead_node() {
         assert_eq!(
             cluster.sql(node, &format!("{tasks}; {query}")),
             format!("SET\n{expected}")
+        );
+    }
+}
+
+/// A join of two 20 M-row tables on 3 nodes under a 100 MB limit gives
+/// what it gives without one, and every node spilled its part.
+#[test]
+#[ignore = "slow tier: two 20 M-row tables on 3 nodes"]
+fn a_join_of_two_20m_row_tables_on_three_nodes_under_100mb_spills_on_each() {
+    let cluster = Cluster::up(3, "local");
+    cluster.sql(
+        1,
+        "CREATE TABLE a AS SELECT value AS k, value % 1000 AS v \
+         FROM generate_series(1, 20000000) AS g(value)",
+    );
+    cluster.sql(
+        1,
+        "CREATE TABLE b AS SELECT (value * 7919) % 20000000 AS k, value AS w \
+         FROM generate_series(0, 19999999) AS g(value)",
+    );
+    // Partitioned on both sides across the nodes (a broadcast of 20 M rows
+    // would be one node's build side).
+    let query = "SET distributed.broadcast_joins = false; \
+                 SELECT count(*), sum(a.v), sum(b.w), min(b.k), max(a.k) \
+                 FROM a JOIN b ON a.k = b.k";
+    let unlimited = cluster.sql(1, query);
+    let total = |node: usize| {
+        let (spilling, other) = refusals(&cluster, node);
+        spilling + other
+    };
+    let before: Vec<u64> = (1..=3).map(total).collect();
+    let limited = cluster.sql(1, &format!("SET memory_limit = '100MB'; {query}"));
+    assert_eq!(limited, unlimited);
+    // Refused and finished: the join's part on the node spilled.
+    for node in 1..=3 {
+        assert!(
+            total(node) > before[node - 1],
+            "node{node}'s part of the join was never refused memory"
+        );
+    }
+    eprintln!("{unlimited}");
+}
+
+/// 16 clients, spread over 3 nodes of 2 GB each, run TPC-H SF1 queries at
+/// once: every answer is the reference answer and no node's resident
+/// memory passes its 2 GB + 300 MB (tasks of the other nodes' queries
+/// count in each node's budget).
+#[test]
+#[ignore = "slow tier: 16 clients x 6 TPC-H SF1 queries on 3 nodes"]
+fn sixteen_clients_on_three_2gb_nodes_all_finish_within_each_budget() {
+    use crate::common::compare::{compare, is_ordered};
+    const CLIENTS: usize = 16;
+    const QUERIES: [u32; 6] = [1, 3, 9, 13, 18, 21];
+    const BUDGET: u64 = 2 << 30;
+    let cluster = Cluster::up_with_env(3, "local", &[("CIRRO_MEMORY_LIMIT", "2GB")]);
+    let generated = load_tpch_through_node1(&cluster, "1", &TPCH_TABLES);
+    drop(generated);
+    for node in 1..=3 {
+        node_peak_rss(&cluster, node, true);
+    }
+    let shared = common::shared_dir();
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let (cluster, shared) = (&cluster, &shared);
+                scope.spawn(move || {
+                    let mut failures = Vec::new();
+                    for i in 0..QUERIES.len() {
+                        let q = QUERIES[(c + i) % QUERIES.len()];
+                        let query = std::fs::read_to_string(
+                            shared.join(format!("tpch/queries/q{q:02}.sql")),
+                        )
+                        .expect("query");
+                        let expected = std::fs::read_to_string(
+                            shared.join(format!("tpch/answers/sf1/q{q:02}.csv")),
+                        )
+                        .expect("answer");
+                        let out = cluster.psql(
+                            1 + c % 3,
+                            &["-A", "-F", "|", "-P", "footer=off", "-c", query.trim()],
+                        );
+                        if !out.status.success() {
+                            failures.push(format!(
+                                "client {c} q{q:02}: {}",
+                                String::from_utf8_lossy(&out.stderr)
+                            ));
+                        } else if let Err(diff) = compare(
+                            &String::from_utf8_lossy(&out.stdout),
+                            &expected,
+                            is_ordered(&query),
+                        ) {
+                            failures.push(format!("client {c} q{q:02}: {diff}"));
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().expect("client"))
+            .collect()
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for node in 1..=3 {
+        let peak = node_peak_rss(&cluster, node, false);
+        eprintln!("node{node}: peak resident memory {} MB", peak >> 20);
+        assert!(
+            peak < BUDGET + (300 << 20),
+            "node{node}'s peak resident memory, {} MB, passed its 2 GB + 300 MB",
+            peak >> 20
         );
     }
 }

@@ -173,22 +173,20 @@ impl Engine {
     /// counted in a pool of its own, of the session's memory limit.
     pub(crate) fn begin_query(&self) -> Arc<cirro_exec::resources::QueryMemory> {
         let limit = self.memory_limit();
-        // What a sort sets aside to merge its spill files (DataFusion's
-        // default, 10 MB, is more than a small limit holds).
-        let merge = cirro_exec::resources::sort_merge_reservation(limit);
+        // The statement's id and limit go with its tasks: every node counts
+        // them in one pool of this limit (see `QueryPools`).
+        let id = cirro_exec::resources::new_query_id();
         let state = self.context().state_ref();
         let mut state = state.write();
-        let options = state.config_mut().options_mut();
-        options.execution.sort_spill_reservation_bytes = merge;
-        // Radix partitions of aggregations, by the room each needs.
-        if let Some(aggregation) = options
-            .extensions
-            .get_mut::<cirro_exec::rules::AggregationOptions>()
-        {
-            aggregation.memory_limit = limit;
-        }
+        cirro_exec::resources::set_query_options(
+            state.config_mut().options_mut(),
+            Some(&id),
+            limit,
+        );
         drop(state);
-        self.memory.begin(limit)
+        let memory = self.memory.begin(limit);
+        self.node.resources().pools().register(&id, &memory);
+        memory
     }
 
     /// The pool of the statement started last.

@@ -136,10 +136,11 @@ impl Engine {
                 frame = datafusion::dataframe::DataFrame::new(state, plan);
             }
             let task_ctx = Arc::new(frame.task_ctx());
+            // Forget where earlier statements' (or a failed run's) tasks ran
+            // and what their planning sampled.
+            distribution.take_task_placement(task_ctx.session_config());
             let physical = frame.create_physical_plan().await?;
             let distributed = distribution.is_distributed(&physical);
-            // Forget where earlier statements' (or a failed run's) tasks ran.
-            distribution.take_task_placement(task_ctx.session_config());
             let mut stream =
                 datafusion::physical_plan::execute_stream(physical, Arc::clone(&task_ctx))?;
             if !distributed {

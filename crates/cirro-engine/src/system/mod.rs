@@ -42,7 +42,15 @@ use crate::system::pg_compat::memory_table;
 /// The system schema's name (reserved: CREATE SCHEMA refuses it).
 pub const SYSTEM_SCHEMA: &str = "cirro";
 
-const TABLES: &[&str] = &["nodes", "cache", "statistics", "queries", "gpu", "jit"];
+const TABLES: &[&str] = &[
+    "nodes",
+    "cache",
+    "statistics",
+    "queries",
+    "gpu",
+    "jit",
+    "memory",
+];
 
 /// The `cirro` schema of a session.
 #[derive(Debug)]
@@ -79,6 +87,7 @@ impl SchemaProvider for SystemSchema {
             }
             "gpu" => Ok(Some(gpu_table(&self.node)?)),
             "jit" => Ok(Some(jit_table(&self.node)?)),
+            "memory" => Ok(Some(memory_table_of(&self.node)?)),
             "statistics" => Ok(Some(statistics_table(&self.catalog)?)),
             "queries" => {
                 let views = match self.backend.get() {
@@ -306,6 +315,24 @@ fn jit_table(node: &crate::node::Node) -> DfResult<Arc<dyn TableProvider>> {
         ("compiled", column(stats.compiled)),
         ("cache_hits", column(stats.cache_hits)),
         ("failed", column(stats.failed)),
+    ])
+}
+
+/// `cirro.memory`: this node's memory for queries (its budget, what its
+/// queries hold now and at most: its own statements and the tasks of
+/// other nodes' that run here), and the requests refused since it started:
+/// to operators that spilled instead, and to the others.
+fn memory_table_of(node: &crate::node::Node) -> DfResult<Arc<dyn TableProvider>> {
+    let resources = node.resources();
+    let budget = resources.budget();
+    let (spilling, other) = budget.refusals();
+    let column = |v: u64| Arc::new(Int64Array::from(vec![v as i64])) as ArrayRef;
+    memory_table(vec![
+        ("budget", column(budget.limit() as u64)),
+        ("used", column(budget.used() as u64)),
+        ("peak", column(budget.peak() as u64)),
+        ("refused_spilling", column(spilling)),
+        ("refused_other", column(other)),
     ])
 }
 

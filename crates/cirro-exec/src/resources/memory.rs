@@ -14,8 +14,8 @@
 //! the client when the next one starts stay counted against the first.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use datafusion::common::DataFusionError;
 use datafusion::error::Result as DfResult;
@@ -39,6 +39,10 @@ pub struct MemoryBudget {
     limit: usize,
     used: AtomicUsize,
     peak: AtomicUsize,
+    /// Requests refused to operators that can spill (each made its
+    /// operator spill), and to the others.
+    refused_spilling: AtomicU64,
+    refused_other: AtomicU64,
 }
 
 impl MemoryBudget {
@@ -47,7 +51,20 @@ impl MemoryBudget {
             limit,
             used: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            refused_spilling: AtomicU64::new(0),
+            refused_other: AtomicU64::new(0),
         }
+    }
+
+    /// Requests refused since the server started: to operators that can
+    /// spill (each spilled what it held), and to the others (which fail
+    /// their query with 53200, or, as the spilling join's in-memory part,
+    /// hand their rows to a part that spills).
+    pub fn refusals(&self) -> (u64, u64) {
+        (
+            self.refused_spilling.load(Ordering::Relaxed),
+            self.refused_other.load(Ordering::Relaxed),
+        )
     }
 
     /// Bytes the budget holds.
@@ -118,6 +135,8 @@ pub struct QueryMemory {
     /// What each consumer holds, by its id: named in a refusal, so that the
     /// error says where the memory went.
     holders: Mutex<HashMap<usize, Holder>>,
+    /// The node, on a cluster (a refusal names it).
+    node: OnceLock<String>,
 }
 
 #[derive(Debug)]
@@ -149,7 +168,14 @@ impl QueryMemory {
             spillable: AtomicUsize::new(0),
             repartition: AtomicUsize::new(0),
             holders: Mutex::new(HashMap::new()),
+            node: OnceLock::new(),
         }
+    }
+
+    /// Name the node the pool is on in its refusals (the first name given
+    /// stays).
+    pub fn set_node(&self, node: &str) {
+        let _ = self.node.set(node.to_string());
     }
 
     /// Count `grown` bytes more and `shrunk` fewer for `reservation`'s
@@ -210,8 +236,17 @@ impl QueryMemory {
         additional: usize,
         why: &str,
     ) -> DataFusionError {
+        let counter = match reservation.consumer().can_spill() {
+            true => &self.budget.refused_spilling,
+            false => &self.budget.refused_other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let on = match self.node.get() {
+            Some(node) => format!(" on {node}"),
+            None => String::new(),
+        };
         let mut message = format!(
-            "the {why} is reached: {} could not have {} more ({} held by it, {} by the query",
+            "the {why} is reached{on}: {} could not have {} more ({} held by it, {} by the query",
             reservation.consumer().name(),
             format_bytes(additional),
             format_bytes(reservation.size()),
@@ -294,12 +329,16 @@ impl MemoryPool for QueryMemory {
             return self.grow_repartition(reservation, additional);
         }
         let spills = reservation.consumer().can_spill();
-        // A spilling operator that holds almost nothing has nothing to
-        // spill: refused, it would fail the query. It may take its first
-        // bytes from the share kept for the others (the query's limit
-        // still holds): one partition of an aggregation that grew first
-        // must not starve its sibling.
-        let starting = reservation.size() + additional <= self.limit() / SPILLER_FLOOR_DIVISOR;
+        // A spilling operator that holds nothing, or almost nothing, has
+        // nothing to spill: refused, it would fail the query. It may take
+        // its first bytes from the share kept for the others (the query's
+        // limit still holds): one partition of an aggregation that grew
+        // first must not starve its sibling, nor, on a cluster, one task's
+        // aggregation the same query's other tasks on the node (a first
+        // batch's groups: 978 kB of an 8 MB limit). Its first request may
+        // be as large as all starting operators together may go past.
+        let starting = reservation.size() + additional <= self.limit() / SPILLER_FLOOR_DIVISOR
+            || (reservation.size() == 0 && additional <= self.limit() / STARTING_OVERDRAFT_DIVISOR);
         if spills && !add_within(&self.spillable, additional, self.spillable_limit()) {
             if starting {
                 self.spillable.fetch_add(additional, Ordering::Relaxed);
@@ -518,6 +557,57 @@ impl MemoryPool for SessionMemory {
     }
 }
 
+/// The pools of the queries a node runs, by query id: a session's
+/// statement registers its pool, and the tasks of that statement that
+/// reach the node (its own, or another node's through the worker service)
+/// count in it, so that a query's limit holds on every node it touches
+/// and all of them count in the node's budget.
+#[derive(Debug)]
+pub struct QueryPools {
+    budget: Arc<MemoryBudget>,
+    pools: Mutex<HashMap<String, Weak<QueryMemory>>>,
+}
+
+impl QueryPools {
+    pub fn new(budget: Arc<MemoryBudget>) -> Self {
+        Self {
+            budget,
+            pools: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Make `query` the pool of the query `id` on this node.
+    pub fn register(&self, id: &str, query: &Arc<QueryMemory>) {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.retain(|_, pool| pool.strong_count() > 0);
+        pools.insert(id.to_string(), Arc::downgrade(query));
+    }
+
+    /// The pool of the query `id` on this node: the one registered or
+    /// joined while it still has a holder, else a new one of `limit` bytes
+    /// (at most the budget).
+    pub fn join(&self, id: &str, limit: usize) -> Arc<QueryMemory> {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pool) = pools.get(id).and_then(Weak::upgrade) {
+            return pool;
+        }
+        pools.retain(|_, pool| pool.strong_count() > 0);
+        let limit = limit.min(self.budget.limit());
+        let pool = Arc::new(QueryMemory::new(limit, Arc::clone(&self.budget)));
+        pools.insert(id.to_string(), Arc::downgrade(&pool));
+        pool
+    }
+
+    /// Queries with a live pool on this node.
+    pub fn live(&self) -> usize {
+        let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools
+            .values()
+            .filter(|pool| pool.strong_count() > 0)
+            .count()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,6 +624,41 @@ mod tests {
         MemoryConsumer::new(name)
             .with_can_spill(spill)
             .register(pool)
+    }
+
+    #[test]
+    fn a_querys_tasks_on_a_node_share_its_pool_within_the_nodes_budget() {
+        let budget = Arc::new(MemoryBudget::new(1000));
+        let pools = QueryPools::new(Arc::clone(&budget));
+        // The coordinator's session registers its statement's pool; a task
+        // of that statement on the same node counts in it.
+        let session = Arc::new(QueryMemory::new(600, Arc::clone(&budget)));
+        pools.register("q1", &session);
+        let task = pools.join("q1", 600);
+        assert!(Arc::ptr_eq(&session, &task));
+        task.set_node("node2");
+        let pool: Arc<dyn MemoryPool> = task;
+        let a = reservation(&pool, "HashJoinInput", false);
+        a.try_grow(500).unwrap();
+        let err = a.try_grow(200).unwrap_err().to_string();
+        assert!(
+            err.contains("memory limit (600B) is reached on node2: HashJoinInput"),
+            "{err}"
+        );
+        // Another query's tasks get a pool of their own, held to the
+        // budget the first one shares: 500 of 1000 are taken.
+        let other: Arc<dyn MemoryPool> = pools.join("q2", 5000);
+        assert!(matches!(other.memory_limit(), MemoryLimit::Finite(1000)));
+        let b = reservation(&other, "SortExec", true);
+        let err = b.try_grow(600).unwrap_err().to_string();
+        assert!(err.contains("server's memory for queries"), "{err}");
+        assert_eq!(budget.refusals(), (1, 1));
+        assert_eq!(pools.live(), 2);
+        // A pool whose holders all ended is gone; the id starts afresh.
+        drop((a, b, other, pool, session));
+        assert_eq!(pools.live(), 0);
+        assert_eq!(budget.used(), 0);
+        assert_eq!(pools.join("q1", 100).limit(), 100);
     }
 
     #[test]
@@ -580,9 +705,14 @@ mod tests {
         let err = sort2.try_grow(300).unwrap_err().to_string();
         assert!(err.contains("spilling operators"), "{err}");
         sort2.try_grow(275).unwrap();
-        // One that holds nothing yet may start in the others' share...
+        // One that holds nothing yet may start in the others' share, with
+        // up to an 8th of the limit...
         let sort3 = reservation(&pool, "sort3", true);
         sort3.try_grow(10).unwrap();
+        let sort4 = reservation(&pool, "sort4", true);
+        assert!(sort4.try_grow(126).is_err());
+        sort4.try_grow(100).unwrap();
+        sort4.shrink(100);
         // ...but not grow there.
         assert!(sort3.try_grow(10).is_err());
         let fixed = reservation(&pool, "aggregate", false);
@@ -617,9 +747,10 @@ mod tests {
         let channel = reservation(&pool, "RepartitionExec[3]", true);
         channel.try_grow(1500).unwrap();
         assert_eq!((query.used(), budget.used()), (1500, 1500));
-        // Past its limit, the query's other operators are refused...
+        // Past its limit, the query's other operators are refused (past
+        // what one that holds nothing may start with, an 8th)...
         let sort = reservation(&pool, "SortExec[0]", true);
-        assert!(sort.try_grow(100).is_err());
+        assert!(sort.try_grow(200).is_err());
         // ...but one with nothing to spill is held to the limit without
         // the channel's bytes: refused, it would fail the query.
         let build = reservation(&pool, "HashJoinInput", false);
@@ -629,7 +760,7 @@ mod tests {
         // ...and the channel stops at the server's budget.
         assert!(channel.try_grow(1501).is_err());
         channel.shrink(1500);
-        sort.try_grow(100).unwrap();
+        sort.try_grow(200).unwrap();
         // Only the output channels: not a merge, not a look-alike.
         for name in [
             "RepartitionExec[Merge 0]",

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock};
 use cirro_common::{CirroError, Result, SqlState};
 
 pub use admission::{Admission, AdmissionCounts, Ticket};
-pub use memory::{MemoryBudget, QueryMemory, SessionMemory, format_bytes};
+pub use memory::{MemoryBudget, QueryMemory, QueryPools, SessionMemory, format_bytes};
 pub use spill::SpillArea;
 
 /// The share of the machine's memory a server uses unless `--memory-limit`
@@ -44,6 +44,70 @@ pub const QUERY_MEMORY_MIN_BYTES: usize = 1 << 20;
 /// `limit` bytes: DataFusion's 10 MB, at most a sixteenth of the limit.
 pub fn sort_merge_reservation(limit: usize) -> usize {
     (limit / 16).min(10 << 20)
+}
+
+datafusion::common::extensions_options! {
+    /// The statement a session runs, as its tasks carry it to the nodes
+    /// that run them (the engine sets it as each statement starts).
+    pub struct QueryOptions {
+        /// The statement's id, unique across the cluster: a node counts
+        /// all its tasks in one pool ([`QueryPools`]).
+        pub id: String, default = String::new()
+        /// Its memory limit in bytes on each node (0: the node's default).
+        pub memory_limit: usize, default = 0
+    }
+}
+
+impl datafusion::common::config::ConfigExtension for QueryOptions {
+    const PREFIX: &'static str = "cirro_query";
+}
+
+/// Set what depends on a statement's memory limit in its `options`: its
+/// id and limit for the nodes its tasks reach ([`QueryOptions`], `id`
+/// None keeps the one there), what a sort keeps for merging its spill
+/// files (DataFusion's default, 10 MB, is more than a small limit holds),
+/// and the room adaptive aggregation plans its radix partitions for.
+pub fn set_query_options(
+    options: &mut datafusion::config::ConfigOptions,
+    id: Option<&str>,
+    limit: usize,
+) {
+    options.execution.sort_spill_reservation_bytes = sort_merge_reservation(limit);
+    if let Some(aggregation) = options
+        .extensions
+        .get_mut::<crate::rules::AggregationOptions>()
+    {
+        aggregation.memory_limit = limit;
+    }
+    if let Some(query) = options.extensions.get_mut::<QueryOptions>() {
+        if let Some(id) = id {
+            query.id = id.to_string();
+        }
+        query.memory_limit = limit;
+    }
+}
+
+/// A new statement id, unique across the nodes of a cluster: the
+/// process's random hash keys over its pid, the time and a count, twice
+/// (128 bits, in hex).
+pub fn new_query_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static KEYS: std::sync::LazyLock<std::collections::hash_map::RandomState> =
+        std::sync::LazyLock::new(Default::default);
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let half = |salt: u8| {
+        let mut hasher = KEYS.build_hasher();
+        hasher.write_u8(salt);
+        hasher.write_u32(std::process::id());
+        hasher.write_u128(nanos);
+        hasher.write_u64(count);
+        hasher.finish()
+    };
+    format!("{:016x}{:016x}", half(0), half(1))
 }
 
 /// How a node's resources are set up.
@@ -84,6 +148,7 @@ impl ResourceConfig {
 pub struct Resources {
     config: ResourceConfig,
     budget: Arc<MemoryBudget>,
+    pools: Arc<QueryPools>,
     admission: Arc<Admission>,
     spill: OnceLock<std::result::Result<Arc<SpillArea>, CirroError>>,
 }
@@ -107,8 +172,10 @@ impl Resources {
                 ),
             ));
         };
+        let budget = Arc::new(MemoryBudget::new(queries));
         Ok(Self {
-            budget: Arc::new(MemoryBudget::new(queries)),
+            pools: Arc::new(QueryPools::new(Arc::clone(&budget))),
+            budget,
             admission: Admission::new(config.max_running, queries),
             config,
             spill: OnceLock::new(),
@@ -136,6 +203,22 @@ impl Resources {
     /// What the queries may hold together.
     pub fn budget(&self) -> &Arc<MemoryBudget> {
         &self.budget
+    }
+
+    /// The pools of the queries running on the node, by query id.
+    pub fn pools(&self) -> &Arc<QueryPools> {
+        &self.pools
+    }
+
+    /// The pool of the query `id`'s tasks on this node (see
+    /// [`QueryPools::join`]): of `limit` bytes, or the node's default
+    /// where 0.
+    pub fn task_pool(&self, id: &str, limit: usize) -> Arc<QueryMemory> {
+        let limit = match limit {
+            0 => self.query_memory(),
+            n => n,
+        };
+        self.pools.join(id, limit)
     }
 
     /// The admission queue: statements reserve their memory limit in it.

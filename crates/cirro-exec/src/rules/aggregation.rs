@@ -110,7 +110,7 @@ datafusion::common::extensions_options! {
 
 impl AggregationOptions {
     /// The session's settings (the defaults where it has none).
-    fn of(config: &ConfigOptions) -> Self {
+    pub(super) fn of(config: &ConfigOptions) -> Self {
         config
             .extensions
             .get::<AggregationOptions>()
@@ -445,7 +445,7 @@ impl PhysicalOptimizerRule for AggregationExchange {
 
 /// The hash shuffle and the partial aggregation below `last`, when `last`
 /// is the final phase of a grouped two-phase aggregation (no grouping sets).
-fn two_phases(last: &AggregateExec) -> Option<(&RepartitionExec, &AggregateExec)> {
+pub(super) fn two_phases(last: &AggregateExec) -> Option<(&RepartitionExec, &AggregateExec)> {
     if *last.mode() != AggregateMode::FinalPartitioned || last.group_expr().is_empty() {
         return None;
     }
