@@ -350,7 +350,6 @@ fn sixteen_clients_on_a_2gb_server_all_finish_within_the_budget_some_queued() {
     let data = DataDir::new();
     data.load(&["tpch", "--sf", "1"]);
     let server = Server::start_with(data, &["--memory-limit", "2GB"]);
-    let shared = shared_dir();
     let done = std::sync::atomic::AtomicBool::new(false);
     let (failures, most_queued) = std::thread::scope(|scope| {
         // Watch the queue while the clients run (bounded: 20 minutes).
@@ -370,48 +369,13 @@ fn sixteen_clients_on_a_2gb_server_all_finish_within_the_budget_some_queued() {
             }
             most
         });
-        let clients: Vec<_> = (0..CLIENTS)
-            .map(|c| {
-                let (server, shared) = (&server, &shared);
-                scope.spawn(move || {
-                    let mut failures = Vec::new();
-                    // Each client its own order of the queries.
-                    for i in 0..QUERIES.len() {
-                        let q = QUERIES[(c + i) % QUERIES.len()];
-                        let query = std::fs::read_to_string(
-                            shared.join(format!("tpch/queries/q{q:02}.sql")),
-                        )
-                        .expect("query");
-                        let expected = std::fs::read_to_string(
-                            shared.join(format!("tpch/answers/sf1/q{q:02}.csv")),
-                        )
-                        .expect("answer");
-                        let out = server.psql(
-                            "cirro",
-                            PASSWORD,
-                            &["-A", "-F", "|", "-P", "footer=off", "-c", query.trim()],
-                        );
-                        if !out.status.success() {
-                            failures.push(format!(
-                                "client {c} q{q:02}: {}",
-                                String::from_utf8_lossy(&out.stderr)
-                            ));
-                        } else if let Err(diff) = compare(
-                            &String::from_utf8_lossy(&out.stdout),
-                            &expected,
-                            is_ordered(&query),
-                        ) {
-                            failures.push(format!("client {c} q{q:02}: {diff}"));
-                        }
-                    }
-                    failures
-                })
-            })
-            .collect();
-        let failures: Vec<String> = clients
-            .into_iter()
-            .flat_map(|c| c.join().expect("client"))
-            .collect();
+        let failures = common::compare::tpch_sf1_clients(CLIENTS, &QUERIES, |_, query| {
+            server.psql(
+                "cirro",
+                PASSWORD,
+                &["-A", "-F", "|", "-P", "footer=off", "-c", query],
+            )
+        });
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         (failures, watcher.join().expect("watcher"))
     });

@@ -1747,7 +1747,7 @@ mod tests {
         use arrow::array::Int64Array;
         use arrow::datatypes::{DataType, Field, Schema};
         use datafusion::logical_expr::Operator;
-        use datafusion::physical_expr::expressions::{binary, col};
+        use datafusion::physical_expr::expressions::col;
 
         let schema = Arc::new(Schema::new(vec![
             Field::new("a", DataType::Int64, false),

@@ -71,3 +71,54 @@ pub fn is_ordered(query: &str) -> bool {
         .windows(2)
         .any(|w| w == ["order", "by"])
 }
+
+/// `clients` clients at once, each running the TPC-H SF1 `queries` in its
+/// own order (client `c` starts at the `c`-th) through `psql(client, sql)`
+/// (psql's `-A -F | -P footer=off` output); what failed or answered other
+/// than the reference, one line each.
+pub fn tpch_sf1_clients(
+    clients: usize,
+    queries: &[u32],
+    psql: impl Fn(usize, &str) -> std::process::Output + Sync,
+) -> Vec<String> {
+    let shared = super::shared_dir();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                let (shared, psql) = (&shared, &psql);
+                scope.spawn(move || {
+                    let mut failures = Vec::new();
+                    for i in 0..queries.len() {
+                        let q = queries[(c + i) % queries.len()];
+                        let query = std::fs::read_to_string(
+                            shared.join(format!("tpch/queries/q{q:02}.sql")),
+                        )
+                        .expect("query");
+                        let expected = std::fs::read_to_string(
+                            shared.join(format!("tpch/answers/sf1/q{q:02}.csv")),
+                        )
+                        .expect("answer");
+                        let out = psql(c, query.trim());
+                        if !out.status.success() {
+                            failures.push(format!(
+                                "client {c} q{q:02}: {}",
+                                String::from_utf8_lossy(&out.stderr)
+                            ));
+                        } else if let Err(diff) = compare(
+                            &String::from_utf8_lossy(&out.stdout),
+                            &expected,
+                            is_ordered(&query),
+                        ) {
+                            failures.push(format!("client {c} q{q:02}: {diff}"));
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("client"))
+            .collect()
+    })
+}
