@@ -485,7 +485,8 @@ def report(doc, out):
             cells = [f"{ex[x]['median']:.3f}" + (f" ({ex[x]['bytes'] / 1e6:.1f} MB)" if ex[x].get("bytes") else "")
                      for x in EXCHANGES]
             best = min(ex["partial"]["median"], ex["rows"]["median"])
-            lines.append(f"| {r['groups']:,} | {r['rows']:,} | " + " | ".join(cells)
+            text = " (text)" if "text" in name else ""
+            lines.append(f"| {r['groups']:,}{text} | {r['rows']:,} | " + " | ".join(cells)
                          + f" | {ex['auto']['median'] / best:.2f} | {ex['auto'].get('choice') or ''} |")
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     x = range(len(both))
