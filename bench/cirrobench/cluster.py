@@ -35,11 +35,19 @@ aggregation  grouped aggregations on 3 nodes over g(k10, k10000, k, v) of
          the nodes. Scans are cut into tasks of 4 MB × sf so that every node
          reads a share.
 
+cache    the hot-data tier's chunk hit ratio pass by pass over a TPC-H stream
+         (the queries in one shuffled order, CACHE_PASSES times, every answer
+         checked) on `cirro serve` alone and on 3 nodes, each with its share
+         of the memory: cache affinity sends each file range to the same node
+         every time, so the cluster's second pass hits as the single server's
+         does (`cirro.cache` of every node, hits and misses per pass).
+
 Output: results/cluster-sf<N>/results.json, report.md, cluster.png.
 """
 
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -290,6 +298,47 @@ def run_shuffle(args):
     return results
 
 
+# Passes of the cache setup's stream.
+CACHE_PASSES = 2
+
+
+def _tier(target):
+    """Chunk hits and misses of every node's hot-data tier so far."""
+    row = target.run("SELECT coalesce(sum(hits), 0), coalesce(sum(misses), 0) FROM cirro.cache").to_pylist()[0]
+    return tuple(int(v) for v in row.values())
+
+
+def run_cache(args, tables, queries, reference):
+    """The tier's hit ratio per pass of the stream, alone and on 3 nodes
+    (see the module docs)."""
+    order = list(queries)
+    random.Random(42).shuffle(order)
+    results = {}
+    for setup in ("alone", "3"):
+        print(f"cirro bench cluster: cache stream on {SETUP_NAMES[setup]}", file=sys.stderr, flush=True)
+        target = start_setup(setup, args)
+        try:
+            for name, path in tables.items():
+                target.run(f"CREATE TABLE {name} AS SELECT * FROM read_parquet('{path}/')")
+            before = _tier(target)
+            passes = []
+            for p in range(CACHE_PASSES):
+                start = time.perf_counter()
+                for q in order:
+                    compare.compare(target.run(q.sql), reference[q.id], f"{q.id} on {setup}, pass {p + 1}")
+                seconds = time.perf_counter() - start
+                after = _tier(target)
+                hits, misses = after[0] - before[0], after[1] - before[1]
+                before = after
+                passes.append({"seconds": seconds, "hits": hits, "misses": misses,
+                               "hit_ratio": hits / (hits + misses) if hits + misses else None})
+                print(f"  pass {p + 1}: {seconds:.2f} s, {hits} hits, {misses} misses", file=sys.stderr, flush=True)
+            results[setup] = passes
+        finally:
+            target.close()
+    return results
+
+
 def _bytes(text):
     """The bytes that EXPLAIN ANALYZE's network boundaries report as
     transferred (`bytes_transferred=1.5 MB`, 1024-based), summed; None
@@ -367,17 +416,18 @@ def main(args, out):
         print(report(doc, out))
         return 0
     setups = [s for s in args.setups.split(",") if s]
-    unknown = set(setups) - set(SETUPS) - {"shuffle", "aggregation"}
+    unknown = set(setups) - set(SETUPS) - {"shuffle", "aggregation", "cache"}
     if unknown:
         sys.exit(f"cirro bench: unknown --setups {', '.join(sorted(unknown))}: "
-                 f"of {', '.join(SETUPS)}, shuffle, aggregation")
+                 f"of {', '.join(SETUPS)}, shuffle, aggregation, cache")
     queries, tables, facts, reference = tpch_with_answers(args)
     doc = {"command": " ".join(args.argv), "machine": machine(), "sf": args.sf, "runs": args.runs,
            "starts": args.starts, "wire": args.wire, "threads": args.threads, "memory_bytes": setup_memory(),
            "parquet_bytes": facts.get("parquet_bytes"),
            "tpch": run_tpch(args, tables, queries, reference, [s for s in SETUPS if s in setups]),
            "shuffle": run_shuffle(args) if "shuffle" in setups else {},
-           "aggregation": run_aggregation(args) if "aggregation" in setups else {}}
+           "aggregation": run_aggregation(args) if "aggregation" in setups else {},
+           "cache": run_cache(args, tables, queries, reference) if "cache" in setups else {}}
     path = out / "results.json"
     if path.exists():
         print(f"cirro bench: the earlier results are kept as {keep_earlier(path).name}", file=sys.stderr)
@@ -488,6 +538,15 @@ def report(doc, out):
             text = " (text)" if "text" in name else ""
             lines.append(f"| {r['groups']:,}{text} | {r['rows']:,} | " + " | ".join(cells)
                          + f" | {ex['auto']['median'] / best:.2f} | {ex['auto'].get('choice') or ''} |")
+    if doc.get("cache"):
+        lines += ["", f"## The hot-data tier over a TPC-H stream ({len(doc['cache']['alone'])} passes, chunk hits "
+                  "of every node's tier)", "", "| setup | pass | time (s) | hits | misses | hit ratio |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for setup, passes in doc["cache"].items():
+            for p, r in enumerate(passes):
+                ratio = "–" if r["hit_ratio"] is None else f"{r['hit_ratio']:.1%}"
+                lines.append(f"| {SETUP_NAMES[setup]} | {p + 1} | {r['seconds']:.2f} | {r['hits']} | "
+                             f"{r['misses']} | {ratio} |")
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     x = range(len(both))
     width = 0.8 / max(1, len(setups))
