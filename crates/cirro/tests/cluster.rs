@@ -1435,6 +1435,7 @@ fn hdfs_scans_read_their_blocks_where_they_are_and_move_off_a_dead_node() {
 #[test]
 #[ignore = "slow tier: two 20 M-row tables on 3 nodes"]
 fn a_join_of_two_20m_row_tables_on_three_nodes_under_100mb_spills_on_each() {
+    let _heavy = common::heavy();
     let cluster = Cluster::up(3, "local");
     cluster.sql(
         1,
@@ -1480,6 +1481,7 @@ fn sixteen_clients_on_three_2gb_nodes_all_finish_within_each_budget() {
     const CLIENTS: usize = 16;
     const QUERIES: [u32; 6] = [1, 3, 9, 13, 18, 21];
     const BUDGET: u64 = 2 << 30;
+    let _heavy = common::heavy();
     let cluster = Cluster::up_with_env(3, "local", &[("CIRRO_MEMORY_LIMIT", "2GB")]);
     let generated = load_tpch_through_node1(&cluster, "1", &TPCH_TABLES);
     drop(generated);

@@ -347,6 +347,7 @@ fn sixteen_clients_on_a_2gb_server_all_finish_within_the_budget_some_queued() {
     const CLIENTS: usize = 16;
     const QUERIES: [u32; 6] = [1, 3, 9, 13, 18, 21];
     const BUDGET: u64 = 2 << 30;
+    let _heavy = common::heavy();
     let data = DataDir::new();
     data.load(&["tpch", "--sf", "1"]);
     let server = Server::start_with(data, &["--memory-limit", "2GB"]);
@@ -396,6 +397,7 @@ fn sixteen_clients_on_a_2gb_server_all_finish_within_the_budget_some_queued() {
 /// A join of two 20 M-row tables under a 100 MB limit gives what it gives
 /// without one (and spilled); `skewed`: half of one side's rows hold one key.
 fn twenty_million_row_join(skewed: bool) {
+    let _heavy = common::heavy();
     let data = DataDir::new();
     data.sql_ok(
         "CREATE TABLE a AS SELECT value AS k, value % 1000 AS v \

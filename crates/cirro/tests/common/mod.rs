@@ -400,3 +400,12 @@ pub fn eventually(tries: usize, mut check: impl FnMut() -> bool) -> bool {
     }
     false
 }
+
+/// Held by the slow tier's heavy tests (20 M-row joins, 16 clients, one
+/// node or three) so that they run one at a time: on this 2-core machine
+/// two of them at once starve a cluster's nodes until their connections
+/// time out (08006), which is not what they test.
+pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
