@@ -1770,45 +1770,31 @@ mod tests {
             ],
         )
         .unwrap();
-        // The join's input had b at index 8: its filter says b@8 < 3.
-        let join = Arc::new(DynamicFilterPhysicalExpr::new(
-            vec![col("b", &schema).unwrap()],
-            lit(true),
-        ));
-        let mut filter = DynamicRowFilter::new(
-            Some(Arc::clone(&join) as Arc<dyn PhysicalExpr>),
-            &schema,
-            &Above::default(),
-        );
-        join.update(Arc::new(
-            datafusion::physical_expr::expressions::BinaryExpr::new(
-                Arc::new(Column::new("b", 8)),
-                Operator::Lt,
-                lit(3i64),
-            ),
-        ))
-        .unwrap();
-        let kept = filter.apply(batch.clone()).unwrap();
-        assert_eq!(kept.num_rows(), 300, "b < 3 read by name");
+        // The rows a scan's row filter keeps once its join's filter says
+        // `column@8 < 3` (the join's index, not the scan's).
+        let kept = |column: &str| {
+            let join = Arc::new(DynamicFilterPhysicalExpr::new(
+                vec![col("b", &schema).unwrap()],
+                lit(true),
+            ));
+            let mut filter = DynamicRowFilter::new(
+                Some(Arc::clone(&join) as Arc<dyn PhysicalExpr>),
+                &schema,
+                &Above::default(),
+            );
+            join.update(Arc::new(
+                datafusion::physical_expr::expressions::BinaryExpr::new(
+                    Arc::new(Column::new(column, 8)),
+                    Operator::Lt,
+                    lit(3i64),
+                ),
+            ))
+            .unwrap();
+            filter.apply(batch.clone()).unwrap().num_rows()
+        };
+        assert_eq!(kept("b"), 300, "b < 3 read by name");
         // A column the scan does not have: the filter keeps every row.
-        let join = Arc::new(DynamicFilterPhysicalExpr::new(
-            vec![col("b", &schema).unwrap()],
-            lit(true),
-        ));
-        let mut filter = DynamicRowFilter::new(
-            Some(Arc::clone(&join) as Arc<dyn PhysicalExpr>),
-            &schema,
-            &Above::default(),
-        );
-        join.update(Arc::new(
-            datafusion::physical_expr::expressions::BinaryExpr::new(
-                Arc::new(Column::new("c_nationkey", 8)),
-                Operator::Lt,
-                lit(3i64),
-            ),
-        ))
-        .unwrap();
-        assert_eq!(filter.apply(batch).unwrap().num_rows(), 1000);
+        assert_eq!(kept("c_nationkey"), 1000);
     }
 
     #[test]
