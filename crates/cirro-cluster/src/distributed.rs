@@ -846,6 +846,7 @@ impl ClusterPlanner {
         if !distributable(inner) {
             return self.local.optimize_head(plan, session.config_options());
         }
+        let whole = Arc::clone(&plan);
         // Group keys without statistics: a sampling run estimates them.
         let plan = sample_group_keys(plan, session).await;
         // Choices that depend on what crosses the network (how each grouped
@@ -860,6 +861,14 @@ impl ClusterPlanner {
                 self.distributed.create_physical_plan(logical_plan, session),
             )
             .await?;
+        // A join's dynamic filter is read only in the stage that fills it.
+        let plan = match crate::dynamic_filters::keep_within_stages(plan) {
+            Ok(plan) => plan,
+            Err(e) => {
+                log::warn!("the query runs on this node alone: {e}");
+                return self.local.optimize_head(whole, session.config_options());
+            }
+        };
         // The part above the stages runs here: this node's rules.
         let plan = self.local.optimize_head(plan, session.config_options())?;
         // EXPLAIN ANALYZE must not wait forever for tasks that never ran.

@@ -30,6 +30,7 @@ use zookeeper_client as zk;
 mod analyze;
 mod deletion_vectors;
 pub mod distributed;
+pub(crate) mod dynamic_filters;
 pub mod local;
 mod locality;
 mod placement;

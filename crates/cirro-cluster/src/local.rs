@@ -229,11 +229,20 @@ impl WorkerPlanRewriteHandler for WorkerRules {
         let keep_shape = DistributedConfig::from_config_options(options)
             .map(|c| c.collect_metrics)
             .unwrap_or(true);
-        let plan = match optimize(Arc::clone(&ev.plan), &self.0, options, keep_shape) {
+        // The task's own dynamic filters, not the plan objects it came as
+        // (on the coordinator, those encoded for other nodes' tasks too).
+        let sent = match crate::dynamic_filters::own_copy(Arc::clone(&ev.plan), ev.session_config) {
+            Ok(copy) => copy,
+            Err(e) => {
+                log::warn!("a task runs on the plan it was given: it could not be copied: {e}");
+                ev.plan
+            }
+        };
+        let plan = match optimize(Arc::clone(&sent), &self.0, options, keep_shape) {
             Ok(plan) => plan,
             Err(e) => {
                 log::warn!("a task runs as sent: its local optimization failed: {e}");
-                ev.plan
+                sent
             }
         };
         Ok(WorkerPlanRewriteEventResponse::new(plan))
