@@ -646,9 +646,106 @@ fn one_sided_allowed(who: &str, error: &str) -> bool {
         .any(|(side, says, _)| *side == who && error.contains(says))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_queries_match_duckdb() {
-    let server = Server::start();
+/// What a run of generated queries found.
+#[derive(Default)]
+struct Tally {
+    queries: usize,
+    answered: usize,
+    both_failed: usize,
+    differences: Vec<String>,
+}
+
+impl Tally {
+    /// `sql` (with its dialect markers) on both engines, the difference
+    /// noted where they disagree; `wrap` turns each engine's statement into
+    /// the one run (the identity, or a summary of its rows).
+    async fn compare(
+        &mut self,
+        client: &tokio_postgres::Client,
+        duck: &mut DuckDb,
+        seed: u64,
+        (sql, ordered): (&str, bool),
+        wrap: &dyn Fn(&str) -> String,
+    ) {
+        let (ours_sql, theirs_sql) = dialects(sql);
+        let (ours_sql, theirs_sql) = (wrap(&ours_sql), wrap(&theirs_sql));
+        self.queries += 1;
+        let ours = cirro_rows(client, &ours_sql).await;
+        let theirs = duck.try_rows(&theirs_sql);
+        let difference = match (&ours, &theirs) {
+            (Ok(a), Ok(b)) => {
+                self.answered += 1;
+                let (a, b) = (
+                    canonical_rows(a, true, ordered),
+                    canonical_rows(b, false, ordered),
+                );
+                (!rows_agree(&a, &b)).then(|| {
+                    let first = a
+                        .iter()
+                        .zip(&b)
+                        .position(|(x, y)| {
+                            !rows_agree(std::slice::from_ref(x), std::slice::from_ref(y))
+                        })
+                        .unwrap_or(a.len().min(b.len()));
+                    format!(
+                        "{} vs {} rows; first difference at row {first}: cirro {:?} duckdb {:?}",
+                        a.len(),
+                        b.len(),
+                        a.get(first),
+                        b.get(first)
+                    )
+                })
+            }
+            (Err(_), Err(_)) => {
+                self.both_failed += 1;
+                None
+            }
+            (Err(e), Ok(_)) => {
+                (!one_sided_allowed("cirro", e)).then(|| format!("only Cirro failed: {e}"))
+            }
+            (Ok(_), Err(e)) => {
+                (!one_sided_allowed("duckdb", e)).then(|| format!("only DuckDB failed: {e}"))
+            }
+        };
+        if let Some(difference) = difference {
+            self.differences
+                .push(format!("seed {seed}: {ours_sql}\n    {difference}"));
+        }
+    }
+
+    /// No difference, at least `queries` queries, most answered by both.
+    fn check(&self, queries: usize, started: Instant) {
+        eprintln!(
+            "{} queries in {:.1} s: {} answered by both, {} refused by both, {} differences",
+            self.queries,
+            started.elapsed().as_secs_f64(),
+            self.answered,
+            self.both_failed,
+            self.differences.len()
+        );
+        assert!(
+            self.differences.is_empty(),
+            "{} of {} queries differ from DuckDB:\n{}",
+            self.differences.len(),
+            self.queries,
+            self.differences
+                .iter()
+                .take(40)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert!(self.queries >= queries, "only {} queries", self.queries);
+        assert!(
+            self.answered * 100 >= self.queries * ANSWERED_PERCENT_MIN,
+            "only {} of {} queries were answered by both engines",
+            self.answered,
+            self.queries
+        );
+    }
+}
+
+async fn connect(server: &Server) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(
         &format!("{} password={PASSWORD}", server.conninfo("cirro")),
         tokio_postgres::NoTls,
@@ -656,9 +753,37 @@ async fn random_queries_match_duckdb() {
     .await
     .expect("connect");
     tokio::spawn(connection);
+    client
+}
+
+/// `sql` run on both engines, which must both succeed.
+async fn on_both(client: &tokio_postgres::Client, duck: &mut DuckDb, sql: &str) {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    duck.try_rows(sql)
+        .unwrap_or_else(|e| panic!("DuckDB: {sql}: {e}"));
+}
+
+/// A small random `table` (20 to 45 rows) on both engines.
+async fn small_table(client: &tokio_postgres::Client, duck: &mut DuckDb, g: &mut Gen, table: &str) {
+    let rows: Vec<String> = (0..g.rng.random_range(20..45)).map(|_| g.row(12)).collect();
+    for sql in [
+        format!("DROP TABLE IF EXISTS {table}"),
+        format!("CREATE TABLE {table} {CREATE}"),
+        format!("INSERT INTO {table} VALUES {}", rows.join(", ")),
+    ] {
+        on_both(client, duck, &sql).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_queries_match_duckdb() {
+    let server = Server::start();
+    let client = connect(&server).await;
     let started = Instant::now();
-    let (mut queries, mut answered, mut both_failed) = (0, 0, 0);
-    let mut differences = Vec::new();
+    let mut tally = Tally::default();
     for seed in SEEDS {
         let mut duck = DuckDb::start();
         let mut g = Gen {
@@ -666,87 +791,149 @@ async fn random_queries_match_duckdb() {
             aliases: vec!["x"],
         };
         for table in ["t1", "t2"] {
-            let rows: Vec<String> = (0..g.rng.random_range(20..45)).map(|_| g.row(12)).collect();
-            for sql in [
-                format!("DROP TABLE IF EXISTS {table}"),
-                format!("CREATE TABLE {table} {CREATE}"),
-                format!("INSERT INTO {table} VALUES {}", rows.join(", ")),
-            ] {
-                client
-                    .simple_query(&sql)
-                    .await
-                    .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
-                duck.try_rows(&sql)
-                    .unwrap_or_else(|e| panic!("DuckDB: {sql}: {e}"));
-            }
+            small_table(&client, &mut duck, &mut g, table).await;
         }
         for _ in 0..QUERIES_PER_SEED {
             assert!(
                 started.elapsed() < Duration::from_secs(RUN_SECONDS_MAX),
-                "the run took over {RUN_SECONDS_MAX} s ({queries} queries)"
+                "the run took over {RUN_SECONDS_MAX} s ({} queries)",
+                tally.queries
             );
             let (sql, ordered) = g.query();
-            let (ours_sql, theirs_sql) = dialects(&sql);
-            queries += 1;
-            let ours = cirro_rows(&client, &ours_sql).await;
-            let theirs = duck.try_rows(&theirs_sql);
-            let difference = match (&ours, &theirs) {
-                (Ok(a), Ok(b)) => {
-                    answered += 1;
-                    let (a, b) = (
-                        canonical_rows(a, true, ordered),
-                        canonical_rows(b, false, ordered),
-                    );
-                    (!rows_agree(&a, &b)).then(|| {
-                        let first = a
-                            .iter()
-                            .zip(&b)
-                            .position(|(x, y)| !rows_agree(std::slice::from_ref(x), std::slice::from_ref(y)))
-                            .unwrap_or(a.len().min(b.len()));
-                        format!(
-                            "{} vs {} rows; first difference at row {first}: cirro {:?} duckdb {:?}",
-                            a.len(),
-                            b.len(),
-                            a.get(first),
-                            b.get(first)
-                        )
-                    })
-                }
-                (Err(_), Err(_)) => {
-                    both_failed += 1;
-                    None
-                }
-                (Err(e), Ok(_)) => {
-                    (!one_sided_allowed("cirro", e)).then(|| format!("only Cirro failed: {e}"))
-                }
-                (Ok(_), Err(e)) => {
-                    (!one_sided_allowed("duckdb", e)).then(|| format!("only DuckDB failed: {e}"))
-                }
-            };
-            if let Some(difference) = difference {
-                differences.push(format!("seed {seed}: {ours_sql}\n    {difference}"));
-            }
+            tally
+                .compare(&client, &mut duck, seed, (&sql, ordered), &|s| {
+                    s.to_string()
+                })
+                .await;
         }
     }
-    eprintln!(
-        "{queries} queries in {:.1} s: {answered} answered by both, {both_failed} refused by both, {} differences",
-        started.elapsed().as_secs_f64(),
-        differences.len()
+    tally.check(2_000, started);
+}
+
+/// Rows of the large table.
+const LARGE_ROWS: usize = 1_000_000;
+/// Files it is loaded from (and written as: one INSERT each).
+const LARGE_FILES: usize = 4;
+const LARGE_QUERIES: usize = 500;
+const LARGE_SECONDS_MAX: u64 = 240;
+
+/// One file's rows of the large table, by DuckDB into `path`: the columns
+/// of [`CREATE`] drawn from hashes of the row number as [`Gen::row`] draws
+/// them (12 % NULLs, `k` in 0..12, `i` now and then at INT's bounds), in
+/// row groups of 65,536 rows.
+fn large_file(first: usize, rows: usize, path: &std::path::Path) -> String {
+    let null = |n: u32, value: &str| {
+        format!("CASE WHEN hash(r, {n}) % 100 < 12 THEN NULL ELSE {value} END")
+    };
+    let columns = [
+        null(1, "(hash(r, 2) % 12)::INT") + " AS k",
+        null(3, "((hash(r, 4) % 600)::INT - 300)::SMALLINT") + " AS s",
+        null(
+            5,
+            "(CASE WHEN hash(r, 6) % 100 < 3 THEN (CASE WHEN hash(r, 7) % 2 = 0 THEN 2147483647 ELSE -2147483648 END) \
+             ELSE (hash(r, 8) % 10000)::INT - 5000 END)::INT",
+        ) + " AS i",
+        null(9, "(hash(r, 10) % 8000000000000)::BIGINT - 4000000000000") + " AS b",
+        null(11, "((hash(r, 12) % 8000)::BIGINT - 4000)::DOUBLE / 4") + " AS d",
+        null(
+            13,
+            "(((hash(r, 14) % 19999998)::BIGINT - 9999999)::DOUBLE / 100)::DECIMAL(12,2)",
+        ) + " AS n",
+        null(
+            15,
+            "(['', 'a', 'A', 'ab', 'abc', 'b', 'Bob', 'bob ', 'x%y', '42', 'Zürich', 'a_b'])[(hash(r, 16) % 12 + 1)::BIGINT]",
+        ) + " AS v",
+        null(17, "hash(r, 18) % 2 = 0") + " AS o",
+        null(19, "DATE '2020-01-01' + (hash(r, 20) % 2190)::INT") + " AS dt",
+        null(
+            21,
+            "TIMESTAMP '2020-01-01' + to_seconds((hash(r, 22) % 189000000)::BIGINT)",
+        ) + " AS ts",
+    ];
+    format!(
+        "COPY (SELECT {} FROM range({first}, {}) AS t(r)) TO '{}' (FORMAT parquet, ROW_GROUP_SIZE 65536)",
+        columns.join(", "),
+        first + rows,
+        path.display()
+    )
+}
+
+/// The generator's queries over a million-row `t1` (loaded from four
+/// files as four writes, so that Cirro's scans sample, compile and skip
+/// as on real tables) and a small `t2`. Each answer is compared as a
+/// summary, its row count and each column's count, minimum and maximum,
+/// so that a join's millions of rows compare as one row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_queries_over_a_million_rows_match_duckdb() {
+    let server = Server::start();
+    let client = connect(&server).await;
+    let files = tempfile::tempdir().expect("tempdir");
+    let started = Instant::now();
+    let seed = 7;
+    let mut duck = DuckDb::start();
+    let mut g = Gen {
+        rng: StdRng::seed_from_u64(seed),
+        aliases: vec!["x"],
+    };
+    let per_file = LARGE_ROWS / LARGE_FILES;
+    for f in 0..LARGE_FILES {
+        let path = files.path().join(format!("t1-{f}.parquet"));
+        duck.try_rows(&large_file(f * per_file, per_file, &path))
+            .unwrap_or_else(|e| panic!("DuckDB: {e}"));
+        let read = format!("SELECT * FROM read_parquet('{}')", path.display());
+        let sql = if f == 0 {
+            format!("CREATE TABLE t1 AS {read}")
+        } else {
+            format!("INSERT INTO t1 {read}")
+        };
+        on_both(&client, &mut duck, &sql).await;
+    }
+    small_table(&client, &mut duck, &mut g, "t2").await;
+    let count = cirro_rows(
+        &client,
+        "SELECT count(*), count(DISTINCT k), count(v) FROM t1",
+    )
+    .await
+    .expect("count");
+    assert_eq!(
+        count[0][0].as_deref(),
+        Some(LARGE_ROWS.to_string().as_str())
     );
-    assert!(
-        differences.is_empty(),
-        "{} of {queries} queries differ from DuckDB:\n{}",
-        differences.len(),
-        differences
-            .iter()
-            .take(40)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
-    assert!(queries >= 2_000);
-    assert!(
-        answered * 100 >= queries * ANSWERED_PERCENT_MIN,
-        "only {answered} of {queries} queries were answered by both engines"
-    );
+    let mut tally = Tally::default();
+    for _ in 0..LARGE_QUERIES {
+        assert!(
+            started.elapsed() < Duration::from_secs(LARGE_SECONDS_MAX),
+            "the run took over {LARGE_SECONDS_MAX} s ({} queries)",
+            tally.queries
+        );
+        let (sql, ordered) = g.query();
+        // The generator's own columns, below its ORDER BY … LIMIT.
+        let columns = output_columns(sql.strip_prefix("SELECT * FROM (").unwrap_or(&sql));
+        let summary = move |sql: &str| {
+            let names: Vec<String> = (1..=columns).map(|c| format!("c{c}")).collect();
+            let parts: Vec<String> = names
+                .iter()
+                .map(|c| format!("count({c}), min({c}), max({c})"))
+                .collect();
+            format!(
+                "SELECT count(*), {} FROM ({sql}) AS r({})",
+                parts.join(", "),
+                names.join(", ")
+            )
+        };
+        tally
+            .compare(&client, &mut duck, seed, (&sql, ordered), &summary)
+            .await;
+    }
+    tally.check(LARGE_QUERIES, started);
+    // The tables were large enough for Cirro's compiled expressions.
+    let compiled = cirro_rows(&client, "SELECT compiled FROM cirro.jit")
+        .await
+        .expect("cirro.jit");
+    let compiled: u64 = compiled[0][0]
+        .as_deref()
+        .unwrap_or("0")
+        .parse()
+        .expect("a count");
+    assert!(compiled > 0, "no expression was compiled");
 }
