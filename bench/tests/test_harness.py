@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from cirrobench import __main__ as cli
-from cirrobench import compare, engines, report, runner
+from cirrobench import compare, engines, report, runner, suites
 from cirrobench.worker import Worker
 
 
@@ -80,6 +80,18 @@ class CompareTest(unittest.TestCase):
 
 def _rec(names):
     return {n: {"status": "ok", "cold": 0.1, "hot": [0.1], "rows": 1} for n in names}
+
+
+class SuitesTest(unittest.TestCase):
+    def test_q11_fraction_is_scaled_above_sf1(self):
+        def fraction(sf):
+            line = next(l for l in suites.tpch_queries(sf)[10].sql.splitlines() if "ps_availqty) *" in l)
+            return float(line.rsplit("*", 1)[1])
+
+        self.assertEqual(fraction(0.1), 0.0001)
+        self.assertEqual(fraction(1), 0.0001)
+        self.assertAlmostEqual(fraction(10), 0.00001)
+        self.assertAlmostEqual(fraction(30), 0.0001 / 30, places=10)
 
 
 class GuardTest(unittest.TestCase):
