@@ -15,14 +15,17 @@ tpch     TPC-H (--sf, default 1) on `cirro serve` alone (the baseline) and
          with their range. Every run's result, cold and hot, is compared with
          DuckDB's on the same files. --setups picks what runs.
 
-shuffle  rows moved between two nodes by a hash shuffle, the OSU HiBD
+shuffle  rows moved between nodes by a hash shuffle, the OSU HiBD
          micro-benchmark idea: a join of a(k, v) of N rows with b(k, v) of
-         M = N/10 unique keys, both hash-partitioned on k across the two nodes,
+         M = N/10 unique keys, both hash-partitioned on k across the nodes,
          with a's keys evenly spread (k = i mod M), random, or skewed (half the
-         rows on one key); on 2 nodes scans are cut into tasks of 1 MB × sf, so
+         rows on one key); on 2 and 3 nodes scans are cut into tasks of 1 MB × sf, so
          that both sides are spread and shuffled however well they compress. Throughput = rows (and bytes, 16 per row) of both
-         sides over the query's time, on 2 nodes and, for scale, the same join
-         on 1 node (nothing crosses a network).
+         sides over the query's time, on 2 and 3 nodes with their links as they
+         are and limited to 10 Gb/s and to 1 Gb/s each way (`scripts/cluster
+         rate`: tc's token bucket on every node's veth, rate only), and, for
+         scale, the same join on 1 node (nothing crosses a network). The bytes
+         EXPLAIN ANALYZE counts between the nodes are reported beside.
 
 aggregation  grouped aggregations on 3 nodes over g(k10, k10000, k, v) of
          10 M × sf rows (v = i, k10 = i mod 10, k10000 = i mod 10,000, k = i):
@@ -250,11 +253,27 @@ SHUFFLE_KEYS = {
 }
 
 
+# Link speeds of the shuffle setup beyond the links as they are.
+LINK_RATES = ("10gbit", "1gbit")
+
+
+def limit_links(cluster, rate):
+    """Every node's link limited to `rate` each way (None: as it is)."""
+    for i in range(1, cluster.nodes + 1):
+        out = subprocess.run([str(SCRIPT), "rate", str(i), "--rate", rate or "off", "--dir", cluster.dir],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"cirro bench: scripts/cluster rate failed:\n{out.stdout}\n{out.stderr}")
+
+
 def run_shuffle(args):
+    """The shuffle figures (see the module docs): {nodes: {keys: record}}
+    with the links as they are, and under "links" {rate: {nodes: {keys:
+    record}}} for the limited ones."""
     n = int(SHUFFLE_ROWS * args.sf)
     m = max(n // 10, 1)
-    results = {}
-    for nodes in (1, 2):
+    results = {"links": {rate: {} for rate in LINK_RATES}}
+    for nodes in (1, 2, 3):
         print(f"cirro bench cluster: shuffle on {nodes} node(s)", file=sys.stderr, flush=True)
         cluster = Cluster(nodes, args.cirro, args.wire, args.threads, setup_memory())
         try:
@@ -265,38 +284,51 @@ def run_shuffle(args):
                 # however well their keys compress.
                 task_bytes = max(4096, int(1_048_576 * args.sf))
                 cluster.run(f"SET distributed.file_scan_config_bytes_per_partition = {task_bytes}")
-            per_kind = {}
+            rates = (None,) + (LINK_RATES if nodes > 1 else ())
             for kind, key in SHUFFLE_KEYS.items():
                 cluster.run("DROP TABLE IF EXISTS a")
                 cluster.run(f"CREATE TABLE a AS SELECT {key.format(m=m)} AS k, i AS v "
                             f"FROM (SELECT CAST(value AS BIGINT) AS i FROM generate_series(1, {n}))")
-                sql = "SELECT count(*), sum(a.v + b.v) FROM a JOIN b ON a.k = b.k"
                 expected = cluster.run("SELECT count(*) FROM a WHERE k >= 0 AND k < %d" % m).column(0)[0].as_py()
-                runs = []
-                for _ in range(args.runs + 1):
-                    seconds, table = cluster.timed(sql)
-                    runs.append(seconds)
-                    got = table.column(0)[0].as_py()
-                    if got != expected:
-                        raise SystemExit(f"cirro bench: shuffle {kind} on {nodes} node(s): {got} rows joined, "
-                                         f"expected {expected}")
-                plan = str(cluster.run(f"EXPLAIN {sql}").to_pylist())
-                # What crossed between nodes: hash shuffles, or (for a small
-                # b) a broadcast of it.
-                exchange = ("shuffle" if "NetworkShuffleExec" in plan
-                            else "broadcast" if "NetworkBroadcastExec" in plan else "none")
-                median = statistics.median(runs[1:])
-                rows = n + m
-                per_kind[kind] = {"rows": rows, "bytes": rows * 16, "median": median, "hot": runs[1:],
-                                  "cold": runs[0], "rows_per_s": rows / median, "mb_per_s": rows * 16 / median / 1e6,
-                                  "exchange": exchange}
-                print(f"  {kind}: {median:.3f} s, {rows / median / 1e6:.1f} M rows/s, exchange={exchange}",
-                      file=sys.stderr, flush=True)
-            results[str(nodes)] = per_kind
+                for rate in rates:
+                    limit_links(cluster, rate) if nodes > 1 else None
+                    try:
+                        rec = _shuffle_once(cluster, args, expected, f"{kind} on {nodes} node(s)")
+                    finally:
+                        limit_links(cluster, None) if rate else None
+                    rec.update(rows=n + m, bytes=(n + m) * 16, rows_per_s=(n + m) / rec["median"],
+                               mb_per_s=(n + m) * 16 / rec["median"] / 1e6)
+                    target = results.setdefault(str(nodes), {}) if rate is None \
+                        else results["links"][rate].setdefault(str(nodes), {})
+                    target[kind] = rec
+                    moved = "" if rec["between_bytes"] is None else f", {rec['between_bytes'] / 1e6:.1f} MB between"
+                    print(f"  {kind}, link {rate or 'as is'}: {rec['median']:.3f} s, "
+                          f"{rec['rows_per_s'] / 1e6:.1f} M rows/s, exchange={rec['exchange']}{moved}",
+                          file=sys.stderr, flush=True)
         finally:
             cluster.close()
     return results
 
+
+def _shuffle_once(cluster, args, expected, what):
+    """The shuffle join's hot runs (each answer checked), what crossed
+    between the nodes (EXPLAIN, EXPLAIN ANALYZE)."""
+    sql = "SELECT count(*), sum(a.v + b.v) FROM a JOIN b ON a.k = b.k"
+    runs = []
+    for _ in range(args.runs + 1):
+        seconds, table = cluster.timed(sql)
+        runs.append(seconds)
+        got = table.column(0)[0].as_py()
+        if got != expected:
+            raise SystemExit(f"cirro bench: shuffle {what}: {got} rows joined, expected {expected}")
+    plan = str(cluster.run(f"EXPLAIN {sql}").to_pylist())
+    # What crossed between nodes: hash shuffles, or (for a small b) a
+    # broadcast of it.
+    exchange = ("shuffle" if "NetworkShuffleExec" in plan
+                else "broadcast" if "NetworkBroadcastExec" in plan else "none")
+    analyzed = "\n".join(str(v) for v in cluster.run(f"EXPLAIN ANALYZE {sql}").column(1).to_pylist())
+    return {"median": statistics.median(runs[1:]), "hot": runs[1:], "cold": runs[0], "exchange": exchange,
+            "between_bytes": _bytes(analyzed)}
 
 # Passes of the cache setup's stream.
 CACHE_PASSES = 2
@@ -450,6 +482,12 @@ def _exchange(r):
     return "shuffle" if r.get("network_shuffle") else "none"
 
 
+def _between(r):
+    """The bytes EXPLAIN ANALYZE counted between nodes, where known."""
+    moved = r.get("between_bytes")
+    return "" if moved is None else f", {moved / 1e6:.1f} MB"
+
+
 def _geomean(values):
     values = [v for v in values if v > 0]
     return statistics.geometric_mean(values) if values else float("nan")
@@ -520,12 +558,15 @@ def report(doc, out):
             cells.append(f"{x['median'] / y['median']:.2f}" if "median" in x and "median" in y else "")
         lines.append(f"| {q} | " + " | ".join(cells) + " |")
     lines += ["", "## Shuffle (join of a: N rows with b: N/10 unique keys, hash-partitioned on the key)", "",
-              "| keys | nodes | rows | time (s) | M rows/s | MB/s | between nodes |",
-              "|---|---:|---:|---:|---:|---:|---|"]
-    for nodes, kinds in doc["shuffle"].items():
-        for kind, r in kinds.items():
-            lines.append(f"| {kind} | {nodes} | {r['rows']:,} | {r['median']:.3f} | {r['rows_per_s'] / 1e6:.1f} | "
-                         f"{r['mb_per_s']:.0f} | {_exchange(r)} |")
+              "| keys | nodes | link | rows | time (s) | M rows/s | MB/s | between nodes |",
+              "|---|---:|---|---:|---:|---:|---:|---|"]
+    links = [(None, {k: v for k, v in doc["shuffle"].items() if k != "links"})]
+    links += list(doc["shuffle"].get("links", {}).items())
+    for rate, per_nodes in links:
+        for nodes, kinds in per_nodes.items():
+            for kind, r in kinds.items():
+                lines.append(f"| {kind} | {nodes} | {rate or 'as is'} | {r['rows']:,} | {r['median']:.3f} | "
+                             f"{r['rows_per_s'] / 1e6:.1f} | {r['mb_per_s']:.0f} | {_exchange(r)}{_between(r)} |")
     if doc.get("aggregation"):
         lines += ["", "## Aggregation across 3 nodes (`SET aggregation_exchange`; time in s, bytes between nodes)",
                   "", "| groups | rows | " + " | ".join(EXCHANGES) + " | auto / best forced | auto chose |",
@@ -558,9 +599,11 @@ def report(doc, out):
     axes[0].set_title(f"TPC-H SF{doc['sf']:g}, same machine")
     axes[0].legend()
     kinds = list(SHUFFLE_KEYS)
-    for j, nodes in enumerate(sorted(doc["shuffle"])):
-        axes[1].bar([i + (j - 0.5) * 0.4 for i in range(len(kinds))],
-                    [doc["shuffle"][nodes][k]["rows_per_s"] / 1e6 for k in kinds], 0.4, label=f"{nodes} node(s)")
+    counts = sorted(k for k in doc["shuffle"] if k != "links")
+    for j, nodes in enumerate(counts):
+        width = 0.8 / max(1, len(counts))
+        axes[1].bar([i + (j - (len(counts) - 1) / 2) * width for i in range(len(kinds))],
+                    [doc["shuffle"][nodes][k]["rows_per_s"] / 1e6 for k in kinds], width, label=f"{nodes} node(s)")
     axes[1].set_xticks(range(len(kinds)), kinds)
     axes[1].set_ylabel("M rows/s through the join")
     axes[1].set_title("hash shuffle throughput")

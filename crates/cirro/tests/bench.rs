@@ -222,7 +222,8 @@ fn cluster_bench_at_sf_001(args: &[&str]) -> (DataDir, serde_json::Value) {
 /// protocol: `cirro serve` alone, a 1-node and a 3-node cluster by
 /// `scripts/cluster`, every answer checked against DuckDB's (a wrong one
 /// fails the run), and rows crossing between the nodes in the shuffle
-/// benchmark on two nodes. (The figures over several starts are the
+/// benchmark on two and three nodes, with the links as they are and
+/// limited. (The figures over several starts are the
 /// harness tests'.)
 #[test]
 fn cluster_suite_end_to_end() {
@@ -252,6 +253,17 @@ fn cluster_suite_end_to_end() {
             "{kind}: {two}"
         );
         assert_eq!(results["shuffle"]["1"][kind]["exchange"], "none");
+        // On 3 nodes too, and with the links limited (scripts/cluster rate).
+        assert!(results["shuffle"]["3"][kind]["median"].as_f64().is_some());
+        for rate in ["10gbit", "1gbit"] {
+            for nodes in ["2", "3"] {
+                let limited = &results["shuffle"]["links"][rate][nodes][kind];
+                assert!(
+                    limited["median"].as_f64().is_some(),
+                    "{rate} {nodes} {kind}: {limited}"
+                );
+            }
+        }
     }
     let report = std::fs::read_to_string(out_dir.join("report.md")).expect("report");
     assert!(report.contains("| total (s), median (range) |"), "{report}");

@@ -107,11 +107,12 @@ pub(crate) async fn create_table(
                 .build()?;
         }
         let frame = engine.context().execute_logical_plan(input).await?;
+        let error = engine.input_error();
         Some(
             frame
                 .execute_stream()
                 .await?
-                .map(|b| b.map_err(CirroError::from)),
+                .map(move |b| b.map_err(&error)),
         )
     } else {
         None

@@ -102,10 +102,11 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
                 input = LogicalPlanBuilder::from(input).sort(keys)?.build()?;
             }
             let frame = engine.context().execute_logical_plan(input).await?;
+            let error = engine.input_error();
             let stream = frame
                 .execute_stream()
                 .await?
-                .map(|b| b.map_err(CirroError::from));
+                .map(move |b| b.map_err(&error));
             let (adds, count) = write_files(&table, stream).await?;
             let mode = if overwrite {
                 SaveMode::Overwrite

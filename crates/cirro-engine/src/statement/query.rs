@@ -22,6 +22,21 @@ fn node_failure(e: &datafusion::error::DataFusionError) -> CirroError {
     )
 }
 
+impl Engine {
+    /// How an error of a write's input (CREATE TABLE AS, INSERT … SELECT)
+    /// reads: 08006 where a node of the cluster failed (the write commits
+    /// nothing, so it can be run again), else as any error.
+    pub(crate) fn input_error(
+        &self,
+    ) -> impl Fn(datafusion::error::DataFusionError) -> CirroError + Send + Sync + 'static {
+        let distribution = self.distribution.clone();
+        move |e| match &distribution {
+            Some(d) if d.is_node_failure(&e) => node_failure(&e),
+            _ => CirroError::from(e),
+        }
+    }
+}
+
 /// One more row of EXPLAIN output (`plan_type`, `plan`).
 fn explain_row(
     schema: &arrow::datatypes::SchemaRef,
