@@ -19,7 +19,8 @@ shuffle  rows moved between nodes by a hash shuffle, the OSU HiBD
          micro-benchmark idea: a join of a(k, v) of N rows with b(k, v) of
          M = N/10 unique keys, both hash-partitioned on k across the nodes,
          with a's keys evenly spread (k = i mod M), random, or skewed (half the
-         rows on one key); on 2 and 3 nodes scans are cut into tasks of 1 MB × sf, so
+         rows on one key), the join kept partitioned (no broadcast of b, which
+         the planner would choose); on 2 and 3 nodes scans are cut into tasks of 1 MB × sf, so
          that both sides are spread and shuffled however well they compress. Throughput = rows (and bytes, 16 per row) of both
          sides over the query's time, on 2 and 3 nodes with their links as they
          are and limited to 10 Gb/s and to 1 Gb/s each way (`scripts/cluster
@@ -284,6 +285,11 @@ def run_shuffle(args):
                 # however well their keys compress.
                 task_bytes = max(4096, int(1_048_576 * args.sf))
                 cluster.run(f"SET distributed.file_scan_config_bytes_per_partition = {task_bytes}")
+            # Both sides hash-partitioned, however small b is (a broadcast of
+            # b is what the planner would choose up to SF 1 and more), on one
+            # node too: the same join, with nothing crossing a network.
+            cluster.run("SET datafusion.optimizer.hash_join_single_partition_threshold = 0")
+            cluster.run("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0")
             rates = (None,) + (LINK_RATES if nodes > 1 else ())
             for kind, key in SHUFFLE_KEYS.items():
                 cluster.run("DROP TABLE IF EXISTS a")
