@@ -248,7 +248,10 @@ fn cluster_suite_end_to_end() {
     for kind in ["even", "random", "skewed"] {
         let two = &results["shuffle"]["2"][kind];
         assert_eq!(two["exchange"], "shuffle", "{kind}: {two}");
-        assert!(two["between_bytes"].as_u64().unwrap_or(0) > 0, "{kind}: {two}");
+        assert!(
+            two["between_bytes"].as_u64().unwrap_or(0) > 0,
+            "{kind}: {two}"
+        );
         assert_eq!(results["shuffle"]["1"][kind]["exchange"], "none");
         // On 3 nodes too, and with the links limited (scripts/cluster rate).
         assert!(results["shuffle"]["3"][kind]["median"].as_f64().is_some());

@@ -584,7 +584,8 @@ fn node_peak_rss(cluster: &Cluster, node: usize, reset: bool) -> u64 {
 
 /// A query's memory limit holds on every node its tasks run on: each node
 /// counts the tasks of other nodes' queries in a pool of the query's limit
-/// (`cirro.memory`). Joins, aggregations, sorts and windows under a tight
+/// (`cirro.memory`). Joins, aggregations, sorts (the GPU sort on lavapipe too),
+/// windows and shared subplans under a tight
 /// `memory_limit` give the answer they give without it or fail with 53200
 /// naming the node and the operator (the spilling join must finish); each
 /// node's resident memory stays within the limit, its hot-data tier and
@@ -620,6 +621,20 @@ fn a_querys_memory_limit_holds_on_every_node(cluster: &Cluster) {
             16,
             "SELECT max(r), sum(r) FROM (SELECT row_number() OVER (PARTITION BY l_suppkey \
              ORDER BY l_comment, l_orderkey, l_linenumber) AS r FROM lineitem) AS w",
+        ),
+        // The GPU sort (on lavapipe) on every node.
+        (
+            "GPU sort",
+            16,
+            "SET gpu = force; SELECT count(*), max(l_extendedprice) FROM (SELECT l_extendedprice \
+             FROM lineitem ORDER BY l_extendedprice, l_orderkey, l_linenumber OFFSET 10) AS s",
+        ),
+        // A subplan read twice (shared where both reads run in one place).
+        (
+            "shared subplan",
+            16,
+            "WITH s AS (SELECT l_orderkey, sum(l_extendedprice) AS r FROM lineitem \
+             GROUP BY l_orderkey) SELECT count(*), max(r) FROM s WHERE r > (SELECT avg(r) FROM s)",
         ),
     ];
     let total = |(a, b): (u64, u64)| a + b;
