@@ -944,8 +944,8 @@ fn a_query_outlives_a_node_killed_or_cut_during_it() {
 
 /// LONG_QUERY through node 1 while `fault` hits 1.5 s into it: the whole
 /// answer or a node failure, soon after the fault; then the query succeeds
-/// through node `then`. Soon: 10 s (the failure is seen within the
-/// keep-alive's 3 s) plus twice the query's undisturbed time `alone` (the
+/// through node `then`. Soon: 20 s (the failure is seen within the
+/// keep-alive's 12 s) plus twice the query's undisturbed time `alone` (the
 /// second run on the other nodes, which the tests running beside this one
 /// on the same cores can slow: a fixed 10 s failed once at 12 s). A hang
 /// (no keep-alive: TCP's retransmission timeout, minutes) stays far above.
@@ -958,7 +958,7 @@ fn survives(
 ) {
     let (out, took) = long_query_with_fault(cluster, Duration::from_millis(1500), fault);
     whole_or_failed(&out, expected);
-    let bound = Duration::from_secs(10) + 2 * alone;
+    let bound = Duration::from_secs(20) + 2 * alone;
     assert!(took < bound, "{took:?} after the {what} (bound {bound:?})");
     assert_eq!(
         cluster.sql(then, &format!("{SMALL_TASKS}; {LONG_QUERY}")),
