@@ -297,11 +297,13 @@ def run_shuffle(args):
                             f"FROM (SELECT CAST(value AS BIGINT) AS i FROM generate_series(1, {n}))")
                 expected = cluster.run("SELECT count(*) FROM a WHERE k >= 0 AND k < %d" % m).column(0)[0].as_py()
                 for rate in rates:
-                    limit_links(cluster, rate) if nodes > 1 else None
+                    if rate:
+                        limit_links(cluster, rate)
                     try:
                         rec = _shuffle_once(cluster, args, expected, f"{kind} on {nodes} node(s)")
                     finally:
-                        limit_links(cluster, None) if rate else None
+                        if rate:
+                            limit_links(cluster, None)
                     rec.update(rows=n + m, bytes=(n + m) * 16, rows_per_s=(n + m) / rec["median"],
                                mb_per_s=(n + m) * 16 / rec["median"] / 1e6)
                     target = results.setdefault(str(nodes), {}) if rate is None \

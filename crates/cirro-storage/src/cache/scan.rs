@@ -494,12 +494,12 @@ impl CachedOpener {
         let path: Arc<str> = Arc::from(file.object_meta.location.as_ref());
         let size = file.object_meta.size;
         // The file as a whole first, by its statistics (as DataFusion's reader).
-        // A predicate the pruner cannot read prunes nothing: a join's
-        // dynamic filter can still carry the join's column indices where an
-        // operator between did not re-point them (TPC-H Q7's o_custkey at
-        // index 10 over orders' 9 columns, Q2's IN list over a column of
-        // another type, on cluster workers), and the filters above drop
-        // the rows anyway.
+        // A predicate the pruner cannot read prunes nothing, and the
+        // filters above drop the rows anyway. (A join's dynamic filter in
+        // the join's column indices once reached cluster workers' scans,
+        // TPC-H Q7's o_custkey at index 10 over orders' 9 columns: a filled
+        // filter sent to another node, which cirro-cluster's
+        // dynamic_filters.rs now prevents.)
         let file_metrics = ParquetFileMetrics::new(self.partition, path.as_ref(), &self.metrics);
         if let Some(predicate) = &self.predicate
             && let Some(mut pruner) = FilePruner::try_new(
@@ -1088,14 +1088,14 @@ impl DynamicRowFilter {
                 None => {
                     let prepared = if part.dynamic {
                         // A join fills its filter with the columns of its
-                        // own input; where an operator between did not
-                        // re-point them at the scan's (seen in cluster
-                        // workers' tasks: TPC-H Q10's c_nationkey at the
-                        // join's index 8 over customer's 8 columns), they
-                        // are found by name, as DataFusion's Parquet reader
-                        // finds them. One that still does not fit is only a
-                        // shortcut (its join drops the rows): left out
-                        // until it changes.
+                        // own input; where they do not fit the scan's (once
+                        // seen in cluster workers' tasks, TPC-H Q10's
+                        // c_nationkey at the join's index 8 over customer's
+                        // 8 columns, before cirro-cluster's
+                        // dynamic_filters.rs), they are found by name, as
+                        // DataFusion's Parquet reader finds them. One that
+                        // still does not fit is only a shortcut (its join
+                        // drops the rows): left out until it changes.
                         let current = snapshot_physical_expr(Arc::clone(&part.expr))?;
                         by_name(current, &schema)
                             .and_then(|current| Prepared::new(current, &schema).ok())
