@@ -158,7 +158,15 @@ pub struct Catalog {
     /// Whether the last refresh could not reach the coordination service
     /// (the snapshot may be behind the cluster's).
     stale: std::sync::atomic::AtomicBool,
+    /// When this cluster member last listed the catalog's versions on the
+    /// storage itself (see [`Catalog::refresh`]).
+    listed: Mutex<Option<std::time::Instant>>,
 }
+
+/// How often a cluster member lists the catalog's versions on the storage
+/// beside reading the published number (versions another process wrote
+/// into the data location are not published).
+const LIST_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Directory (under a local data root) of the tables' write-lock files.
 const LOCK_DIR: &str = "_cirro_locks";
@@ -220,6 +228,7 @@ impl Catalog {
             write_locks: Mutex::new(HashMap::new()),
             coordination,
             stale: Default::default(),
+            listed: Mutex::new(None),
         });
         catalog.refresh().await?;
         if catalog.snapshot().version == 0 {
@@ -292,7 +301,22 @@ impl Catalog {
                     self.stale
                         .store(false, std::sync::atomic::Ordering::Relaxed);
                     match published {
-                        Some(version) => version,
+                        Some(version) if !self.list_due() => version,
+                        Some(version) => {
+                            // Another process (`cirro load --data`, `cirro sql
+                            // --data`) may have written a newer version without
+                            // publishing it: a replaced table's old files are
+                            // gone, and its cached chunks must not answer.
+                            let stored = self.versions.latest().await?;
+                            if stored > version
+                                && let Err(e) = coordination.publish_catalog_version(stored).await
+                            {
+                                log::warn!(
+                                    "catalog version {stored} found on the storage but not published: {e}"
+                                );
+                            }
+                            stored.max(version)
+                        }
                         None => self.versions.latest().await?,
                     }
                 }
@@ -311,6 +335,17 @@ impl Catalog {
             },
         };
         self.read_latest(latest).await
+    }
+
+    /// Whether a cluster member lists the storage's versions now (at most
+    /// once per [`LIST_EVERY`]).
+    fn list_due(&self) -> bool {
+        let mut listed = self.listed.lock().unwrap_or_else(|e| e.into_inner());
+        let due = listed.is_none_or(|at| at.elapsed() >= LIST_EVERY);
+        if due {
+            *listed = Some(std::time::Instant::now());
+        }
+        due
     }
 
     /// Read the newest catalog version on the storage itself. In a cluster
@@ -532,6 +567,56 @@ mod tests {
             StorageRoot::open(dir.to_str().expect("utf8")).expect("root"),
             dir,
         )
+    }
+
+    /// A coordination service that only keeps the published version.
+    #[derive(Debug, Default)]
+    struct Published(Mutex<Option<u64>>);
+
+    #[async_trait::async_trait]
+    impl Coordination for Published {
+        async fn catalog_version(&self) -> Result<Option<u64>> {
+            Ok(*self.0.lock().unwrap())
+        }
+        async fn publish_catalog_version(&self, version: u64) -> Result<()> {
+            *self.0.lock().unwrap() = Some(version);
+            Ok(())
+        }
+        async fn lock(&self, _: &str) -> Result<HeldLock> {
+            Err(CirroError::internal("no locks in this test"))
+        }
+        fn nodes(&self) -> Vec<crate::coordination::NodeInfo> {
+            Vec::new()
+        }
+        fn node_id(&self) -> String {
+            "test".into()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_member_sees_versions_another_process_wrote_without_publishing() {
+        let (root, dir) = temp_root("unpublished");
+        let outside = Catalog::open(root.clone()).await.expect("open");
+        let published = Arc::new(Published::default());
+        let member = Catalog::open_in_cluster(root, published.clone())
+            .await
+            .expect("member");
+        assert_eq!(*published.0.lock().unwrap(), Some(1));
+        // `cirro load --data` beside the cluster: a new version, unpublished.
+        outside
+            .commit(|s| {
+                s.databases
+                    .insert("sales".into(), DatabaseEntry::with_public());
+                Ok(())
+            })
+            .await
+            .expect("commit");
+        tokio::time::sleep(LIST_EVERY + std::time::Duration::from_millis(100)).await;
+        let seen = member.refresh().await.expect("refresh");
+        assert!(seen.databases.contains_key("sales"), "{:?}", seen.version);
+        // … and published for the other members.
+        assert_eq!(*published.0.lock().unwrap(), Some(2));
+        std::fs::remove_dir_all(dir).ok();
     }
 
     #[tokio::test]
