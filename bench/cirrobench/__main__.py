@@ -101,6 +101,9 @@ def parse(argv):
                     help="cluster: what to run, of alone (cirro serve alone, the baseline), 1 and 3 (TPC-H on a "
                          "cluster of that many nodes), shuffle and aggregation (grouped aggregations on 3 nodes, "
                          "each exchange; default: all but aggregation)")
+    ap.add_argument("--rpc-sizes", default="",
+                    help="cluster, shuffle: the message sizes in bytes of the worker RPC micro-benchmark, "
+                         "comma-separated (default: 1 KB to 16 MB by factors of 4)")
     ap.add_argument("--scaling", action="store_true",
                     help="cluster: TPC-H on 1, 2, 3 nodes, bucketed and not, bytes exchanged, a model of larger "
                          "clusters (results in cluster-scaling-sf<N>)")

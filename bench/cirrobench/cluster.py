@@ -27,6 +27,10 @@ shuffle  rows moved between nodes by a hash shuffle, the OSU HiBD
          rate`: tc's token bucket on every node's veth, rate only), and, for
          scale, the same join on 1 node (nothing crosses a network). The bytes
          EXPLAIN ANALYZE counts between the nodes are reported beside.
+         With the same clusters and links: the worker RPC from node 1 to
+         each other node's worker (`cirro admin rpc-bench`: the median round
+         trip of a message echoed and the throughput of messages sent 4 at a
+         time, 1 KB to 16 MB, or --rpc-sizes).
 
 aggregation  grouped aggregations on 3 nodes over g(k10, k10000, k, v) of
          10 M × sf rows (v = i, k10 = i mod 10, k10000 = i mod 10,000, k = i):
@@ -147,10 +151,13 @@ class Cluster(Alone):
             shutil.rmtree(self.dir, ignore_errors=True)
             raise SystemExit(f"cirro bench: scripts/cluster up failed:\n{out.stdout}\n{out.stderr}")
         self.nodes = nodes
-        address = [line.split(f"{wire}=")[1].split()[0] for line in out.stdout.splitlines()
-                   if line.startswith("node")][0]
+        self.cirro_bin = cirro_bin
+        first = [line for line in out.stdout.splitlines() if line.startswith("node")][0]
+        address = first.split(f"{wire}=")[1].split()[0]
+        self.http = first.split("http=")[1].split()[0]
         host, port = address.rsplit(":", 1)
         password = Path(self.dir, "password").read_text().strip()
+        self.password = password
         self.pids = [int(Path(self.dir, f"node{i}", "pid").read_text().split()[0]) for i in range(1, nodes + 1)]
         try:
             self.client = engines.Connection(wire, host, int(port), password)
@@ -160,6 +167,19 @@ class Cluster(Alone):
 
     def run(self, sql):
         return self.client.run(sql)
+
+    def rpc_bench(self, sizes=""):
+        """The worker RPC micro-benchmark from node 1 (`cirro admin
+        rpc-bench`): per other node {node, worker, sizes: [{bytes,
+        round_trip_us, round_trips, messages, mb_per_s}]}."""
+        command = [self.cirro_bin, "admin", "--url", f"http://{self.http}", "--json", "rpc-bench"]
+        if sizes:
+            command += ["--sizes", sizes]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                             env={**os.environ, "CIRRO_PASSWORD": self.password, "CIRRO_USER": "cirro"})
+        if out.returncode != 0:
+            raise SystemExit(f"cirro bench: cirro admin rpc-bench failed:\n{out.stdout}\n{out.stderr}")
+        return json.loads(out.stdout)["to"]
 
     def _down(self):
         subprocess.run([str(SCRIPT), "down", "--dir", self.dir], capture_output=True)
@@ -267,10 +287,11 @@ def limit_links(cluster, rate):
             raise SystemExit(f"cirro bench: scripts/cluster rate failed:\n{out.stdout}\n{out.stderr}")
 
 
-def run_shuffle(args):
+def run_shuffle(args, rpc):
     """The shuffle figures (see the module docs): {nodes: {keys: record}}
     with the links as they are, and under "links" {rate: {nodes: {keys:
-    record}}} for the limited ones."""
+    record}}} for the limited ones. The worker RPC's go into `rpc`: {link:
+    {nodes: [per other node]}}, link "as is" or a rate."""
     n = int(SHUFFLE_ROWS * args.sf)
     m = max(n // 10, 1)
     results = {"links": {rate: {} for rate in LINK_RATES}}
@@ -291,6 +312,20 @@ def run_shuffle(args):
             cluster.run("SET datafusion.optimizer.hash_join_single_partition_threshold = 0")
             cluster.run("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0")
             rates = (None,) + (LINK_RATES if nodes > 1 else ())
+            for rate in rates if nodes > 1 else ():
+                if rate:
+                    limit_links(cluster, rate)
+                try:
+                    peers = cluster.rpc_bench(args.rpc_sizes)
+                finally:
+                    if rate:
+                        limit_links(cluster, None)
+                rpc.setdefault(rate or "as is", {})[str(nodes)] = peers
+                for peer in peers:
+                    small, large = peer["sizes"][0], peer["sizes"][-1]
+                    print(f"  RPC to {peer['node']}, link {rate or 'as is'}: {small['bytes']} B round trip "
+                          f"{small['round_trip_us']:.0f} µs, {large['bytes']} B at {large['mb_per_s']:.0f} MB/s",
+                          file=sys.stderr, flush=True)
             for kind, key in SHUFFLE_KEYS.items():
                 cluster.run("DROP TABLE IF EXISTS a")
                 cluster.run(f"CREATE TABLE a AS SELECT {key.format(m=m)} AS k, i AS v "
@@ -461,11 +496,13 @@ def main(args, out):
         sys.exit(f"cirro bench: unknown --setups {', '.join(sorted(unknown))}: "
                  f"of {', '.join(SETUPS)}, shuffle, aggregation, cache")
     queries, tables, facts, reference = tpch_with_answers(args)
+    rpc = {}
     doc = {"command": " ".join(args.argv), "machine": machine(), "sf": args.sf, "runs": args.runs,
            "starts": args.starts, "wire": args.wire, "threads": args.threads, "memory_bytes": setup_memory(),
            "parquet_bytes": facts.get("parquet_bytes"),
            "tpch": run_tpch(args, tables, queries, reference, [s for s in SETUPS if s in setups]),
-           "shuffle": run_shuffle(args) if "shuffle" in setups else {},
+           "shuffle": run_shuffle(args, rpc) if "shuffle" in setups else {},
+           "rpc": rpc,
            "aggregation": run_aggregation(args) if "aggregation" in setups else {},
            "cache": run_cache(args, tables, queries, reference) if "cache" in setups else {}}
     path = out / "results.json"
@@ -524,6 +561,30 @@ def _total(res, both):
     return statistics.median(totals), min(totals), max(totals)
 
 
+def rpc_lines(rpc):
+    """The report's table of the worker RPC: a row per link speed, cluster
+    and node measured, a column per message size (the median round trip and
+    the throughput)."""
+    sizes = sorted({f["bytes"] for per_nodes in rpc.values() for peers in per_nodes.values()
+                    for peer in peers for f in peer["sizes"]})
+
+    def size(b):
+        return f"{b >> 20} MB" if b >= 1 << 20 else f"{b >> 10} KB" if b >= 1 << 10 else f"{b} B"
+
+    lines = ["", "## Worker RPC from node 1 (`cirro admin rpc-bench`: median round trip of a message echoed, µs; "
+             "throughput of messages sent 4 at a time, MB/s)", "",
+             "| link | nodes | to | " + " | ".join(size(b) for b in sizes) + " |",
+             "|---|---:|---|" + "---:|" * len(sizes)]
+    for link, per_nodes in rpc.items():
+        for nodes, peers in per_nodes.items():
+            for peer in peers:
+                at = {f["bytes"]: f for f in peer["sizes"]}
+                cells = [f"{at[b]['round_trip_us']:.0f} µs, {at[b]['mb_per_s']:.0f} MB/s" if b in at else ""
+                         for b in sizes]
+                lines.append(f"| {link} | {nodes} | {peer['node']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def report(doc, out):
     setups = [s for s in SETUPS if s in doc["tpch"]]
     ratios = [(a, b) for a, b in RATIOS if a in setups and b in setups]
@@ -575,6 +636,8 @@ def report(doc, out):
             for kind, r in kinds.items():
                 lines.append(f"| {kind} | {nodes} | {rate or 'as is'} | {r['rows']:,} | {r['median']:.3f} | "
                              f"{r['rows_per_s'] / 1e6:.1f} | {r['mb_per_s']:.0f} | {_exchange(r)}{_between(r)} |")
+    if doc.get("rpc"):
+        lines += rpc_lines(doc["rpc"])
     if doc.get("aggregation"):
         lines += ["", "## Aggregation across 3 nodes (`SET aggregation_exchange`; time in s, bytes between nodes)",
                   "", "| groups | rows | " + " | ".join(EXCHANGES) + " | auto / best forced | auto chose |",

@@ -265,6 +265,25 @@ class ClusterBenchTest(unittest.TestCase):
             self.assertIn("| 10 | 10 | 1.100 (2.0 MB) | 2.000 | 1.000 (2.0 MB) | 1.10 | "
                           "rows shuffled (≈10 groups of 10 rows) |", text)
 
+    def test_worker_rpc_is_reported_per_link_and_size(self):
+        from cirrobench import cluster
+
+        def peer(node, mb_per_s):
+            return {"node": node, "worker": "x:1", "sizes": [
+                {"bytes": 1024, "round_trip_us": 180.4, "round_trips": 50, "messages": 4096, "mb_per_s": 9.5},
+                {"bytes": 16 << 20, "round_trip_us": 90000.0, "round_trips": 12, "messages": 16,
+                 "mb_per_s": mb_per_s}]}
+
+        rpc = {"as is": {"2": [peer("node2", 1500.0)], "3": [peer("node2", 1400.0), peer("node3", 1300.0)]},
+               "1gbit": {"2": [peer("node2", 118.0)]}}
+        with tempfile.TemporaryDirectory() as tmp:
+            doc = {"command": "cirro bench cluster", "machine": {}, "sf": 1, "runs": 2, "starts": 1,
+                   "wire": "pg", "tpch": {}, "shuffle": {}, "rpc": rpc}
+            text = cluster.report(doc, Path(tmp)).read_text()
+        self.assertIn("| link | nodes | to | 1 KB | 16 MB |", text)
+        self.assertIn("| as is | 3 | node3 | 180 µs, 10 MB/s | 90000 µs, 1300 MB/s |", text)
+        self.assertIn("| 1gbit | 2 | node2 | 180 µs, 10 MB/s | 90000 µs, 118 MB/s |", text)
+
     def test_a_wrong_hot_answer_in_one_start_fails_the_query(self):
         with tempfile.TemporaryDirectory() as tmp:
             # The 1-node cluster's second start, its fifth run: q02's first

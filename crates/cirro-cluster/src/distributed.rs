@@ -632,7 +632,7 @@ impl std::fmt::Debug for ClusterChannels {
 }
 
 impl ClusterChannels {
-    fn new(secret: &str) -> Result<Self, cirro_common::CirroError> {
+    pub(crate) fn new(secret: &str) -> Result<Self, cirro_common::CirroError> {
         let secret = http::HeaderValue::from_str(secret)
             .map_err(|_| crate::worker::bad_secret("it must be printable ASCII"))?;
         Ok(Self {
@@ -641,7 +641,7 @@ impl ClusterChannels {
         })
     }
 
-    fn channel(&self, url: &Url) -> DfResult<BoxCloneSyncChannel> {
+    pub(crate) fn channel(&self, url: &Url) -> DfResult<BoxCloneSyncChannel> {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(channel) = channels.get(url) {
             return Ok(channel.clone());

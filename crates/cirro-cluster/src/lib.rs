@@ -34,6 +34,7 @@ pub(crate) mod dynamic_filters;
 pub mod local;
 mod locality;
 mod placement;
+pub mod rpc_bench;
 pub mod worker;
 
 /// ZooKeeper session timeout: a node that dies or is cut off leaves the

@@ -32,26 +32,46 @@ fn same_secret(given: &[u8], secret: &[u8]) -> bool {
             == 0
 }
 
-/// Serve `worker` on `listener` until the process ends; requests must carry
-/// `secret`. Returns the count of requests in flight (a drain waits for it).
-pub fn spawn_worker(listener: TcpListener, secret: &str, worker: Worker) -> Result<InFlight> {
-    let secret = Arc::new(secret.as_bytes().to_vec());
-    let check = move |request: tonic::Request<()>| {
+/// `service` behind the cluster secret: a request without `secret` in
+/// [`SECRET_HEADER`], or with another, is refused with `Unauthenticated`.
+pub(crate) fn protected<S>(
+    secret: &str,
+    service: S,
+) -> tonic::service::interceptor::InterceptedService<S, SecretCheck> {
+    let check = SecretCheck(Arc::new(secret.as_bytes().to_vec()));
+    tonic::service::interceptor::InterceptedService::new(service, check)
+}
+
+/// The check of [`protected`].
+#[derive(Clone)]
+pub(crate) struct SecretCheck(Arc<Vec<u8>>);
+
+impl tonic::service::Interceptor for SecretCheck {
+    fn call(
+        &mut self,
+        request: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
         let given = request.metadata().get(SECRET_HEADER).map(|v| v.as_bytes());
         match given {
-            Some(given) if same_secret(given, &secret) => Ok(request),
+            Some(given) if same_secret(given, &self.0) => Ok(request),
             _ => Err(tonic::Status::unauthenticated(
                 "this worker takes tasks only from members of its cluster (wrong or missing cluster secret)",
             )),
         }
-    };
-    let service =
-        tonic::service::interceptor::InterceptedService::new(worker.into_worker_server(), check);
+    }
+}
+
+/// Serve `worker` on `listener` until the process ends, with the RPC
+/// micro-benchmark's service beside it (see [`crate::rpc_bench`]); requests
+/// must carry `secret`. Returns the count of requests in flight (a drain
+/// waits for it).
+pub fn spawn_worker(listener: TcpListener, secret: &str, worker: Worker) -> Result<InFlight> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let in_flight = InFlight::default();
     let server = tonic::transport::Server::builder()
         .layer(CountLayer(in_flight.clone()))
-        .add_service(service)
+        .add_service(protected(secret, worker.into_worker_server()))
+        .add_service(protected(secret, crate::rpc_bench::RpcBenchService))
         .serve_with_incoming(incoming);
     tokio::spawn(async move {
         if let Err(e) = server.await {

@@ -20,12 +20,15 @@ pub struct AdminTarget {
 }
 
 /// What `cirro admin` asks.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum AdminCall {
     Status,
     Nodes,
     Queries,
     Cancel(i64),
+    /// The worker RPC micro-benchmark from the node (message sizes in
+    /// bytes; none: the default ones).
+    RpcBench(Vec<usize>),
 }
 
 /// Ask the node; its JSON answer.
@@ -55,7 +58,11 @@ pub async fn admin(target: &AdminTarget, call: AdminCall) -> Result<serde_json::
             "an https:// URL needs --ca-cert (the server's certificate or its issuer's)",
         ));
     }
-    let client = HttpClient::new(if tls { target.ca_cert.as_deref() } else { None })?;
+    let mut client = HttpClient::new(if tls { target.ca_cert.as_deref() } else { None })?;
+    if matches!(call, AdminCall::RpcBench(_)) {
+        // Seconds per size and node.
+        client = client.with_timeout(std::time::Duration::from_secs(900));
+    }
     let credentials = base64::engine::general_purpose::STANDARD
         .encode(format!("{}:{}", target.user, target.password));
     let authorization = format!("Basic {credentials}");
@@ -64,6 +71,14 @@ pub async fn admin(target: &AdminTarget, call: AdminCall) -> Result<serde_json::
         AdminCall::Nodes => (Method::GET, "/api/nodes".to_string()),
         AdminCall::Queries => (Method::GET, "/api/queries".to_string()),
         AdminCall::Cancel(id) => (Method::POST, format!("/api/queries/{id}/cancel")),
+        AdminCall::RpcBench(sizes) if sizes.is_empty() => (Method::POST, "/api/rpc-bench".into()),
+        AdminCall::RpcBench(sizes) => {
+            let list: Vec<String> = sizes.iter().map(usize::to_string).collect();
+            (
+                Method::POST,
+                format!("/api/rpc-bench?sizes={}", list.join(",")),
+            )
+        }
     };
     let headers = [
         ("authorization", authorization.as_str()),

@@ -13,13 +13,14 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types::ServerName;
 
-/// How long a call may take.
+/// How long a call may take unless the client is given another limit.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest answer read.
 const ANSWER_LIMIT: usize = 64 << 20;
 
 pub(crate) struct HttpClient {
     tls: Option<TlsConnector>,
+    timeout: Duration,
 }
 
 impl HttpClient {
@@ -50,7 +51,15 @@ impl HttpClient {
             }
             None => None,
         };
-        Ok(Self { tls })
+        Ok(Self {
+            tls,
+            timeout: CALL_TIMEOUT,
+        })
+    }
+
+    /// The client, its calls allowed `timeout`.
+    pub(crate) fn with_timeout(self, timeout: Duration) -> Self {
+        Self { timeout, ..self }
     }
 
     /// `method path` at `address` (`host:port`) with `headers`; the answer's
@@ -100,9 +109,9 @@ impl HttpClient {
                 .map_err(|e| unreachable(&format!("not a Cirro HTTP API ({status}, {e})")))?;
             Ok((status, value))
         };
-        tokio::time::timeout(CALL_TIMEOUT, exchange)
+        tokio::time::timeout(self.timeout, exchange)
             .await
-            .map_err(|_| unreachable(&"no answer in 10 s"))?
+            .map_err(|_| unreachable(&format!("no answer in {} s", self.timeout.as_secs())))?
     }
 }
 
@@ -129,6 +138,8 @@ pub(crate) fn refusal(address: &str, answer: &serde_json::Value) -> CirroError {
         Some("42704") => SqlState::UNDEFINED_OBJECT,
         Some("28000") => SqlState::INVALID_AUTHORIZATION,
         Some("28P01") => SqlState::INVALID_PASSWORD,
+        Some("22023") => SqlState::INVALID_PARAMETER_VALUE,
+        Some("0A000") => SqlState::FEATURE_NOT_SUPPORTED,
         _ => SqlState::CONNECTION_FAILURE,
     };
     CirroError::new(state, format!("{address}: {message}"))

@@ -1,4 +1,4 @@
-//! `cirro admin status|nodes|queries|cancel ID`: any node's HTTP API, read
+//! `cirro admin status|nodes|queries|cancel ID|rpc-bench`: any node's HTTP API, read
 //! as a user (the password from `CIRRO_PASSWORD`), printed as tables.
 
 use std::process::ExitCode;
@@ -41,6 +41,16 @@ enum AdminCommand {
     },
     /// Cancel a queued or running statement (its id from `queries`).
     Cancel { id: i64 },
+    /// Measure the worker RPC from the node to every other node (a
+    /// superuser's action; seconds per message size and node): the median
+    /// round trip of a message echoed, and the throughput of messages sent
+    /// 4 at a time.
+    RpcBench {
+        /// Message sizes in bytes, comma-separated (default: 1 KB to 16 MB,
+        /// by factors of 4).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+    },
 }
 
 pub async fn run(args: AdminArgs) -> Result<ExitCode, CirroError> {
@@ -64,6 +74,7 @@ pub async fn run(args: AdminArgs) -> Result<ExitCode, CirroError> {
         AdminCommand::Nodes => AdminCall::Nodes,
         AdminCommand::Queries { .. } => AdminCall::Queries,
         AdminCommand::Cancel { id } => AdminCall::Cancel(*id),
+        AdminCommand::RpcBench { sizes } => AdminCall::RpcBench(sizes.clone()),
     };
     let answer = cirro_server::admin(&target, call).await?;
     if args.json {
@@ -75,6 +86,7 @@ pub async fn run(args: AdminArgs) -> Result<ExitCode, CirroError> {
         AdminCommand::Nodes => nodes(&answer),
         AdminCommand::Queries { all } => queries(&answer, *all),
         AdminCommand::Cancel { id } => format!("cancelled query {id}"),
+        AdminCommand::RpcBench { .. } => rpc_bench(&answer),
     };
     println!("{text}");
     Ok(ExitCode::SUCCESS)
@@ -185,6 +197,31 @@ fn queries(list: &Value, all: bool) -> String {
                 ]
             }),
     )
+}
+
+fn rpc_bench(answer: &Value) -> String {
+    let from = text(&answer["from"]);
+    let rows = answer["to"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|peer| {
+            let to = text(&peer["node"]);
+            let from = from.clone();
+            peer["sizes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(move |f| {
+                    vec![
+                        format!("{from} → {to}"),
+                        bytes(&f["bytes"]),
+                        format!("{:.0} µs", f["round_trip_us"].as_f64().unwrap_or(0.0)),
+                        format!("{:.1} MB/s", f["mb_per_s"].as_f64().unwrap_or(0.0)),
+                    ]
+                })
+        });
+    table(&["link", "message", "round trip", "throughput"], rows)
 }
 
 fn table(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {

@@ -112,7 +112,7 @@ enum Command {
     /// Serve the data location over the PostgreSQL protocol.
     Serve(ServeArgs),
     /// Inspect and control running nodes through any node's HTTP API:
-    /// `cirro admin [--url URL] status|nodes|queries|cancel ID`.
+    /// `cirro admin [--url URL] status|nodes|queries|cancel ID|rpc-bench`.
     Admin(admin::AdminArgs),
     /// Benchmark Cirro beside its peers: `cirro bench <tpch|ssb|joins|aggregation|dml|micro>
     /// [--sf N] [--threads T] [--peers a,b,…]` (`cirro bench --help` for all options).

@@ -223,11 +223,18 @@ fn cluster_bench_at_sf_001(args: &[&str]) -> (DataDir, serde_json::Value) {
 /// `scripts/cluster`, every answer checked against DuckDB's (a wrong one
 /// fails the run), and rows crossing between the nodes in the shuffle
 /// benchmark on two and three nodes, with the links as they are and
-/// limited. (The figures over several starts are the
-/// harness tests'.)
+/// limited, with the worker RPC measured over the same links. (The figures
+/// over several starts are the harness tests'.)
 #[test]
 fn cluster_suite_end_to_end() {
-    let (work, results) = cluster_bench_at_sf_001(&["--wire", "pg", "--starts", "1"]);
+    let (work, results) = cluster_bench_at_sf_001(&[
+        "--wire",
+        "pg",
+        "--starts",
+        "1",
+        "--rpc-sizes",
+        "1024,1048576",
+    ]);
     let out_dir = work.path().join("results");
     for setup in ["alone", "1", "3"] {
         let queries = results["tpch"][setup]["queries"]
@@ -265,9 +272,37 @@ fn cluster_suite_end_to_end() {
             }
         }
     }
+    // The worker RPC from node 1 to each other node, at each link speed:
+    // both sizes echoed and sunk; a 1 MB round trip is slower than a 1 KB
+    // one, and under 1 Gb/s (125 MB/s) 1 MB messages cannot go faster.
+    for link in ["as is", "10gbit", "1gbit"] {
+        for (nodes, peers) in [("2", vec!["node2"]), ("3", vec!["node2", "node3"])] {
+            let measured = results["rpc"][link][nodes].as_array().expect("rpc");
+            let names: Vec<_> = measured.iter().map(|p| p["node"].as_str()).collect();
+            assert_eq!(names, peers.iter().map(|p| Some(*p)).collect::<Vec<_>>());
+            for peer in measured {
+                let sizes = peer["sizes"].as_array().expect("sizes");
+                let at = |i: usize, key: &str| sizes[i][key].as_f64().unwrap_or(0.0);
+                assert_eq!(sizes.len(), 2, "{link} {nodes}: {peer}");
+                assert!(at(0, "round_trip_us") > 0.0, "{link} {nodes}: {peer}");
+                assert!(
+                    at(1, "round_trip_us") > at(0, "round_trip_us"),
+                    "{link} {nodes}: {peer}"
+                );
+                assert!(at(1, "mb_per_s") > 0.0, "{link} {nodes}: {peer}");
+                if link == "1gbit" {
+                    assert!(at(1, "mb_per_s") < 140.0, "{link} {nodes}: {peer}");
+                }
+            }
+        }
+    }
     let report = std::fs::read_to_string(out_dir.join("report.md")).expect("report");
     assert!(report.contains("| total (s), median (range) |"), "{report}");
     assert!(report.contains("| 1 / alone | 3 / 1 |"), "{report}");
+    assert!(
+        report.contains("| link | nodes | to | 1 KB | 1 MB |"),
+        "{report}"
+    );
     assert!(out_dir.join("cluster.png").exists());
 }
 

@@ -215,6 +215,74 @@ pub(crate) async fn cancel(
     }
 }
 
+/// The worker RPC micro-benchmark from this node to every other live
+/// node's worker (see [`cirro_cluster::rpc_bench`]): a superuser's action
+/// (it loads the network for seconds); `?sizes=B,B,…` picks the message
+/// sizes (default 1 KB to 16 MB). The nodes are measured one at a time.
+pub(crate) async fn rpc_bench(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response<Body> {
+    let caller = match console.actor(&headers).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
+    };
+    if !matches!(&caller, Caller::User(user) if console.shared.is_superuser(user)) {
+        return error(
+            StatusCode::FORBIDDEN,
+            SqlState::INSUFFICIENT_PRIVILEGE.0,
+            "the RPC benchmark is a superuser's action",
+        );
+    }
+    let (Some(cluster), Some(secret)) = (&console.cluster, &console.secret) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            SqlState::FEATURE_NOT_SUPPORTED.0,
+            "the RPC benchmark measures the links between a cluster's nodes; this node is not in a cluster",
+        );
+    };
+    let sizes = match uri
+        .query()
+        .into_iter()
+        .flat_map(|q| url::form_urlencoded::parse(q.as_bytes()))
+        .find(|(k, _)| k == "sizes")
+    {
+        None => cirro_cluster::rpc_bench::SIZES.to_vec(),
+        Some((_, list)) => match list.split(',').map(|s| s.trim().parse()).collect() {
+            Ok(sizes) => sizes,
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    SqlState::INVALID_PARAMETER_VALUE.0,
+                    &format!("sizes: a list of byte counts, not {list:?}"),
+                );
+            }
+        },
+    };
+    let mut peers = Vec::new();
+    for node in cirro_catalog::Coordination::nodes(cluster.as_ref()) {
+        if node.id == console.node || node.worker.is_empty() {
+            continue;
+        }
+        match cirro_cluster::rpc_bench::measure(&node.worker, secret, &sizes).await {
+            Ok(figures) => peers.push(json!({
+                "node": node.id,
+                "worker": node.worker,
+                "sizes": figures.iter().map(|f| json!({
+                    "bytes": f.bytes,
+                    "round_trip_us": f.round_trip_us,
+                    "round_trips": f.round_trips,
+                    "messages": f.messages,
+                    "mb_per_s": f.mb_per_s,
+                })).collect::<Vec<_>>(),
+            })),
+            Err(e) => return failure(&e),
+        }
+    }
+    json(&json!({ "from": console.node, "to": peers }))
+}
+
 /// Storage figures of the tables the caller may SELECT from.
 pub(crate) async fn tables(
     State(console): State<Arc<Console>>,

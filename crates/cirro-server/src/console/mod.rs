@@ -10,6 +10,8 @@
 //!       GET  /api/…, /metrics    ─► JSON / Prometheus text, for the cookie's
 //!                                   user or HTTP Basic credentials
 //!       POST /api/queries/ID/cancel ─► the same check as CANCEL QUERY
+//!       POST /api/rpc-bench      ─► a superuser's RPC micro-benchmark of
+//!                                   the links to the other nodes' workers
 //!       GET  /internal/…         ─► other nodes (the cluster secret)
 //! ```
 //!
@@ -156,6 +158,7 @@ fn router(console: Arc<Console>) -> Router {
         .route("/api/queries", get(api::queries))
         .route("/api/queries/{id}", get(api::query))
         .route("/api/queries/{id}/cancel", post(api::cancel))
+        .route("/api/rpc-bench", post(api::rpc_bench))
         .route("/api/tables", get(api::tables))
         .route("/api/history", get(api::history))
         .route("/metrics", get(api::metrics))
