@@ -154,20 +154,20 @@ fn analyzer_entries() -> Vec<Entry<Analyzer>> {
 /// node and on a cluster alike: the join order the tables' statistics give
 /// (the smallest estimated join first, which on a cluster also keeps the
 /// rows every later join shuffles fewest), then the co-located joins first.
-pub(crate) fn logical_rules() -> Vec<Logical> {
+pub(crate) fn logical_rules(distributed: bool) -> Vec<Logical> {
+    let estimates = || cirro::ReorderJoins::new(scan_rows, scan_keys, scan_range, scan_buckets);
     vec![
         // After DataFusion's rewrites: orders the joins it leaves, by the
         // tables' statistics (groups of two or more bucketed tables are
         // left to the next rule).
-        Arc::new(cirro::ReorderJoins::new(
-            scan_rows,
-            scan_keys,
-            scan_range,
-            scan_buckets,
-        )),
+        Arc::new(estimates()),
         // After the join order is settled: joins of tables bucketed alike
         // run first, without a shuffle.
         Arc::new(cirro::CoLocatedJoinsFirst::new(scan_buckets)),
+        // Aggregations joined on their group keys aggregate the groups the
+        // join keeps (by default on a cluster, where a join's dynamic
+        // filter does not reach the aggregation's stage).
+        Arc::new(cirro::ReduceGroups::new(estimates(), distributed)),
     ]
 }
 
@@ -346,7 +346,7 @@ pub(crate) fn session_state(
     if let Some(functions) = builder.aggregate_functions() {
         cirro_exec::functions::replace_udafs(functions);
     }
-    for rule in logical_rules() {
+    for rule in logical_rules(distributed) {
         builder = builder.with_optimizer_rule(rule);
     }
     let mut physical = coordinator_rules();
@@ -453,11 +453,14 @@ mod tests {
                 "cirro_guard_fallible_conditions",
             ]
         );
-        let logical: Vec<String> = logical_rules()
+        let logical: Vec<String> = logical_rules(false)
             .iter()
             .map(|r| r.name().to_string())
             .collect();
-        assert_eq!(logical, ["reorder_joins", "co_located_joins_first"]);
+        assert_eq!(
+            logical,
+            ["reorder_joins", "co_located_joins_first", "reduce_groups"]
+        );
         assert_eq!(
             names(&coordinator_rules()),
             [

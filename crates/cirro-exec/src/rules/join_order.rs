@@ -103,6 +103,10 @@ datafusion::common::extensions_options! {
         /// belong to even where the query wrote no such equality, the
         /// default) or `off`.
         pub implied_edges: String, default = "on".to_string()
+        /// `auto` (on a cluster only, the default), `on` or `off`: an
+        /// aggregation joined on its group keys aggregates only the groups
+        /// the join can keep ([`super::ReduceGroups`]).
+        pub reduce_groups: String, default = "auto".to_string()
         /// `on` (hash joins spill to disk when their build side does not
         /// fit the query's memory, [`super::SpillingJoins`], the default)
         /// or `off` (DataFusion's joins, 53200 when memory runs out).
@@ -332,6 +336,11 @@ impl ReorderJoins {
     }
 
     /// The estimated rows of `plan` (see the module docs).
+    /// The estimated rows of `plan` (see the module docs).
+    pub(crate) fn estimated_rows(&self, plan: &LogicalPlan) -> f64 {
+        self.rows(plan)
+    }
+
     fn rows(&self, plan: &LogicalPlan) -> f64 {
         match plan {
             LogicalPlan::TableScan(scan) => {
