@@ -164,9 +164,11 @@ pub(crate) fn logical_rules(distributed: bool) -> Vec<Logical> {
         // After the join order is settled: joins of tables bucketed alike
         // run first, without a shuffle.
         Arc::new(cirro::CoLocatedJoinsFirst::new(scan_buckets)),
-        // Aggregations joined on their group keys aggregate the groups the
-        // join keeps (by default on a cluster, where a join's dynamic
-        // filter does not reach the aggregation's stage).
+        // Semi joins go below inner joins that do not filter, and
+        // aggregations joined on their group keys aggregate the groups the
+        // join keeps (both by default on a cluster, where a join's dynamic
+        // filter does not reach another stage).
+        Arc::new(cirro::PushSemiJoins::new(estimates(), distributed)),
         Arc::new(cirro::ReduceGroups::new(estimates(), distributed)),
     ]
 }
@@ -459,7 +461,12 @@ mod tests {
             .collect();
         assert_eq!(
             logical,
-            ["reorder_joins", "co_located_joins_first", "reduce_groups"]
+            [
+                "reorder_joins",
+                "co_located_joins_first",
+                "push_semi_joins",
+                "reduce_groups"
+            ]
         );
         assert_eq!(
             names(&coordinator_rules()),

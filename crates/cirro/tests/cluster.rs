@@ -419,6 +419,15 @@ fn tpch_runs_across_three_hdfs_nodes_through_each_node() {
     let q17 = std::fs::read_to_string(shared.join("tpch/queries/q17.sql")).expect("q17");
     let explain = cluster.sql(1, &format!("EXPLAIN {q17}"));
     assert!(explain.contains("__cirro_group_key"), "{explain}");
+    // Q18's IN goes below its joins onto orders (push_semi_joins), so
+    // lineitem meets only the orders asked about.
+    let q18 = std::fs::read_to_string(shared.join("tpch/queries/q18.sql")).expect("q18");
+    let explain = cluster.sql(1, &format!("EXPLAIN {q18}"));
+    let line = |needle: &str| explain.lines().position(|l| l.contains(needle));
+    assert!(
+        line("LeftSemi Join: orders.o_orderkey") > line("Inner Join: customer.c_custkey"),
+        "{explain}"
+    );
     let analyzed = cluster.sql(2, &format!("{SMALL_TASKS}; EXPLAIN ANALYZE {q1}"));
     let placement = analyzed
         .lines()

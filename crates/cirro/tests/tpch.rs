@@ -88,35 +88,65 @@ fn twice_through_one_server(data: DataDir, answers: &str) {
     );
 }
 
-/// With `SET cirro_join_order.reduce_groups = on` (by default on a cluster
-/// only, where cluster.rs checks it), the decorrelated subqueries of Q2,
-/// Q17 and Q20 aggregate only the groups their join keeps: the input is
-/// semi-joined with the filtered `part` first (EXPLAIN names its keys), and
-/// the answers are the reference's.
+/// With `SET cirro_join_order.reduce_groups = on` and `push_semi_joins =
+/// on` (by default on a cluster only, where cluster.rs checks them), the
+/// decorrelated subqueries of Q2, Q17 and Q20 aggregate only the groups
+/// their join keeps (the input semi-joined with the filtered `part` first:
+/// EXPLAIN names its keys), Q18's `IN` goes below its joins onto orders,
+/// and the answers of these and of Q21 and Q22 (semi and anti joins that
+/// stay) are the reference's.
 #[test]
-fn aggregations_reduced_to_the_joined_groups_keep_their_answers() {
+fn aggregations_reduced_and_semi_joins_pushed_keep_their_answers() {
     // SF 0.1: at SF 0.01 no line of Q17's parts is under a fifth of the
     // average, and its answer is one NULL.
     let data = DataDir::new();
     data.load(&["tpch", "--sf", "0.1"]);
     let server = Server::start_on(data);
     let shared = shared_dir();
-    let on = "SET cirro_join_order.reduce_groups = on";
+    let reduce = "SET cirro_join_order.reduce_groups = on";
+    let push = "SET cirro_join_order.push_semi_joins = on";
+    let query = |q: u32| {
+        let path = shared.join(format!("tpch/queries/q{q:02}.sql"));
+        (std::fs::read_to_string(&path).expect("query file"), path)
+    };
     for q in [2, 17, 20] {
-        let query_path = shared.join(format!("tpch/queries/q{q:02}.sql"));
-        let query = std::fs::read_to_string(&query_path).expect("query file");
-        let explain = format!("EXPLAIN {query}");
-        let reduced = server.psql_ok(&["-At", "-c", on, "-c", &explain]);
+        let explain = format!("EXPLAIN {}", query(q).0);
+        let reduced = server.psql_ok(&["-At", "-c", reduce, "-c", &explain]);
         assert!(reduced.contains("__cirro_group_key"), "q{q:02}:\n{reduced}");
         let plain = server.psql_ok(&["-At", "-c", &explain]);
         assert!(!plain.contains("__cirro_group_key"), "q{q:02}:\n{plain}");
+    }
+    // Q18: the semi join on o_orderkey below the join of customer and
+    // orders when pushed, above the joins (as written) when not.
+    let explain = format!("EXPLAIN {}", query(18).0);
+    let below = |plan: &str| {
+        let line = |needle: &str| plan.lines().position(|l| l.contains(needle));
+        line("LeftSemi Join: orders.o_orderkey") > line("Inner Join: customer.c_custkey")
+    };
+    let pushed = server.psql_ok(&["-At", "-c", push, "-c", &explain]);
+    assert!(below(&pushed), "{pushed}");
+    let plain = server.psql_ok(&["-At", "-c", &explain]);
+    assert!(!below(&plain), "{plain}");
+    for q in [2, 17, 18, 20, 21, 22] {
+        let (text, path) = query(q);
         let expected =
             std::fs::read_to_string(shared.join(format!("tpch/answers/sf0.1/q{q:02}.csv")))
                 .expect("answer file");
-        let path = query_path.to_str().expect("utf-8 path");
-        let actual = server.psql_ok(&["-q", "--csv", "-P", "csv_fieldsep=|", "-c", on, "-f", path]);
-        if let Err(diff) = compare(&actual, &expected, is_ordered(&query)) {
-            panic!("q{q:02} with reduced groups: {diff}");
+        let path = path.to_str().expect("utf-8 path");
+        let actual = server.psql_ok(&[
+            "-q",
+            "--csv",
+            "-P",
+            "csv_fieldsep=|",
+            "-c",
+            reduce,
+            "-c",
+            push,
+            "-f",
+            path,
+        ]);
+        if let Err(diff) = compare(&actual, &expected, is_ordered(&text)) {
+            panic!("q{q:02} with reduced groups and pushed semi joins: {diff}");
         }
     }
 }

@@ -107,6 +107,10 @@ datafusion::common::extensions_options! {
         /// aggregation joined on its group keys aggregates only the groups
         /// the join can keep ([`super::ReduceGroups`]).
         pub reduce_groups: String, default = "auto".to_string()
+        /// `auto` (on a cluster only, the default), `on` or `off`: a semi
+        /// join over an inner join goes below it, to the input its keys
+        /// come from ([`super::PushSemiJoins`]).
+        pub push_semi_joins: String, default = "auto".to_string()
         /// `on` (hash joins spill to disk when their build side does not
         /// fit the query's memory, [`super::SpillingJoins`], the default)
         /// or `off` (DataFusion's joins, 53200 when memory runs out).
