@@ -127,6 +127,41 @@ impl JoinOrderOptions {
             .get::<Self>()
             .is_none_or(|o| !pick(o).eq_ignore_ascii_case("off"))
     }
+
+    /// Whether the `auto|on|off` switch `pick` chooses is on in `config`:
+    /// `auto` (and a session without these options) means on exactly where
+    /// sessions run on a cluster (`distributed`).
+    pub(crate) fn auto_switch_on(
+        config: &ConfigOptions,
+        pick: impl Fn(&Self) -> &String,
+        distributed: bool,
+    ) -> bool {
+        let mode = config
+            .extensions
+            .get::<Self>()
+            .map(|o| pick(o).to_ascii_lowercase());
+        match mode.as_deref() {
+            Some("on") => true,
+            Some("off") => false,
+            _ => distributed,
+        }
+    }
+}
+
+/// `plan` with each join (those in subqueries too) that `rewrite` replaces
+/// replaced, from the top down: the walk of the rules that rewrite one join
+/// at a time.
+pub(crate) fn rewrite_joins(
+    plan: LogicalPlan,
+    mut rewrite: impl FnMut(&Join) -> Result<Option<LogicalPlan>>,
+) -> Result<Transformed<LogicalPlan>> {
+    plan.transform_down_with_subqueries(|plan| match &plan {
+        LogicalPlan::Join(join) => match rewrite(join)? {
+            Some(rewritten) => Ok(Transformed::yes(rewritten)),
+            None => Ok(Transformed::no(plan)),
+        },
+        _ => Ok(Transformed::no(plan)),
+    })
 }
 
 impl datafusion::common::config::ConfigExtension for JoinOrderOptions {

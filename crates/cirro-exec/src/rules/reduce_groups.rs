@@ -48,6 +48,7 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
+use super::join_order::rewrite_joins;
 use super::{JoinOrderOptions, ReorderJoins};
 
 /// The largest share of the aggregation's input rows that the bounding
@@ -366,28 +367,10 @@ impl OptimizerRule for ReduceGroups {
         plan: LogicalPlan,
         config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        let mode = config
-            .options()
-            .extensions
-            .get::<JoinOrderOptions>()
-            .map_or_else(
-                || "auto".to_string(),
-                |o| o.reduce_groups.to_ascii_lowercase(),
-            );
-        let on = match mode.as_str() {
-            "on" => true,
-            "off" => false,
-            _ => self.distributed,
-        };
-        if !on {
+        let options = config.options();
+        if !JoinOrderOptions::auto_switch_on(&options, |o| &o.reduce_groups, self.distributed) {
             return Ok(Transformed::no(plan));
         }
-        plan.transform_down_with_subqueries(|plan| match &plan {
-            LogicalPlan::Join(join) => match self.reduce(join)? {
-                Some(join) => Ok(Transformed::yes(LogicalPlan::Join(join))),
-                None => Ok(Transformed::no(plan)),
-            },
-            _ => Ok(Transformed::no(plan)),
-        })
+        rewrite_joins(plan, |join| Ok(self.reduce(join)?.map(LogicalPlan::Join)))
     }
 }

@@ -34,6 +34,7 @@ use datafusion::logical_expr::{Expr, Join, JoinType, LogicalPlan, Projection};
 use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
+use super::join_order::rewrite_joins;
 use super::{JoinOrderOptions, ReorderJoins};
 
 /// The inner join must be estimated at no less than this share of the
@@ -173,28 +174,10 @@ impl OptimizerRule for PushSemiJoins {
         plan: LogicalPlan,
         config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        let mode = config
-            .options()
-            .extensions
-            .get::<JoinOrderOptions>()
-            .map_or_else(
-                || "auto".to_string(),
-                |o| o.push_semi_joins.to_ascii_lowercase(),
-            );
-        let on = match mode.as_str() {
-            "on" => true,
-            "off" => false,
-            _ => self.distributed,
-        };
-        if !on {
+        let options = config.options();
+        if !JoinOrderOptions::auto_switch_on(&options, |o| &o.push_semi_joins, self.distributed) {
             return Ok(Transformed::no(plan));
         }
-        plan.transform_down_with_subqueries(|plan| match &plan {
-            LogicalPlan::Join(join) => match self.push(join)? {
-                Some(pushed) => Ok(Transformed::yes(pushed)),
-                None => Ok(Transformed::no(plan)),
-            },
-            _ => Ok(Transformed::no(plan)),
-        })
+        rewrite_joins(plan, |join| self.push(join))
     }
 }
