@@ -125,6 +125,17 @@ fn many_groups_take_radix_partitions_with_the_same_answers() {
         "{runs}"
     );
     assert_eq!(radix_partitions(&runs), vec![256], "{runs}");
+    // A partial phase whose final phase is not above it in the plan (here
+    // beyond a merge of the threads' outputs; on a cluster beyond the
+    // network, in another stage) aggregates the runs too.
+    let lone_sets = format!("{sets}; SET datafusion.optimizer.repartition_aggregations = false");
+    let lone = explained(&data, &lone_sets, q);
+    assert!(lone.contains("RunAggregateExec: mode=Partial"), "{lone}");
+    assert!(lone.contains("AggregateExec: mode=Final,"), "{lone}");
+    assert_eq!(
+        answer(&data, &lone_sets, q),
+        answer(&data, &format!("{sets}; SET adaptive_aggregation = off"), q)
+    );
     // Without runs: DataFusion's partial phase stays unless forced, or
     // unless each thread's share of the groups (200,000 over the threads)
     // outgrows `clustered_groups_max`.

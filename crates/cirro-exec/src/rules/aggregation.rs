@@ -192,7 +192,7 @@ impl PhysicalOptimizerRule for AdaptiveAggregation {
             options,
             threads: config.execution.target_partitions.max(1),
         };
-        choice.rewrite(plan, true)
+        choice.rewrite(plan, true, false)
     }
 
     fn name(&self) -> &str {
@@ -213,14 +213,21 @@ struct Choice<'a> {
 impl Choice<'_> {
     /// Rewrite `plan`'s aggregations; `merged`: the operator above takes
     /// `plan`'s output however it is partitioned (it does not require a hash
-    /// partitioning that another input must match).
+    /// partitioning that another input must match); `paired`: `plan` is,
+    /// or leads to, the partial phase of a final phase above it in this
+    /// plan.
     fn rewrite(
         &self,
         plan: Arc<dyn ExecutionPlan>,
         merged: bool,
+        paired: bool,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let interleave = plan.is::<InterleaveExec>();
         let repartition = plan.is::<RepartitionExec>();
+        let pairs = paired && repartition
+            || plan
+                .downcast_ref::<AggregateExec>()
+                .is_some_and(|last| two_phases(last).is_some());
         let required = plan.input_distribution_requirements();
         let count = plan.properties().output_partitioning().partition_count();
         let children = plan.children();
@@ -238,7 +245,7 @@ impl Choice<'_> {
             let passes =
                 !repartition && child.properties().output_partitioning().partition_count() == count;
             let child_merged = !(interleave || hashed) && (merged || !passes);
-            let new = self.rewrite(Arc::clone(child), child_merged)?;
+            let new = self.rewrite(Arc::clone(child), child_merged, pairs)?;
             changed |= !Arc::ptr_eq(&new, child);
             new_children.push(new);
         }
@@ -247,7 +254,32 @@ impl Choice<'_> {
         } else {
             plan
         };
+        if !paired && let Some(runs) = self.lone_runs(&plan) {
+            return Ok(runs);
+        }
         Ok(self.high_cardinality(&plan, merged)?.unwrap_or(plan))
+    }
+
+    /// `plan` as [`RunAggregateExec`], if it is a partial phase whose final
+    /// phase is not in this plan (a cluster's stage that ends in a shuffle
+    /// to another stage's final phase, chosen by [`AggregationExchange`]),
+    /// over data written in key order, expected to hold many groups: there
+    /// the hashed partial phase misses the caches on every new key, and the
+    /// runs shrink the rows the network carries just as well.
+    fn lone_runs(&self, plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+        let partial = plan.downcast_ref::<AggregateExec>()?;
+        if self.force
+            || !self.options.runs
+            || *partial.mode() != AggregateMode::Partial
+            || partial.group_expr().is_empty()
+            || !partial.group_expr().is_single()
+            || estimate_groups(partial).is_none_or(|g| g < self.options.min_groups as f64)
+            || !clustered(partial)
+        {
+            return None;
+        }
+        let runs = RunAggregateExec::try_from_partial(partial)?;
+        Some(Arc::new(runs))
     }
 
     /// `plan` on the high-cardinality path, if it is a two-phase grouped
@@ -394,9 +426,12 @@ fn single_phase(
 ///
 /// - `partial` (pre-aggregate) when the groups estimated from the
 ///   statistics ([`estimated_groups`]: `ANALYZE`'s distinct counts, or the
-///   value ranges of integer and date keys), times the input's partitions,
-///   are at most half the input's rows (the partial phase at least halves
-///   the rows shuffled), or when the groups cannot be estimated (then
+///   value ranges of integer and date keys), times the input's partitions
+///   (times one where the data files hold disjoint ranges of a key, see
+///   [`clustered`]: each partition meets its own groups; the nodes then
+///   aggregate runs of equal keys, [`RunAggregateExec`]), are at most half
+///   the input's rows (the partial phase at least halves the rows
+///   shuffled), or when the groups cannot be estimated (then
 ///   DataFusion's own probe still skips the partial phase at run time once
 ///   its first 100,000 rows made ≥ 80 % as many groups);
 /// - `rows` otherwise: the input rows are shuffled by the group keys into
@@ -460,15 +495,25 @@ pub(super) fn two_phases(last: &AggregateExec) -> Option<(&RepartitionExec, &Agg
 
 /// Whether `partial`'s input is better shuffled as rows than pre-aggregated
 /// (see [`AggregationExchange`]): its partial phase would not halve them.
+/// Each partition's partial phase emits a row per group it meets: every
+/// group in every partition at worst, but each group once where the data
+/// files hold disjoint ranges of a key ([`clustered`]: the partitions read
+/// disjoint files; TPC-H's lineitem by `l_orderkey`, 4 rows a group).
 fn shuffle_rows(partial: &AggregateExec) -> bool {
-    let partitions = partial
-        .input()
-        .properties()
-        .output_partitioning()
-        .partition_count()
-        .max(1);
-    estimated_groups(partial.group_expr(), partial.input())
-        .is_some_and(|(groups, rows)| groups * partitions as f64 * 2.0 > rows)
+    let Some((groups, rows)) = estimated_groups(partial.group_expr(), partial.input()) else {
+        return false;
+    };
+    let spread = if clustered(partial) {
+        1
+    } else {
+        partial
+            .input()
+            .properties()
+            .output_partitioning()
+            .partition_count()
+            .max(1)
+    };
+    groups * spread as f64 * 2.0 > rows
 }
 
 /// Groups `partial`'s input is expected to hold (see [`estimated_groups`]).
