@@ -78,7 +78,7 @@ pub async fn run(args: AdminArgs) -> Result<ExitCode, CirroError> {
     };
     let answer = cirro_server::admin(&target, call).await?;
     if args.json {
-        println!("{answer:#}");
+        emit(format!("{answer:#}"))?;
         return Ok(ExitCode::SUCCESS);
     }
     let text = match &args.command {
@@ -88,8 +88,19 @@ pub async fn run(args: AdminArgs) -> Result<ExitCode, CirroError> {
         AdminCommand::Cancel { id } => format!("cancelled query {id}"),
         AdminCommand::RpcBench { .. } => rpc_bench(&answer),
     };
-    println!("{text}");
+    emit(text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `text` and a newline on stdout. A reader that went away (`cirro admin
+/// queries | head -1`) ends the output quietly, as it ends a C tool's
+/// (`println!` panicked there).
+fn emit(text: String) -> Result<(), CirroError> {
+    use std::io::Write;
+    match writeln!(std::io::stdout().lock(), "{text}") {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => written.map_err(|e| CirroError::io(format!("cannot write output: {e}"))),
+    }
 }
 
 fn status(s: &Value) -> String {

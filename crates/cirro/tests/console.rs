@@ -301,6 +301,21 @@ fn cirro_admin_lists_and_cancels_statements() {
     let out = admin(&server, "cirro", "wrong", &["status"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("28P01"), "{}", stderr(&out));
+    // A reader that goes away (`| head`) ends the output, quietly.
+    let mut gone = Command::new(cirro_bin())
+        .args(["admin", "--url"])
+        .arg(format!("http://127.0.0.1:{}", server.http_port))
+        .args(["--json", "queries", "--all"])
+        .env("CIRRO_PASSWORD", PASSWORD)
+        .env_remove("CIRRO_USER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cirro admin");
+    drop(gone.stdout.take());
+    let out = gone.wait_with_output().expect("cirro admin");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
 
     let marker = "console-admin-long";
     let long = psql_bg(&server, "alice", "alice-pw", &long_statement(marker));
