@@ -254,7 +254,38 @@ fn limit_malloc_arenas() {
     }
 }
 
+/// Without a desktop session (no `XDG_RUNTIME_DIR`, `WAYLAND_DISPLAY` or
+/// `DISPLAY`: a server, a container, CI), turn off Mesa's `device_select`
+/// Vulkan layer for this process (`NODEVICE_SELECT`). The layer ranks
+/// devices by the display they drive; with no display it has nothing to
+/// rank, and its probe of Wayland printed "error: XDG_RUNTIME_DIR is
+/// invalid or not set in the environment." on stderr whenever the GPU
+/// operators opened their device. Set explicitly, the variable is kept.
+#[allow(unsafe_code)] // one change of the environment, see SAFETY below
+fn headless_vulkan() {
+    #[cfg(all(target_os = "linux", feature = "gpu"))]
+    {
+        let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+        if ![
+            "XDG_RUNTIME_DIR",
+            "WAYLAND_DISPLAY",
+            "DISPLAY",
+            "NODEVICE_SELECT",
+        ]
+        .into_iter()
+        .any(set)
+        {
+            // SAFETY: called first thing in `main`, before any other thread
+            // exists, so nothing reads the environment concurrently.
+            unsafe {
+                std::env::set_var("NODEVICE_SELECT", "1");
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    headless_vulkan();
     limit_malloc_arenas();
     let cli = Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();

@@ -247,6 +247,35 @@ fn a_gpu_sort_over_its_memory_goes_to_the_cpu_sort() {
     );
 }
 
+/// Without a desktop session, opening the device prints nothing (Mesa's
+/// `device_select` layer probed Wayland and printed an "error:" line).
+#[test]
+fn the_device_opens_quietly_without_a_desktop_session() {
+    let data = DataDir::new();
+    let out = data
+        .command()
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("DISPLAY")
+        .env_remove("NODEVICE_SELECT")
+        .args(["sql", "-c", "SET gpu = force"])
+        .args([
+            "-c",
+            "EXPLAIN ANALYZE SELECT count(*) FROM (SELECT value FROM generate_series(1, 100000) \
+             AS g(value) ORDER BY value DESC) AS t",
+        ])
+        .output()
+        .expect("run cirro");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Gpu"), "the device did not open: {stdout}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
 #[test]
 fn the_gpu_setting_takes_off_on_and_force() {
     let data = DataDir::new();
