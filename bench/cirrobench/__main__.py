@@ -104,6 +104,9 @@ def parse(argv):
     ap.add_argument("--rpc-sizes", default="",
                     help="cluster, shuffle: the message sizes in bytes of the worker RPC micro-benchmark, "
                          "comma-separated (default: 1 KB to 16 MB by factors of 4)")
+    ap.add_argument("--bucketed", action="store_true",
+                    help="cluster: load TPC-H hash-distributed in every setup (lineitem and orders by order key, "
+                         "part and partsupp by part key, 12 buckets; results in cluster-bucketed-sf<N>)")
     ap.add_argument("--scaling", action="store_true",
                     help="cluster: TPC-H on 1, 2, 3 nodes, bucketed and not, bytes exchanged, a model of larger "
                          "clusters (results in cluster-scaling-sf<N>)")
@@ -142,7 +145,11 @@ def main(argv=None):
     sf_label = f"{args.sf:g}"
     if args.suite not in ("dml", "micro", "cluster", "cache", "gpu"):
         suites.get(args.suite)  # refuses an unknown suite before anything is written
-    name = "cluster-scaling" if args.suite == "cluster" and args.scaling else args.suite
+    name = args.suite
+    if args.suite == "cluster" and args.scaling:
+        name = "cluster-scaling"
+    elif args.suite == "cluster" and args.bucketed:
+        name = "cluster-bucketed"
     if args.out:
         out = args.out
         out.mkdir(parents=True, exist_ok=True)

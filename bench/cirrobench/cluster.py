@@ -200,13 +200,28 @@ def start_setup(setup, args):
     return Cluster(int(setup), args.cirro, args.wire, args.threads, setup_memory())
 
 
-def run_start(target, tables, queries, reference, runs, label):
+# --bucketed: the hash distribution of the tables (also the scaling run's
+# bucketed layout): lineitem and orders by order key, partsupp and part by
+# part key, in a multiple of the partitions of 1, 2 and 3 tasks of 2 cores.
+BUCKETS = 12
+BUCKETED = {"lineitem": "l_orderkey", "orders": "o_orderkey", "partsupp": "ps_partkey", "part": "p_partkey"}
+
+
+def create_table(name, path, bucketed):
+    """The statement that loads table `name` from its Parquet directory,
+    hash-distributed by its key of BUCKETED where `bucketed`."""
+    key = BUCKETED.get(name) if bucketed else None
+    clause = f" DISTRIBUTED BY HASH ({key}) BUCKETS {BUCKETS}" if key else ""
+    return f"CREATE TABLE {name}{clause} AS SELECT * FROM read_parquet('{path}/')"
+
+
+def run_start(target, tables, queries, reference, runs, label, bucketed=False):
     """Load the tables through `target` (CREATE TABLE … AS over the
-    Parquet files) and run every query cold and `runs` times hot, every
-    answer compared with `reference`'s."""
+    Parquet files, hash-distributed where `bucketed`) and run every query
+    cold and `runs` times hot, every answer compared with `reference`'s."""
     start = time.perf_counter()
     for name, path in tables.items():
-        target.run(f"CREATE TABLE {name} AS SELECT * FROM read_parquet('{path}/')")
+        target.run(create_table(name, path, bucketed))
     load = time.perf_counter() - start
     per_query = {}
     for q in queries:
@@ -260,7 +275,8 @@ def run_tpch(args, tables, queries, reference, setups=SETUPS, make_setup=start_s
                   file=sys.stderr, flush=True)
             target = make_setup(setup, args)
             try:
-                starts.append(run_start(target, tables, queries, reference, args.runs, SETUP_NAMES[setup]))
+                starts.append(run_start(target, tables, queries, reference, args.runs, SETUP_NAMES[setup],
+                                        getattr(args, "bucketed", False)))
             finally:
                 target.close()
         results[setup] = summarize(starts)
@@ -498,7 +514,7 @@ def main(args, out):
     queries, tables, facts, reference = tpch_with_answers(args)
     rpc = {}
     doc = {"command": " ".join(args.argv), "machine": machine(), "sf": args.sf, "runs": args.runs,
-           "starts": args.starts, "wire": args.wire, "threads": args.threads, "memory_bytes": setup_memory(),
+           "starts": args.starts, "bucketed": args.bucketed, "wire": args.wire, "threads": args.threads, "memory_bytes": setup_memory(),
            "parquet_bytes": facts.get("parquet_bytes"),
            "tpch": run_tpch(args, tables, queries, reference, [s for s in SETUPS if s in setups]),
            "shuffle": run_shuffle(args, rpc) if "shuffle" in setups else {},
@@ -600,7 +616,10 @@ def report(doc, out):
              f"`{doc['command']}` — {doc['machine'].get('cpu', '?')}, {doc['machine'].get('cpus')} cores, "
              f"{doc['machine'].get('memory_gib')} GiB; every node on this machine (the same cores: "
              "this measures the cost of distribution, not a speed-up). Each setup started "
-             f"{starts} time(s) afresh, tables loaded by CREATE TABLE … AS from the same Parquet files; a figure "
+             f"{starts} time(s) afresh, tables loaded by CREATE TABLE … AS from the same Parquet files"
+             + (f" (lineitem and orders DISTRIBUTED BY HASH on the order key, part and partsupp on the part key, "
+                f"BUCKETS {BUCKETS}, in every setup)" if doc.get("bucketed") else "")
+             + "; a figure "
              f"is the median over the starts of each start's median of {doc['runs']} hot runs (range in "
              f"parentheses), through {wire} (node 1 of a cluster); every answer, cold and hot, checked against "
              "DuckDB's."

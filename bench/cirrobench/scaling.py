@@ -32,13 +32,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from . import compare  # noqa: E402
-from .cluster import Cluster, tpch_with_answers  # noqa: E402
+from .cluster import BUCKETS, Cluster, create_table, tpch_with_answers  # noqa: E402
 from .runner import machine  # noqa: E402
 from .wire import finish_report  # noqa: E402
 
 NODES = (1, 2, 3)
-BUCKETS = 12
-BUCKETED = {"lineitem": "l_orderkey", "orders": "o_orderkey", "partsupp": "ps_partkey", "part": "p_partkey"}
 # The queries whose shuffles bucketing should shrink (issue 17).
 CO_LOCATED = ("q03", "q05", "q10", "q12", "q18", "q21")
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
@@ -76,9 +74,7 @@ def exchanged_bytes(plan_text):
 def load(cluster, tables, bucketed):
     for name, path in tables.items():
         cluster.run(f"DROP TABLE IF EXISTS {name}")
-        key = BUCKETED.get(name) if bucketed else None
-        clause = f" DISTRIBUTED BY HASH ({key}) BUCKETS {BUCKETS}" if key else ""
-        cluster.run(f"CREATE TABLE {name}{clause} AS SELECT * FROM read_parquet('{path}/')")
+        cluster.run(create_table(name, path, bucketed))
 
 
 def run_variant(cluster, nodes, variant, queries, reference, runs):

@@ -198,6 +198,7 @@ class FakeSetup:
 
     wrong = set()
     started = []
+    statements = []
 
     def __init__(self, setup, args):
         FakeSetup.started.append(setup)
@@ -207,6 +208,7 @@ class FakeSetup:
 
     def run(self, sql):
         self.loaded.append(sql)
+        FakeSetup.statements.append(sql)
         return table()
 
     def timed(self, sql):
@@ -219,14 +221,26 @@ class FakeSetup:
 
 
 class ClusterBenchTest(unittest.TestCase):
-    def run_fake(self, tmp, wrong=()):
+    def run_fake(self, tmp, wrong=(), extra=(), tables=None):
         from cirrobench import cluster
 
-        FakeSetup.wrong, FakeSetup.started = set(wrong), []
-        args = cli.parse(["cluster", "--runs", "2", "--starts", "3", "--out", tmp])
+        FakeSetup.wrong, FakeSetup.started, FakeSetup.statements = set(wrong), [], []
+        args = cli.parse(["cluster", "--runs", "2", "--starts", "3", "--out", tmp, *extra])
         queries = [type("Q", (), {"id": i, "sql": "SELECT 1"})() for i in ("q01", "q02")]
         reference = {"q01": table(a=[1.0]), "q02": table(a=[1.0])}
-        return cluster.run_tpch(args, {"t": "/nowhere"}, queries, reference, make_setup=FakeSetup)
+        return cluster.run_tpch(args, tables or {"t": "/nowhere"}, queries, reference, make_setup=FakeSetup)
+
+    def test_bucketed_loads_every_setup_hash_distributed(self):
+        tables = {"lineitem": "/p/lineitem", "nation": "/p/nation"}
+        with tempfile.TemporaryDirectory() as tmp:
+            self.run_fake(tmp, extra=["--bucketed"], tables=tables)
+            self.assertEqual(FakeSetup.statements.count(
+                "CREATE TABLE lineitem DISTRIBUTED BY HASH (l_orderkey) BUCKETS 12 AS "
+                "SELECT * FROM read_parquet('/p/lineitem/')"), 9)
+            self.assertEqual(FakeSetup.statements.count(
+                "CREATE TABLE nation AS SELECT * FROM read_parquet('/p/nation/')"), 9)
+            self.run_fake(tmp, tables=tables)
+            self.assertFalse([s for s in FakeSetup.statements if "DISTRIBUTED" in s])
 
     def test_every_setup_started_afresh_and_figures_over_starts(self):
         from cirrobench import cluster
