@@ -148,6 +148,24 @@ impl JoinOrderOptions {
     }
 }
 
+/// `join` with new inputs (the same schema).
+pub(crate) fn rebuilt(
+    join: &Join,
+    left: Arc<LogicalPlan>,
+    right: Arc<LogicalPlan>,
+) -> Result<Join> {
+    Join::try_new(
+        left,
+        right,
+        join.on.clone(),
+        join.filter.clone(),
+        join.join_type,
+        join.join_constraint,
+        join.null_equality,
+        join.null_aware,
+    )
+}
+
 /// `plan` with each join (those in subqueries too) that `rewrite` replaces
 /// replaced, from the top down: the walk of the rules that rewrite one join
 /// at a time.

@@ -48,7 +48,7 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
-use super::join_order::rewrite_joins;
+use super::join_order::{rebuilt, rewrite_joins};
 use super::{JoinOrderOptions, ReorderJoins};
 
 /// The largest share of the aggregation's input rows that the bounding
@@ -223,20 +223,6 @@ impl ReduceGroups {
         )
         .map(|a| Some(LogicalPlan::Aggregate(a)))
     }
-}
-
-/// `join` with new inputs (the same schema).
-fn rebuilt(join: &Join, left: Arc<LogicalPlan>, right: Arc<LogicalPlan>) -> Result<Join> {
-    Join::try_new(
-        left,
-        right,
-        join.on.clone(),
-        join.filter.clone(),
-        join.join_type,
-        join.join_constraint,
-        join.null_equality,
-        join.null_aware,
-    )
 }
 
 /// The column of `input` that an alias's `column` (of `schema`) renames.

@@ -34,7 +34,7 @@ use datafusion::logical_expr::{Expr, Join, JoinType, LogicalPlan, Projection};
 use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
-use super::join_order::rewrite_joins;
+use super::join_order::{rebuilt, rewrite_joins};
 use super::{JoinOrderOptions, ReorderJoins};
 
 /// The inner join must be estimated at no less than this share of the
@@ -136,16 +136,7 @@ impl PushSemiJoins {
         } else {
             (Arc::clone(&inner.left), pushed)
         };
-        let mut plan = LogicalPlan::Join(Join::try_new(
-            left,
-            right,
-            inner.on.clone(),
-            inner.filter.clone(),
-            inner.join_type,
-            inner.join_constraint,
-            inner.null_equality,
-            inner.null_aware,
-        )?);
+        let mut plan = LogicalPlan::Join(rebuilt(inner, left, right)?);
         for projection in projections.into_iter().rev() {
             plan = LogicalPlan::Projection(Projection::try_new(
                 projection.expr.clone(),
