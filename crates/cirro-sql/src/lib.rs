@@ -37,6 +37,7 @@ pub mod split;
 pub mod statement;
 pub mod types;
 pub mod values;
+pub mod walk;
 mod words;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -18,9 +18,9 @@ use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::Statement as DFStatement;
-use datafusion::sql::sqlparser::ast::{
-    Expr, Ident, Query, SelectItem, SetExpr, Statement, VisitMut, VisitorMut,
-};
+use datafusion::sql::sqlparser::ast::{Expr, Ident, Query, SelectItem, SetExpr, Statement};
+
+use crate::walk::{WalkMut, WalkerMut};
 
 /// The message of DataFusion's error for a projection whose names repeat.
 pub const DUPLICATE_PROJECTION_NAMES: &str = "Projections require unique expression names";
@@ -41,7 +41,7 @@ pub fn name_projections(statement: &mut DFStatement) {
     let mut namer = Namer;
     match statement {
         DFStatement::Statement(inner) => {
-            let _ = inner.visit(&mut namer);
+            let _ = inner.walk_mut(&mut namer);
         }
         DFStatement::Explain(explain) => name_projections(&mut explain.statement),
         _ => {}
@@ -50,15 +50,9 @@ pub fn name_projections(statement: &mut DFStatement) {
 
 struct Namer;
 
-impl VisitorMut for Namer {
-    type Break = ();
-
+impl WalkerMut for Namer {
     fn pre_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
         name_set_expr(&mut query.body);
-        ControlFlow::Continue(())
-    }
-
-    fn pre_visit_statement(&mut self, _statement: &mut Statement) -> ControlFlow<()> {
         ControlFlow::Continue(())
     }
 }

@@ -32,13 +32,14 @@ use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
     BinaryOperator, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident,
-    ObjectNamePart, Query, SelectItem, SetExpr, Statement, TableFactor, TableWithJoins, Visit,
-    VisitMut, Visitor, VisitorMut,
+    ObjectNamePart, Query, SelectItem, SetExpr, Statement, TableFactor, TableWithJoins,
 };
 use datafusion::sql::sqlparser::dialect::PostgreSqlDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Token;
 use datafusion_pg_catalog::sql::PostgresCompatibilityParser;
+
+use crate::walk::{Walk, WalkMut, Walker, WalkerMut};
 
 /// Whether a statement (its tokens, whitespace dropped) is a query that
 /// reads PostgreSQL's catalogs or uses PostgreSQL-only syntax the
@@ -91,19 +92,17 @@ pub(crate) fn parse_catalog_query(sql: &str) -> Option<Statement> {
 /// vector and missing columns of [`CatalogColumns`].
 pub(crate) fn rewrite_catalog_query(statement: &mut Statement) {
     let mut pg_class = HashSet::from(["pg_class".to_string()]);
-    let _ = Visit::visit(&*statement, &mut PgClassAliases(&mut pg_class));
-    let _ = statement.visit(&mut CatalogColumns(pg_class));
-    let _ = statement.visit(&mut CatalogSubqueries);
-    let _ = statement.visit(&mut QualifyCirroViews);
+    let _ = statement.walk(&mut PgClassAliases(&mut pg_class));
+    let _ = statement.walk_mut(&mut CatalogColumns(pg_class));
+    let _ = statement.walk_mut(&mut CatalogSubqueries);
+    let _ = statement.walk_mut(&mut QualifyCirroViews);
 }
 
 /// The catalog views Cirro adds to `pg_catalog` (which the compatibility
 /// parser does not know), qualified where a query names them alone.
 struct QualifyCirroViews;
 
-impl VisitorMut for QualifyCirroViews {
-    type Break = ();
-
+impl WalkerMut for QualifyCirroViews {
     fn pre_visit_table_factor(&mut self, table: &mut TableFactor) -> ControlFlow<()> {
         if let TableFactor::Table { name, .. } = table
             && name.0.len() == 1
@@ -129,9 +128,7 @@ struct CatalogColumns(HashSet<String>);
 /// Collects the aliases given to pg_class.
 struct PgClassAliases<'a>(&'a mut HashSet<String>);
 
-impl Visitor for PgClassAliases<'_> {
-    type Break = ();
-
+impl Walker for PgClassAliases<'_> {
     fn pre_visit_table_factor(&mut self, table: &TableFactor) -> ControlFlow<()> {
         if let TableFactor::Table {
             name,
@@ -151,9 +148,7 @@ impl Visitor for PgClassAliases<'_> {
 
 const TEXT_VECTORS: [&str; 4] = ["indkey", "indclass", "indcollation", "indoption"];
 
-impl VisitorMut for CatalogColumns {
-    type Break = ();
-
+impl WalkerMut for CatalogColumns {
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
         let replacement = match expr {
             Expr::CompoundIdentifier(parts)
@@ -206,9 +201,7 @@ impl VisitorMut for CatalogColumns {
 
 struct CatalogSubqueries;
 
-impl VisitorMut for CatalogSubqueries {
-    type Break = ();
-
+impl WalkerMut for CatalogSubqueries {
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
         if let Expr::Subquery(query) = expr
             && let Some(rewritten) = rewrite(query)
@@ -247,7 +240,7 @@ fn rewrite(query: &Query) -> Option<Expr> {
     let local = catalog_tables(&select.from)?;
     let is_outer = |qualifier: &str| !local.contains(&qualifier.to_ascii_lowercase());
     let mut correlated = false;
-    let _ = query.visit(&mut Qualifiers(|q| correlated |= is_outer(q)));
+    let _ = query.walk(&mut Qualifiers(|q| correlated |= is_outer(q)));
     if !correlated {
         return None;
     }
@@ -292,7 +285,7 @@ fn rewrite(query: &Query) -> Option<Expr> {
         Some(Expr::Subquery(Box::new(query)))
     };
     let mut outer_in_value = false;
-    let _ = value.visit(&mut Qualifiers(|q| outer_in_value |= is_outer(q)));
+    let _ = value.walk(&mut Qualifiers(|q| outer_in_value |= is_outer(q)));
     let result = if !outer_in_value {
         match aggregate {
             Some(_) => Expr::Subquery(Box::new(inner.clone())),
@@ -314,7 +307,7 @@ fn rewrite(query: &Query) -> Option<Expr> {
             },
             &is_outer,
         );
-        let _ = VisitMut::visit(&mut computed, &mut fetch);
+        let _ = computed.walk_mut(&mut fetch);
         if failed {
             return None;
         }
@@ -334,9 +327,7 @@ fn rewrite(query: &Query) -> Option<Expr> {
 /// them, or unqualified) with what its function returns.
 struct InnerColumns<'a, F: FnMut(&Expr) -> Option<Expr>>(F, &'a dyn Fn(&str) -> bool);
 
-impl<F: FnMut(&Expr) -> Option<Expr>> VisitorMut for InnerColumns<'_, F> {
-    type Break = ();
-
+impl<F: FnMut(&Expr) -> Option<Expr>> WalkerMut for InnerColumns<'_, F> {
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
         let inner = match expr {
             Expr::Identifier(_) => true,
@@ -388,9 +379,7 @@ fn catalog_tables(from: &[TableWithJoins]) -> Option<HashSet<String>> {
 /// reference (`t.c`, `s.t.c`).
 struct Qualifiers<F: FnMut(&str)>(F);
 
-impl<F: FnMut(&str)> Visitor for Qualifiers<F> {
-    type Break = ();
-
+impl<F: FnMut(&str)> Walker for Qualifiers<F> {
     fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
         if let Expr::CompoundIdentifier(parts) = expr
             && parts.len() >= 2
@@ -408,9 +397,7 @@ fn outer_only(expr: &Expr, is_outer: &dyn Fn(&str) -> bool) -> bool {
         is_outer: &'a dyn Fn(&str) -> bool,
         columns: usize,
     }
-    impl Visitor for Check<'_> {
-        type Break = ();
-
+    impl Walker for Check<'_> {
         fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
             match expr {
                 Expr::CompoundIdentifier(parts)
@@ -432,7 +419,7 @@ fn outer_only(expr: &Expr, is_outer: &dyn Fn(&str) -> bool) -> bool {
         is_outer,
         columns: 0,
     };
-    expr.visit(&mut check).is_continue() && check.columns > 0
+    expr.walk(&mut check).is_continue() && check.columns > 0
 }
 
 fn conjuncts(expr: Expr) -> Vec<Expr> {

@@ -17,7 +17,6 @@
 
 use std::borrow::Cow;
 
-use datafusion::sql::sqlparser::ast::visit_relations;
 use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 
@@ -131,7 +130,7 @@ pub fn relations(text: &str) -> Option<Vec<Vec<String>>> {
     let statements = Parser::parse_sql(&CirroDialect, text).ok()?;
     let mut names = Vec::new();
     for statement in &statements {
-        let _ = visit_relations(statement, |name| {
+        crate::walk::each_relation(statement, &mut |name| {
             names.push(
                 name.0
                     .iter()
@@ -142,7 +141,6 @@ pub fn relations(text: &str) -> Option<Vec<Vec<String>>> {
                     })
                     .collect(),
             );
-            std::ops::ControlFlow::<()>::Continue(())
         });
     }
     Some(names)

@@ -42,9 +42,11 @@ use cirro_common::{CirroError, Result, SqlState};
 use datafusion::sql::parser::{CopyToSource, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{
     BinaryOperator, Expr, Function, FunctionArg, FunctionArgExpr, FunctionArgumentList,
-    FunctionArguments, Ident, ObjectName, UnaryOperator, Value, VisitMut, VisitorMut,
+    FunctionArguments, Ident, ObjectName, UnaryOperator, Value,
 };
 use datafusion::sql::sqlparser::tokenizer::Token;
+
+use crate::walk::{WalkMut, WalkerMut};
 
 /// AND/OR chains shorter than this keep the shape the user wrote (and the
 /// EXPLAIN output they expect); a balanced tree of up to 2^31 terms has a
@@ -143,18 +145,21 @@ fn is_literal(token: &Token) -> bool {
 /// module comment).
 pub fn shape(statement: &mut DFStatement) -> Result<()> {
     let mut shaper = Shaper::default();
-    let flow = match statement {
-        DFStatement::Statement(inner) => inner.visit(&mut shaper),
+    match statement {
+        DFStatement::Statement(inner) => {
+            let _ = inner.walk_mut(&mut shaper);
+        }
         DFStatement::Explain(explain) => return shape(&mut explain.statement),
-        DFStatement::CopyTo(copy) => match &mut copy.source {
-            CopyToSource::Query(query) => query.visit(&mut shaper),
-            CopyToSource::Relation(_) => ControlFlow::Continue(()),
-        },
-        _ => ControlFlow::Continue(()),
-    };
-    match flow {
-        ControlFlow::Continue(()) => Ok(()),
-        ControlFlow::Break(err) => Err(err),
+        DFStatement::CopyTo(copy) => {
+            if let CopyToSource::Query(query) = &mut copy.source {
+                let _ = query.walk_mut(&mut shaper);
+            }
+        }
+        _ => {}
+    }
+    match shaper.error {
+        None => Ok(()),
+        Some(err) => Err(err),
     }
 }
 
@@ -169,6 +174,8 @@ fn too_complex(what: String) -> CirroError {
 struct Shaper {
     /// Subquery expressions around the expression being visited.
     subquery_depth: usize,
+    /// Why the walk stopped: the statement is too complex, or a literal bad.
+    error: Option<CirroError>,
 }
 
 fn is_subquery(expr: &Expr) -> bool {
@@ -178,10 +185,8 @@ fn is_subquery(expr: &Expr) -> bool {
     )
 }
 
-impl VisitorMut for Shaper {
-    type Break = CirroError;
-
-    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<CirroError> {
+impl WalkerMut for Shaper {
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
         if is_subquery(expr) {
             self.subquery_depth -= 1;
         }
@@ -190,7 +195,19 @@ impl VisitorMut for Shaper {
         ControlFlow::Continue(())
     }
 
-    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<CirroError> {
+    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
+        match self.shape_before_children(expr) {
+            ControlFlow::Continue(()) => ControlFlow::Continue(()),
+            ControlFlow::Break(error) => {
+                self.error = Some(error);
+                ControlFlow::Break(())
+            }
+        }
+    }
+}
+
+impl Shaper {
+    fn shape_before_children(&mut self, expr: &mut Expr) -> ControlFlow<CirroError> {
         if is_subquery(expr) {
             self.subquery_depth += 1;
             if self.subquery_depth > SUBQUERY_NESTING_DEPTH_MAX {

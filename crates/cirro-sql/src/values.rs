@@ -20,9 +20,10 @@ use std::sync::OnceLock;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
     Expr, Ident, Query, Select, SelectItem, SetExpr, SetOperator, SetQuantifier, Statement, Values,
-    VisitMut, VisitorMut,
 };
 use datafusion::sql::sqlparser::parser::Parser;
+
+use crate::walk::{WalkMut, WalkerMut};
 
 use crate::CirroDialect;
 
@@ -50,7 +51,7 @@ pub fn detach_insert_values(statement: &mut DFStatement) -> bool {
         template,
         changed: false,
     };
-    let _ = source.visit(&mut rewriter);
+    let _ = source.walk_mut(&mut rewriter);
     rewriter.changed
 }
 
@@ -77,9 +78,7 @@ struct ValuesToUnion {
     changed: bool,
 }
 
-impl VisitorMut for ValuesToUnion {
-    type Break = ();
-
+impl WalkerMut for ValuesToUnion {
     fn post_visit_query(&mut self, query: &mut Query) -> ControlFlow<()> {
         self.rewrite(&mut query.body);
         ControlFlow::Continue(())

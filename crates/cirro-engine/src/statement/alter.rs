@@ -338,11 +338,11 @@ fn parse_sql_expr(sql: &str) -> Option<SqlExpr> {
 
 /// `sql` (an expression) with column `old` named `new`.
 fn rename_in_sql(sql: &str, old: &str, new: &str) -> String {
-    use datafusion::sql::sqlparser::ast::VisitMut;
+    use cirro_sql::walk::WalkMut;
     let Some(mut expr) = parse_sql_expr(sql) else {
         return sql.to_string();
     };
-    let _ = expr.visit(&mut RenameColumn { old, new });
+    let _ = expr.walk_mut(&mut RenameColumn { old, new });
     expr.to_string()
 }
 
@@ -351,8 +351,7 @@ struct RenameColumn<'a> {
     new: &'a str,
 }
 
-impl datafusion::sql::sqlparser::ast::VisitorMut for RenameColumn<'_> {
-    type Break = ();
+impl cirro_sql::walk::WalkerMut for RenameColumn<'_> {
     fn pre_visit_expr(&mut self, expr: &mut SqlExpr) -> std::ops::ControlFlow<()> {
         if let SqlExpr::Identifier(ident) = expr
             && ident_name(ident) == self.old
@@ -365,10 +364,9 @@ impl datafusion::sql::sqlparser::ast::VisitorMut for RenameColumn<'_> {
 
 /// Whether expression `sql` names column `name`.
 fn sql_names_column(sql: &str, name: &str) -> bool {
-    use datafusion::sql::sqlparser::ast::Visit;
+    use cirro_sql::walk::{Walk, Walker};
     struct Find<'a>(&'a str);
-    impl datafusion::sql::sqlparser::ast::Visitor for Find<'_> {
-        type Break = ();
+    impl Walker for Find<'_> {
         fn pre_visit_expr(&mut self, expr: &SqlExpr) -> std::ops::ControlFlow<()> {
             match expr {
                 SqlExpr::Identifier(ident) if ident_name(ident) == self.0 => {
@@ -378,7 +376,7 @@ fn sql_names_column(sql: &str, name: &str) -> bool {
             }
         }
     }
-    parse_sql_expr(sql).is_none_or(|e| e.visit(&mut Find(name)).is_break())
+    parse_sql_expr(sql).is_none_or(|e| e.walk(&mut Find(name)).is_break())
 }
 
 fn notice_outcome(notices: Vec<String>) -> Outcome {

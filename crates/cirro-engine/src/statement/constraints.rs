@@ -34,6 +34,7 @@ use std::sync::Arc;
 use arrow::array::RecordBatch;
 use arrow::datatypes::Schema;
 use cirro_common::{CirroError, Result, SqlState};
+use cirro_sql::walk::{Walk, Walker};
 use cirro_storage::CirroTable;
 use cirro_storage::options::{ConstraintDef, ConstraintKind};
 use datafusion::common::{Column, DFSchema, JoinType, ScalarValue};
@@ -42,7 +43,6 @@ use datafusion::logical_expr::{Expr, ExprSchemable, lit};
 use datafusion::prelude::DataFrame;
 use datafusion::sql::sqlparser::ast::{
     ColumnOption, ColumnOptionDef, CreateTable, Expr as SqlExpr, IndexColumn, TableConstraint,
-    Visit, Visitor,
 };
 use object_store::path::Path;
 
@@ -284,8 +284,7 @@ fn key_columns(columns: &[IndexColumn]) -> Result<Vec<String>> {
 /// constraint after it).
 fn first_column(expr: &SqlExpr) -> Option<String> {
     struct First(Option<String>);
-    impl Visitor for First {
-        type Break = ();
+    impl Walker for First {
         fn pre_visit_expr(&mut self, expr: &SqlExpr) -> std::ops::ControlFlow<()> {
             if let SqlExpr::Identifier(ident) = expr {
                 self.0 = Some(ident_name(ident));
@@ -295,15 +294,14 @@ fn first_column(expr: &SqlExpr) -> Option<String> {
         }
     }
     let mut first = First(None);
-    let _ = expr.visit(&mut first);
+    let _ = expr.walk(&mut first);
     first.0
 }
 
 /// Whether an expression holds a subquery.
 fn has_subquery(expr: &SqlExpr) -> bool {
     struct Find;
-    impl Visitor for Find {
-        type Break = ();
+    impl Walker for Find {
         fn pre_visit_expr(&mut self, expr: &SqlExpr) -> std::ops::ControlFlow<()> {
             match expr {
                 SqlExpr::Subquery(_) | SqlExpr::Exists { .. } | SqlExpr::InSubquery { .. } => {
@@ -313,7 +311,7 @@ fn has_subquery(expr: &SqlExpr) -> bool {
             }
         }
     }
-    expr.visit(&mut Find).is_break()
+    expr.walk(&mut Find).is_break()
 }
 
 /// Check constraint definitions against the table's columns: key columns

@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 use cirro_catalog::PAST_VERSION_PREFIX;
 use cirro_common::{CirroError, Result, SqlState};
+use cirro_sql::walk::{WalkMut, WalkerMut};
 use cirro_storage::CirroTable;
 use datafusion::common::TableReference;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::{
     Expr, Ident, ObjectName, ObjectNamePart, TableAlias, TableFactor, TableVersion, Value,
-    VisitMut, VisitorMut,
 };
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
@@ -44,6 +44,8 @@ struct Travel {
 struct AsOfClauses<'a> {
     engine: &'a Engine,
     found: Vec<Travel>,
+    /// Why the walk stopped: a clause that names no version or table.
+    error: Option<CirroError>,
 }
 
 fn as_of(version: &TableVersion) -> Result<AsOf> {
@@ -77,10 +79,8 @@ fn as_of(version: &TableVersion) -> Result<AsOf> {
     }
 }
 
-impl VisitorMut for AsOfClauses<'_> {
-    type Break = CirroError;
-
-    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<CirroError> {
+impl WalkerMut for AsOfClauses<'_> {
+    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
         let TableFactor::Table {
             name,
             alias,
@@ -122,7 +122,10 @@ impl VisitorMut for AsOfClauses<'_> {
         };
         match step() {
             Ok(()) => ControlFlow::Continue(()),
-            Err(e) => ControlFlow::Break(e),
+            Err(e) => {
+                self.error = Some(e);
+                ControlFlow::Break(())
+            }
         }
     }
 }
@@ -140,8 +143,10 @@ pub(crate) async fn resolve_time_travel(
     let mut clauses = AsOfClauses {
         engine,
         found: Vec::new(),
+        error: None,
     };
-    if let ControlFlow::Break(error) = inner.visit(&mut clauses) {
+    let _ = inner.walk_mut(&mut clauses);
+    if let Some(error) = clauses.error {
         return Err(error);
     }
     for travel in clauses.found {

@@ -9,7 +9,6 @@ use cirro_catalog::state::now_ms;
 use cirro_catalog::{ViewEntry, ViewPlanner};
 use cirro_common::limits::VIEW_NESTING_DEPTH_MAX;
 use cirro_common::{CirroError, Result, SqlState};
-use std::ops::ControlFlow;
 
 use datafusion::common::TableReference;
 use datafusion::error::{DataFusionError, Result as DfResult};
@@ -17,7 +16,7 @@ use datafusion::execution::session_state::SessionState;
 use datafusion::logical_expr::{LogicalPlan, LogicalPlanBuilder, col};
 use datafusion::sql::planner::object_name_to_table_reference;
 use datafusion::sql::sqlparser::ast::CreateView;
-use datafusion::sql::sqlparser::ast::{Statement, visit_relations};
+use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
@@ -122,12 +121,12 @@ fn relations_of(sql: &str, db: &str, schema: &str) -> Vec<(String, String, Strin
                 .collect(),
             _ => Vec::new(),
         };
-        let _ = visit_relations(statement, |name| {
+        cirro_sql::walk::each_relation(statement, &mut |name| {
             if let Ok(reference) = object_name_to_table_reference(name.clone(), true) {
                 if matches!(reference, TableReference::Bare { .. })
                     && ctes.iter().any(|c| c == reference.table())
                 {
-                    return ControlFlow::<()>::Continue(());
+                    return;
                 }
                 let resolved = reference.resolve(db, schema);
                 names.push((
@@ -136,7 +135,6 @@ fn relations_of(sql: &str, db: &str, schema: &str) -> Vec<(String, String, Strin
                     resolved.table.to_string(),
                 ));
             }
-            ControlFlow::<()>::Continue(())
         });
     }
     names
