@@ -157,6 +157,11 @@ fn analyzer_entries() -> Vec<Entry<Analyzer>> {
 pub(crate) fn logical_rules(distributed: bool) -> Vec<Logical> {
     let estimates = || cirro::ReorderJoins::new(scan_rows, scan_keys, scan_range, scan_buckets);
     vec![
+        // After DataFusion's rewrites, which leave an uncorrelated scalar
+        // subquery in its filter: one over the filter's own input reads a
+        // window over it instead of computing it again (TPC-H Q15; on a
+        // cluster the two copies would run in stages that share nothing).
+        Arc::new(cirro::SubqueryWindows),
         // After DataFusion's rewrites: orders the joins it leaves, by the
         // tables' statistics (groups of two or more bucketed tables are
         // left to the next rule).
@@ -462,6 +467,7 @@ mod tests {
         assert_eq!(
             logical,
             [
+                "subquery_windows",
                 "reorder_joins",
                 "co_located_joins_first",
                 "push_semi_joins",

@@ -428,6 +428,17 @@ fn tpch_runs_across_three_hdfs_nodes_through_each_node() {
         line("LeftSemi Join: orders.o_orderkey") > line("Inner Join: customer.c_custkey"),
         "{explain}"
     );
+    // Q15's subquery over its view's maximum reads a window over the view
+    // (subquery_windows): lineitem is scanned once, not once per copy of
+    // the view in stages that share nothing.
+    let q15 = std::fs::read_to_string(shared.join("tpch/queries/q15.sql")).expect("q15");
+    let explain = cluster.sql(1, &format!("EXPLAIN {q15}"));
+    assert!(explain.contains("WindowAggr"), "{explain}");
+    assert_eq!(
+        explain.matches("TableScan: lineitem").count(),
+        1,
+        "{explain}"
+    );
     let analyzed = cluster.sql(2, &format!("{SMALL_TASKS}; EXPLAIN ANALYZE {q1}"));
     let placement = analyzed
         .lines()

@@ -18,6 +18,7 @@ mod selectivity;
 mod semi_joins;
 mod shared;
 mod spilling;
+mod subquery_windows;
 mod yields;
 
 use std::sync::Arc;
@@ -53,6 +54,7 @@ pub use selectivity::FilterEstimates;
 pub use semi_joins::PushSemiJoins;
 pub use shared::SharedSubplans;
 pub use spilling::SpillingJoins;
+pub use subquery_windows::SubqueryWindows;
 pub use yields::YieldAfterJoins;
 
 /// An integer constant or statistic as a float; None for other values.
