@@ -24,8 +24,10 @@
 //!
 //! Only an uncorrelated scalar subquery that is exactly one aggregate
 //! (no `DISTINCT`, `FILTER` or ordering, no `GROUP BY`) over aliases and
-//! projections of a plan equal to the filter's input, and only where
-//! that input calls no volatile function (two runs of it could differ).
+//! projections of a plan equal to the filter's input, only where that
+//! input is a grouped aggregation's output (the window holds it whole in
+//! one partition) and calls no volatile function (two runs of it could
+//! differ).
 //! The aggregate's argument is carried through the aliases and projections
 //! down to the input's columns.
 
@@ -149,7 +151,7 @@ fn window_for(subquery: &Subquery, input: &LogicalPlan) -> Option<Expr> {
     }
     let aggregate = Aggregated::of(subquery.subquery.as_ref())?;
     let args = aggregate.args_over(input)?;
-    Some(aggregate.window(args))
+    groups_of(input).then(|| aggregate.window(args))
 }
 
 /// One aggregate without `GROUP BY` (under aliases): its function, and
@@ -304,7 +306,7 @@ fn with_window(
     aggregate: &Aggregated,
 ) -> Result<Option<LogicalPlan>> {
     if let Some(args) = aggregate.args_over(plan) {
-        if is_volatile(plan)? {
+        if !groups_of(plan) || is_volatile(plan)? {
             return Ok(None);
         }
         let name = format!("{WINDOW_COLUMN}{}", window_number(plan, 0));
@@ -397,6 +399,20 @@ fn rewrite_columns(args: Vec<Expr>, map: impl Fn(&Column) -> Option<Expr>) -> Op
         .collect::<Result<Vec<_>>>()
         .ok()?;
     complete.then_some(args)
+}
+
+/// Whether `plan` is a grouped aggregation's output (under projections,
+/// aliases and filters). The window holds its input whole in one
+/// partition: the groups are few beside the rows they came from (and one
+/// node's shared subplans held them too), a table's rows may not be.
+fn groups_of(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Projection(p) => groups_of(&p.input),
+        LogicalPlan::SubqueryAlias(a) => groups_of(&a.input),
+        LogicalPlan::Filter(f) => groups_of(&f.input),
+        LogicalPlan::Aggregate(a) => !a.group_expr.is_empty(),
+        _ => false,
+    }
 }
 
 fn unalias(expr: &Expr) -> &Expr {
@@ -514,6 +530,9 @@ mod tests {
         for q in [
             // Over another plan.
             "SELECT column1 FROM t WHERE column2 = (SELECT max(column2) FROM t WHERE column1 > 1)",
+            // Over a table's rows, not groups (the window would hold them
+            // all in one partition).
+            "SELECT column1 FROM t WHERE column2 = (SELECT max(column2) FROM t)",
             // Grouped, distinct, or not an aggregate.
             "SELECT column1 FROM t WHERE column2 = (SELECT count(DISTINCT column2) FROM t)",
             "SELECT column1 FROM t WHERE column2 = (SELECT column2 FROM t LIMIT 1)",
