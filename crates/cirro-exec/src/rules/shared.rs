@@ -1,8 +1,9 @@
-//! Subplans that a query computes twice, computed once: TPC-H Q15 reads its
-//! `revenue` view (an aggregation of a quarter of lineitem) in the join and
-//! again in the subquery that finds its maximum. DataFusion inlines the view
-//! into both places and runs it twice; at SF10 that is half of the query's
-//! time.
+//! Subplans that a query computes twice, computed once: a view or CTE
+//! read in two places (an aggregated CTE joined with itself). DataFusion
+//! inlines it into both places and runs it twice. (TPC-H Q15, which reads
+//! its `revenue` view in the join and in the subquery over its maximum, was
+//! the first such query; its subquery now reads a window over the view,
+//! `subquery_windows.rs`, which works on a cluster too.)
 //!
 //! [`SharedSubplans`], a physical optimizer rule that runs last, finds the
 //! aggregations whose whole subtrees print the same (operators, expressions,
