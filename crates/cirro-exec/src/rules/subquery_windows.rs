@@ -36,7 +36,6 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, NullEquality, Result};
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
-use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{
     Expr, Filter, Join, JoinType, LogicalPlan, LogicalPlanBuilder, Subquery, Window,
     WindowFunctionDefinition,
@@ -85,17 +84,15 @@ impl OptimizerRule for SubqueryWindows {
 fn windowed(filter: &Filter) -> Result<Option<LogicalPlan>> {
     let input = filter.input.as_ref();
     let mut windows: Vec<(Subquery, Expr)> = Vec::new();
-    for conjunct in split_conjunction(&filter.predicate) {
-        conjunct.apply(|expr| {
-            if let Expr::ScalarSubquery(subquery) = expr
-                && !windows.iter().any(|(s, _)| s == subquery)
-                && let Some(window) = window_for(subquery, input)
-            {
-                windows.push((subquery.clone(), window));
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })?;
-    }
+    filter.predicate.apply(|expr| {
+        if let Expr::ScalarSubquery(subquery) = expr
+            && !windows.iter().any(|(s, _)| s == subquery)
+            && let Some(window) = window_for(subquery, input)
+        {
+            windows.push((subquery.clone(), window));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
     if windows.is_empty() || is_volatile(input)? {
         return Ok(None);
     }
@@ -107,40 +104,39 @@ fn windowed(filter: &Filter) -> Result<Option<LogicalPlan>> {
         names.push(format!("{WINDOW_COLUMN}{n}"));
         next = n + 1;
     }
-    let predicate = split_conjunction(&filter.predicate)
-        .into_iter()
-        .map(|conjunct| {
-            conjunct
-                .clone()
-                .transform(|expr| match &expr {
-                    Expr::ScalarSubquery(subquery) => {
-                        match windows.iter().position(|(s, _)| s == subquery) {
-                            Some(i) => {
-                                Ok(Transformed::yes(Expr::Column(Column::from_name(&names[i]))))
-                            }
-                            None => Ok(Transformed::no(expr)),
-                        }
-                    }
-                    _ => Ok(Transformed::no(expr)),
-                })
-                .map(|t| t.data)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let predicate = filter
+        .predicate
+        .clone()
+        .transform(|expr| match &expr {
+            Expr::ScalarSubquery(subquery) => {
+                match windows.iter().position(|(s, _)| s == subquery) {
+                    Some(i) => Ok(Transformed::yes(Expr::Column(Column::from_name(&names[i])))),
+                    None => Ok(Transformed::no(expr)),
+                }
+            }
+            _ => Ok(Transformed::no(expr)),
+        })?
+        .data;
     let window_exprs = windows
         .into_iter()
         .zip(&names)
         .map(|((_, window), name)| window.alias(name))
         .collect();
-    let window = LogicalPlan::Window(Window::try_new(window_exprs, Arc::clone(&filter.input))?);
-    let Some(predicate) = conjunction(predicate) else {
-        return Ok(None);
-    };
+    filtered_over_windows(Arc::clone(&filter.input), window_exprs, predicate).map(Some)
+}
+
+/// `input` with `windows` (aliased window expressions) added, filtered by
+/// `predicate` (which may read them), and projected back to its columns.
+fn filtered_over_windows(
+    input: Arc<LogicalPlan>,
+    windows: Vec<Expr>,
+    predicate: Expr,
+) -> Result<LogicalPlan> {
     let columns = input.schema().columns().into_iter().map(Expr::Column);
-    LogicalPlanBuilder::from(window)
+    LogicalPlanBuilder::from(LogicalPlan::Window(Window::try_new(windows, input)?))
         .filter(predicate)?
         .project(columns)?
         .build()
-        .map(Some)
 }
 
 /// The window (over `input`) that gives `subquery`'s value, if `subquery`
@@ -310,17 +306,9 @@ fn with_window(
             return Ok(None);
         }
         let name = format!("{WINDOW_COLUMN}{}", window_number(plan, 0));
-        let window = LogicalPlan::Window(Window::try_new(
-            vec![aggregate.window(args).alias(&name)],
-            Arc::new(plan.clone()),
-        )?);
-        let columns = plan.schema().columns().into_iter().map(Expr::Column);
-        let predicate = Expr::Column(column.clone()).eq(Expr::Column(Column::from_name(name)));
-        return LogicalPlanBuilder::from(window)
-            .filter(predicate)?
-            .project(columns)?
-            .build()
-            .map(Some);
+        let predicate = Expr::Column(column.clone()).eq(Expr::Column(Column::from_name(&name)));
+        let window = aggregate.window(args).alias(name);
+        return filtered_over_windows(Arc::new(plan.clone()), vec![window], predicate).map(Some);
     }
     // The input the column comes from, and its name there.
     let (index, inner) = match plan {
