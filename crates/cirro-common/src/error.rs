@@ -220,6 +220,13 @@ fn from_delta(err: deltalake::DeltaTableError) -> CirroError {
                          nothing was changed, retry the statement or transaction"
                     ),
                 )
+            } else if matches!(
+                source,
+                T::UnsupportedTableFeatures(_) | T::TableFeaturesRequired(_)
+            ) {
+                // A table another engine wrote with features Cirro does not
+                // write (CHECK constraints, generated columns, …).
+                CirroError::unsupported(format!("cannot write this table: {first}"))
             } else {
                 CirroError::io(format!("could not commit: {first}"))
             }

@@ -25,12 +25,14 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use deltalake::kernel::Action;
 use deltalake::operations::vacuum::VacuumMode;
 use deltalake::protocol::DeltaOperation;
+use deltalake::table::config::TablePropertiesExt as _;
 use futures::StreamExt;
+use object_store::ObjectStoreExt;
 
 use crate::failpoint;
 use crate::mutate::{remove_of, remove_paths};
 use crate::table::CirroTable;
-use crate::write::{commit_actions, data_file_bytes_target, write_files};
+use crate::write::{commit_actions, commit_logged, data_file_bytes_target, write_files};
 
 /// What OPTIMIZE did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -148,14 +150,52 @@ pub async fn optimize(table: &CirroTable, state: &dyn Session) -> Result<Optimiz
 /// directory the staging files of killed writers (`part-….parquet#1`) go too.
 pub async fn vacuum(table: &CirroTable, retain_hours: u64) -> Result<Vacuumed> {
     let retention = chrono::Duration::hours(retain_hours.min(i64::MAX as u64 / 3_600_000) as i64);
-    let (_, metrics) = table
+    // delta-rs plans which files go; Cirro deletes them and logs VACUUM
+    // START and END itself, through its own commit path (`write.rs`,
+    // `CommitBase`), which delta-rs's VACUUM would bypass.
+    let (_, planned) = table
         .delta()
         .clone()
         .vacuum()
         .with_retention_period(retention)
         .with_enforce_retention_duration(false)
         .with_mode(VacuumMode::Full)
+        .with_dry_run(true)
         .await?;
+    let files = planned.files_deleted;
+    if !files.is_empty() {
+        let default_retention = table
+            .delta()
+            .snapshot()?
+            .table_config()
+            .deleted_file_retention_duration();
+        let start = DeltaOperation::VacuumStart {
+            retention_check_enabled: false,
+            specified_retention_millis: Some(retention.num_milliseconds()),
+            default_retention_millis: default_retention.as_millis() as i64,
+        };
+        let metrics = serde_json::json!({ "numFilesToDelete": files.len() });
+        commit_logged(table.delta(), start, metrics).await?;
+        let store = table.delta().object_store();
+        for file in &files {
+            match store.delete(&deltalake::Path::from(file.as_str())).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let end = DeltaOperation::VacuumEnd {
+            status: "COMPLETED".to_string(),
+        };
+        let metrics = serde_json::json!({
+            "numDeletedFiles": files.len(),
+            "numVacuumedDirectories": 0,
+        });
+        commit_logged(table.delta(), end, metrics).await?;
+    }
+    let metrics = deltalake::operations::vacuum::VacuumMetrics {
+        files_deleted: files,
+        dry_run: false,
+    };
     let mut deleted = metrics.files_deleted.len() as u64;
     let removed = metrics
         .files_deleted

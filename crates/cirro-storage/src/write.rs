@@ -28,10 +28,14 @@ use datafusion::error::Result as DfResult;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::MetricsSet;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
+use delta_kernel::table_properties::TableProperties;
 use deltalake::DeltaTable;
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
-use deltalake::kernel::{Action, Add};
+use deltalake::kernel::transaction::{
+    CommitBuilder, CommitProperties, TableReference, TransactionError,
+};
+use deltalake::kernel::{Action, Add, EagerSnapshot, Metadata, Protocol, StructTypeExt};
 use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::table::state::DeltaTableState;
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
@@ -352,57 +356,224 @@ pub struct Committed {
 /// Commit `actions` to `table` as one new version, read at the table's
 /// snapshot. A concurrent commit that conflicts with this one (it removed a
 /// file this one read or removes) fails it with 40001; one that does not is
-/// committed after it (delta-rs's conflict checker decides, see
-/// `docs/architecture.md`).
+/// committed after it. An append is checked by [`commit_append`]; every
+/// other change by delta-rs's conflict checker (see `docs/architecture.md`).
 pub async fn commit_actions(
     table: &DeltaTable,
     actions: Vec<Action>,
     operation: DeltaOperation,
 ) -> Result<Committed> {
-    let snapshot = table.snapshot()?;
+    let replaced = replaced_files(table, &actions);
+    if let DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by,
+        predicate: None,
+    } = operation
+    {
+        return commit_append(table, actions, partition_by, replaced).await;
+    }
     // CommitProperties' defaults include the post-commit hook that writes a
     // checkpoint every `delta.checkpointInterval` versions; without it every
     // reader replays the whole JSON log, and each statement on a table with
     // many small commits gets slower and holds more memory.
-    let replaced = replaced_files(table, &actions);
-    let mut builder = CommitBuilder::from(CommitProperties::default()).with_actions(actions);
-    // An append reads no existing file and changes none, so it can neither
-    // lose an update nor invalidate another writer's reads: mark it a blind
-    // append (others' conflict checks skip its files) and give it a read
-    // predicate that matches no file (its own check ignores what others
-    // removed). Without this, an INSERT and a concurrent DELETE would fail one
-    // another with 40001.
-    let operation = match operation {
-        DeltaOperation::Write {
-            mode: SaveMode::Append,
-            partition_by,
-            predicate: None,
-        } => {
-            // It never conflicts, so losing the race for the next version
-            // to other writers only means trying the one after: allow many
-            // more attempts than delta-rs's default of 15, which 32 clients
-            // appending at once exhaust.
-            builder = builder
-                .with_app_metadata(std::collections::HashMap::from([(
-                    "isBlindAppend".to_string(),
-                    serde_json::Value::Bool(true),
-                )]))
-                .with_max_retries(BLIND_APPEND_COMMIT_ATTEMPTS);
-            DeltaOperation::Write {
-                mode: SaveMode::Append,
-                partition_by,
-                predicate: Some("false".to_string()),
+    let version = commit_checked(table, actions, operation, CommitProperties::default()).await?;
+    Ok(Committed { version, replaced })
+}
+
+/// Commit a log entry without data actions (VACUUM START and END), with
+/// `metrics` as its `operationMetrics`; returns the new version.
+pub async fn commit_logged(
+    table: &DeltaTable,
+    operation: DeltaOperation,
+    metrics: serde_json::Value,
+) -> Result<i64> {
+    let properties =
+        CommitProperties::default().with_metadata([("operationMetrics".to_string(), metrics)]);
+    commit_checked(table, Vec::new(), operation, properties).await
+}
+
+/// One commit that delta-rs's conflict checker retries or fails.
+async fn commit_checked(
+    table: &DeltaTable,
+    actions: Vec<Action>,
+    operation: DeltaOperation,
+    properties: CommitProperties,
+) -> Result<i64> {
+    let finalized = CommitBuilder::from(properties)
+        .with_actions(actions)
+        .build(
+            Some(&CommitBase::of(table.snapshot()?)?),
+            table.log_store(),
+            operation,
+        )
+        .await?;
+    Ok(finalized.version() as i64)
+}
+
+/// Commit an append (INSERT, COPY, CREATE TABLE … AS). It reads no existing
+/// file and changes none, so it can neither lose an update nor invalidate
+/// another writer's reads: only a commit that changed the table's schema or
+/// protocol since its snapshot conflicts with it (40001; its files were
+/// written for the old schema). Losing the race for the next version to
+/// other writers only means trying the one after.
+///
+/// Cirro checks this itself, each attempt one delta-rs commit that may not
+/// retry: delta-rs's checker, built without its DataFusion feature (a fifth
+/// of the cold build), counts every file of the snapshot as read, so an
+/// INSERT would fail against a concurrent DELETE.
+async fn commit_append(
+    table: &DeltaTable,
+    actions: Vec<Action>,
+    partition_by: Option<Vec<String>>,
+    replaced: Vec<String>,
+) -> Result<Committed> {
+    // Others' conflict checks skip a blind append's files; the predicate
+    // that matches no file says in the table's history that it read none.
+    let operation = DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by,
+        predicate: Some("false".to_string()),
+    };
+    let log_store = table.log_store();
+    let mut base = table.clone();
+    for _ in 0..BLIND_APPEND_COMMIT_ATTEMPTS {
+        let read = base.snapshot()?.version();
+        let attempt = CommitBuilder::from(CommitProperties::default())
+            .with_actions(actions.clone())
+            .with_app_metadata(std::collections::HashMap::from([(
+                "isBlindAppend".to_string(),
+                serde_json::Value::Bool(true),
+            )]))
+            .with_max_retries(0)
+            .build(
+                Some(&CommitBase::of(base.snapshot()?)?),
+                log_store.clone(),
+                operation.clone(),
+            )
+            .await;
+        match attempt {
+            Ok(finalized) => {
+                return Ok(Committed {
+                    version: finalized.version() as i64,
+                    replaced,
+                });
+            }
+            Err(deltalake::DeltaTableError::Transaction {
+                source: TransactionError::MaxCommitAttempts(_),
+            }) => {}
+            Err(other) => return Err(other.into()),
+        }
+        let latest = log_store.get_latest_version(read).await?;
+        for version in read + 1..=latest {
+            if let Some(entry) = log_store.read_commit_entry(version).await?
+                && changes_schema(&entry)?
+            {
+                return Err(CirroError::new(
+                    SqlState::SERIALIZATION_FAILURE,
+                    format!(
+                        "could not serialize access due to a concurrent update (version \
+                         {version} changed the table's schema or protocol); nothing was \
+                         changed, retry the statement or transaction"
+                    ),
+                ));
             }
         }
-        other => other,
-    };
-    let finalized = builder
-        .build(Some(snapshot), table.log_store(), operation)
-        .await?;
-    Ok(Committed {
-        version: finalized.version() as i64,
-        replaced,
-    })
+        base.update_incremental(Some(latest)).await?;
+    }
+    Err(CirroError::new(
+        SqlState::SERIALIZATION_FAILURE,
+        format!(
+            "could not serialize access due to concurrent updates: the append lost the \
+             race for the next version {BLIND_APPEND_COMMIT_ATTEMPTS} times; nothing was \
+             changed, retry the statement or transaction"
+        ),
+    ))
+}
+
+/// Whether a commit's log entry (one JSON action per line) changes the
+/// table's metadata or protocol.
+fn changes_schema(entry: &[u8]) -> Result<bool> {
+    for line in entry.split(|&b| b == b'\n') {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let action: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(line)?;
+        if action.contains_key("metaData") || action.contains_key("protocol") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The snapshot a commit is read at, as delta-rs's commit sees it: with the
+/// `invariants` writer feature left out of its protocol.
+///
+/// Every table Cirro creates names that feature (delta-rs makes a table's
+/// implied legacy features explicit when deletion vectors raise it to writer
+/// version 7). A writer must then enforce the columns' `delta.invariants`
+/// expressions; no Cirro column has one, and delta-rs would reject the
+/// commit unless built with its DataFusion feature, which costs the cold
+/// build about six minutes of compiler time. So Cirro checks the
+/// expressions itself: a table whose columns carry one (written by another
+/// engine) is refused with 0A000 rather than written unchecked.
+struct CommitBase<'a> {
+    snapshot: &'a DeltaTableState,
+    protocol: Protocol,
+}
+
+impl<'a> CommitBase<'a> {
+    fn of(snapshot: &'a DeltaTableState) -> Result<Self> {
+        // Writer versions 2 to 6 imply the feature; 7 names it.
+        let invariants = snapshot.schema().get_invariants().map_err(|e| {
+            CirroError::new(
+                SqlState::DATA_CORRUPTED,
+                format!("the table's column invariants cannot be read: {e}"),
+            )
+        })?;
+        if let Some(invariant) = invariants.first() {
+            return Err(CirroError::unsupported(format!(
+                "the table has a column invariant ({}: {}), which Cirro does not enforce; \
+                 it can be read but not written",
+                invariant.field_name, invariant.invariant_sql
+            )));
+        }
+        let protocol = snapshot.protocol();
+        let names_invariants = protocol
+            .writer_features()
+            .is_some_and(|features| features.iter().any(|f| f.as_ref() == "invariants"));
+        if !names_invariants {
+            return Ok(Self {
+                snapshot,
+                protocol: protocol.clone(),
+            });
+        }
+        // The kernel's Protocol has no public constructor: rebuild it from
+        // its log form, which names the features.
+        let mut form = serde_json::to_value(protocol)?;
+        if let Some(serde_json::Value::Array(features)) = form.get_mut("writerFeatures") {
+            features.retain(|f| f.as_str() != Some("invariants"));
+        }
+        let protocol = serde_json::from_value(form)?;
+        Ok(Self { snapshot, protocol })
+    }
+}
+
+impl TableReference for CommitBase<'_> {
+    fn config(&self) -> &TableProperties {
+        self.snapshot.config()
+    }
+
+    fn protocol(&self) -> &Protocol {
+        &self.protocol
+    }
+
+    fn metadata(&self) -> &Metadata {
+        self.snapshot.metadata()
+    }
+
+    fn eager_snapshot(&self) -> &EagerSnapshot {
+        TableReference::eager_snapshot(self.snapshot)
+    }
 }
 
 /// The object-store paths of the data files a commit of `actions` removes
@@ -444,7 +615,11 @@ pub async fn commit_exclusive(
     let finalized = CommitBuilder::from(CommitProperties::default())
         .with_actions(actions)
         .with_max_retries(0)
-        .build(Some(snapshot), table.log_store(), operation)
+        .build(
+            Some(&CommitBase::of(snapshot)?),
+            table.log_store(),
+            operation,
+        )
         .await?;
     Ok(Committed {
         version: finalized.version() as i64,
@@ -650,4 +825,110 @@ where
     fill(&mut writer, &mut batches).await?;
     let rows = writer.rows();
     Ok((writer.finish().await?, rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use deltalake::kernel::{DataType as DeltaType, StructField};
+    use url::Url;
+
+    use super::*;
+    use crate::table::{create_delta_table, open_delta_table};
+
+    fn fresh_url(name: &str) -> Url {
+        let dir = std::env::temp_dir().join(format!("cirro-{name}-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Url::from_directory_path(&dir).unwrap()
+    }
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]))
+    }
+
+    async fn append(table: &DeltaTable, keys: Vec<i64>) -> Result<u64> {
+        let batch = RecordBatch::try_new(schema(), vec![Arc::new(Int64Array::from(keys))]).unwrap();
+        write_stream(
+            table,
+            schema(),
+            futures::stream::iter(vec![Ok(batch)]),
+            SaveMode::Append,
+        )
+        .await
+    }
+
+    fn metadata_of(table: &DeltaTable) -> Action {
+        Action::Metadata(table.snapshot().unwrap().metadata().clone())
+    }
+
+    #[tokio::test]
+    async fn an_append_behind_others_commits_after_them_unless_the_schema_changed() {
+        let url = fresh_url("append-race");
+        create_delta_table(&url, &schema(), &Default::default())
+            .await
+            .unwrap();
+        // Three writers read version 0.
+        let (first, second, third) = (
+            open_delta_table(&url).await.unwrap(),
+            open_delta_table(&url).await.unwrap(),
+            open_delta_table(&url).await.unwrap(),
+        );
+        // The table's protocol names `invariants`, which delta-rs alone
+        // would refuse to write without its DataFusion feature.
+        let protocol = first.snapshot().unwrap().protocol().clone();
+        assert!(
+            protocol
+                .writer_features()
+                .is_some_and(|f| f.iter().any(|f| f.as_ref() == "invariants")),
+            "{protocol:?}"
+        );
+        append(&first, vec![1, 2]).await.unwrap();
+        // Behind by one blind append: retried at version 2.
+        append(&second, vec![3]).await.unwrap();
+        let latest = open_delta_table(&url).await.unwrap();
+        assert_eq!(latest.version(), Some(2));
+        // A change of metadata since its snapshot fails the third: 40001,
+        // and the table keeps its version.
+        let changed = commit_actions(
+            &latest,
+            vec![metadata_of(&latest)],
+            DeltaOperation::SetTableProperties {
+                properties: HashMap::new(),
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(changed.version, 3);
+        let err = append(&third, vec![4]).await.unwrap_err();
+        assert_eq!(err.code(), "40001", "{err}");
+        let table = open_delta_table(&url).await.unwrap();
+        assert_eq!(table.version(), Some(3));
+        assert_eq!(table.snapshot().unwrap().log_data().num_files(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_table_with_a_column_invariant_is_not_written() {
+        let url = fresh_url("invariant");
+        let field = StructField::new("k", DeltaType::LONG, true).with_metadata([(
+            "delta.invariants",
+            r#"{"expression": {"expression": "k > 0"}}"#.to_string(),
+        )]);
+        let table = deltalake::operations::create::CreateBuilder::new()
+            .with_location(url.as_str())
+            .with_columns([field])
+            .with_configuration_property(
+                deltalake::TableProperty::EnableDeletionVectors,
+                Some("true"),
+            )
+            .await
+            .unwrap();
+        let err = append(&table, vec![-1]).await.unwrap_err();
+        assert_eq!(err.code(), "0A000", "{err}");
+        assert!(err.to_string().contains("k > 0"), "{err}");
+        let table = open_delta_table(&url).await.unwrap();
+        assert_eq!(table.snapshot().unwrap().log_data().num_files(), 0);
+    }
 }
