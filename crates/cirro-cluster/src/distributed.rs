@@ -35,10 +35,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use cirro_catalog::{Coordination, NodeInfo};
+use cirro_exec::distribution::{Distribution, Exchange};
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result as DfResult};
 use datafusion::execution::context::QueryPlanner;
@@ -55,8 +57,9 @@ use datafusion::prelude::SessionConfig;
 use datafusion_distributed::grpc::{BoxCloneSyncChannel, create_worker_client};
 use datafusion_distributed::{
     ChannelResolver, DistributedExec, DistributedExt, DistributedLeafExec, NetworkBoundaryExt,
-    RouteTasksEvent, RouteTasksEventResponse, SessionStateBuilderExt, Worker, WorkerChannel,
-    WorkerQueryContext, WorkerResolver, WorkerSessionBuilder, display_plan_ascii,
+    NetworkBroadcastExec, NetworkShuffleExec, RouteTasksEvent, RouteTasksEventResponse,
+    SessionStateBuilderExt, Worker, WorkerChannel, WorkerQueryContext, WorkerResolver,
+    WorkerSessionBuilder, display_plan_ascii,
 };
 use futures::future::BoxFuture;
 use tonic::codegen::http;
@@ -177,7 +180,7 @@ fn worker_url(address: &str) -> DfResult<Url> {
         .map_err(|e| DataFusionError::Configuration(format!("worker address {address}: {e}")))
 }
 
-impl cirro_exec::distribution::Distribution for ClusterExecution {
+impl Distribution for ClusterExecution {
     fn configure(&self, builder: SessionStateBuilder) -> SessionStateBuilder {
         let mut builder = builder
             .with_query_planner(Arc::new(Handoff))
@@ -221,6 +224,16 @@ impl cirro_exec::distribution::Distribution for ClusterExecution {
     fn is_distributed(&self, plan: &Arc<dyn ExecutionPlan>) -> bool {
         plan.exists(|p| Ok(p.is::<DistributedExec>()))
             .unwrap_or(false)
+    }
+
+    fn exchange(&self, plan: &dyn ExecutionPlan) -> Option<Exchange> {
+        if plan.is::<NetworkShuffleExec>() {
+            Some(Exchange::Shuffle)
+        } else if plan.is::<NetworkBroadcastExec>() {
+            Some(Exchange::Broadcast)
+        } else {
+            None
+        }
     }
 
     fn is_node_failure(&self, error: &DataFusionError) -> bool {
@@ -736,7 +749,7 @@ static WORKER_FUNCTIONS: LazyLock<HashMap<String, TypeId>> = LazyLock::new(|| {
 fn distributable(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let mut ok = true;
     let _ = plan.apply(|node| {
-        let fine = if node.name() == "DataSinkExec" {
+        let fine = if node.is::<DataSinkExec>() {
             false
         } else if node.children().is_empty() {
             leaf_travels(node)

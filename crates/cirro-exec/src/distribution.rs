@@ -11,6 +11,15 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use futures::future::BoxFuture;
 
+/// An exchange of rows between the nodes of a cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exchange {
+    /// Each row goes to the task of its key's hash.
+    Shuffle,
+    /// Every row goes to every task.
+    Broadcast,
+}
+
 /// Query execution across the nodes of a cluster.
 pub trait Distribution: Send + Sync + std::fmt::Debug {
     /// Set up a new session to distribute the queries it plans (its query
@@ -19,6 +28,10 @@ pub trait Distribution: Send + Sync + std::fmt::Debug {
 
     /// Whether `plan` runs on several nodes.
     fn is_distributed(&self, plan: &Arc<dyn ExecutionPlan>) -> bool;
+
+    /// How `plan`'s operator receives rows from other nodes, if it does
+    /// (EXPLAIN's join and aggregation marks).
+    fn exchange(&self, plan: &dyn ExecutionPlan) -> Option<Exchange>;
 
     /// Whether `error` says a node failed or could not be reached (not that
     /// the query itself is wrong): a read-only query is then run once more

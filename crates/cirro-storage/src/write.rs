@@ -910,6 +910,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_table_with_a_feature_cirro_does_not_write_is_refused_with_0a000() {
+        let url = fresh_url("cdf");
+        let table = deltalake::operations::create::CreateBuilder::new()
+            .with_location(url.as_str())
+            .with_columns([StructField::new("k", DeltaType::LONG, true)])
+            .with_configuration_property(
+                deltalake::TableProperty::EnableDeletionVectors,
+                Some("true"),
+            )
+            .with_configuration_property(
+                deltalake::TableProperty::EnableChangeDataFeed,
+                Some("true"),
+            )
+            .await
+            .unwrap();
+        let err = append(&table, vec![1]).await.unwrap_err();
+        assert_eq!(err.code(), "0A000", "{err}");
+        assert!(
+            err.to_string().to_lowercase().contains("changedatafeed"),
+            "{err}"
+        );
+        let table = open_delta_table(&url).await.unwrap();
+        assert_eq!(table.snapshot().unwrap().log_data().num_files(), 0);
+    }
+
+    #[tokio::test]
     async fn a_table_with_a_column_invariant_is_not_written() {
         let url = fresh_url("invariant");
         let field = StructField::new("k", DeltaType::LONG, true).with_metadata([(

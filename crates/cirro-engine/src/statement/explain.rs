@@ -27,49 +27,68 @@
 
 use std::sync::Arc;
 
+use cirro_exec::distribution::{Distribution, Exchange};
 use cirro_exec::operators::spill_join::SpillingHashJoinExec;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
-use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode, SortMergeJoinExec};
+#[allow(deprecated)] // recognised in plans that still hold one
+use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::joins::{
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode, SortMergeJoinExec,
+    SymmetricHashJoinExec,
+};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning, displayable};
 
-/// Names of the plan nodes that join.
-const JOINS: [&str; 5] = [
-    "HashJoinExec",
-    "SortMergeJoinExec",
-    "NestedLoopJoinExec",
-    "CrossJoinExec",
-    "SymmetricHashJoinExec",
-];
+/// Whether `plan` is one of DataFusion's joins.
+fn is_join(plan: &dyn ExecutionPlan) -> bool {
+    plan.is::<HashJoinExec>()
+        || plan.is::<SortMergeJoinExec>()
+        || plan.is::<NestedLoopJoinExec>()
+        || plan.is::<CrossJoinExec>()
+        || plan.is::<SymmetricHashJoinExec>()
+}
 
 /// Each join and each aggregation across the network of `plan` (its
 /// one-line display) with what EXPLAIN adds to its line (`join=…`,
 /// `aggregation=…`), in plan order (the distributed planner's stages
 /// included).
-pub(crate) fn line_marks(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, String)> {
+/// `cluster` tells the exchanges between nodes (None on a single node).
+pub(crate) fn line_marks(
+    plan: &Arc<dyn ExecutionPlan>,
+    cluster: Option<&dyn Distribution>,
+) -> Vec<(String, String)> {
     let mut found = Vec::new();
-    collect(plan, &mut found);
+    collect(plan, cluster, &mut found);
     found
 }
 
-fn collect(plan: &Arc<dyn ExecutionPlan>, found: &mut Vec<(String, String)>) {
-    let mark = match strategy(plan) {
+fn collect(
+    plan: &Arc<dyn ExecutionPlan>,
+    cluster: Option<&dyn Distribution>,
+    found: &mut Vec<(String, String)>,
+) {
+    let exchange = |p: &dyn ExecutionPlan| cluster.and_then(|c| c.exchange(p));
+    let mark = match strategy(plan, &exchange) {
         Some(strategy) => Some(format!("join={strategy}")),
-        None => aggregation_exchange(plan),
+        None => aggregation_exchange(plan, &exchange),
     };
     if let Some(mark) = mark {
         let line = displayable(plan.as_ref()).one_line().to_string();
         found.push((line.trim_end().to_string(), mark));
     }
     for child in plan.children() {
-        collect(child, found);
+        collect(child, cluster, found);
     }
 }
 
 /// What crosses the network below a grouped aggregation of a cluster's
 /// plan: None where nothing does (a single node's plan, or a stage that
 /// aggregates what it has).
-fn aggregation_exchange(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
+fn aggregation_exchange(
+    plan: &Arc<dyn ExecutionPlan>,
+    exchange: &dyn Fn(&dyn ExecutionPlan) -> Option<Exchange>,
+) -> Option<String> {
     let last = plan.downcast_ref::<AggregateExec>()?;
     if last.group_expr().is_empty() {
         return None;
@@ -77,11 +96,17 @@ fn aggregation_exchange(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
     // Down through the exchanges to what feeds them.
     let mut networked = false;
     let mut below = last.input();
-    while matches!(
-        below.name(),
-        "NetworkShuffleExec" | "RepartitionExec" | "CoalesceBatchesExec" | "CooperativeExec"
-    ) {
-        networked |= below.name() == "NetworkShuffleExec";
+    loop {
+        let shuffled = exchange(below.as_ref()) == Some(Exchange::Shuffle);
+        #[allow(deprecated)] // a plan may still hold one
+        let passes = shuffled
+            || below.is::<RepartitionExec>()
+            || below.is::<CoalesceBatchesExec>()
+            || below.is::<CooperativeExec>();
+        if !passes {
+            break;
+        }
+        networked |= shuffled;
         below = below.children().into_iter().next()?;
     }
     if !networked {
@@ -109,14 +134,17 @@ fn aggregation_exchange(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
     })
 }
 
-fn strategy(plan: &Arc<dyn ExecutionPlan>) -> Option<&'static str> {
+fn strategy(
+    plan: &Arc<dyn ExecutionPlan>,
+    exchange: &dyn Fn(&dyn ExecutionPlan) -> Option<Exchange>,
+) -> Option<&'static str> {
     let partitioned = if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
         join.mode == PartitionMode::Partitioned
     } else if let Some(join) = plan.downcast_ref::<SpillingHashJoinExec>() {
         join.hash_join().mode == PartitionMode::Partitioned
-    } else if plan.is::<SortMergeJoinExec>() || plan.name() == "SymmetricHashJoinExec" {
+    } else if plan.is::<SortMergeJoinExec>() || plan.is::<SymmetricHashJoinExec>() {
         true
-    } else if JOINS.contains(&plan.name()) {
+    } else if is_join(plan.as_ref()) {
         false
     } else {
         return None;
@@ -124,7 +152,11 @@ fn strategy(plan: &Arc<dyn ExecutionPlan>) -> Option<&'static str> {
     if !partitioned {
         return Some("broadcast");
     }
-    if plan.children().iter().any(|child| exchanged(child)) {
+    if plan
+        .children()
+        .iter()
+        .any(|child| exchanged(child, exchange))
+    {
         Some("shuffle")
     } else {
         Some("co-located")
@@ -134,19 +166,24 @@ fn strategy(plan: &Arc<dyn ExecutionPlan>) -> Option<&'static str> {
 /// Whether rows reach this input of a join through a hash exchange made
 /// for the join: one below it before any operator that partitions its own
 /// output by key (an aggregation or join, whose exchange is its own).
-fn exchanged(plan: &Arc<dyn ExecutionPlan>) -> bool {
+fn exchanged(
+    plan: &Arc<dyn ExecutionPlan>,
+    exchange: &dyn Fn(&dyn ExecutionPlan) -> Option<Exchange>,
+) -> bool {
     if let Some(repartition) = plan.downcast_ref::<RepartitionExec>()
         && matches!(repartition.partitioning(), Partitioning::Hash(_, _))
     {
         return true;
     }
-    match plan.name() {
-        "NetworkShuffleExec" => return true,
-        "AggregateExec" | "NetworkBroadcastExec" => return false,
-        name if JOINS.contains(&name) => return false,
-        _ => {}
+    match exchange(plan.as_ref()) {
+        Some(Exchange::Shuffle) => return true,
+        Some(Exchange::Broadcast) => return false,
+        None if plan.is::<AggregateExec>() || is_join(plan.as_ref()) => return false,
+        None => {}
     }
-    plan.children().iter().any(|child| exchanged(child))
+    plan.children()
+        .iter()
+        .any(|child| exchanged(child, exchange))
 }
 
 /// `text` (EXPLAIN's plan column) with `, <mark>` at the end of every line

@@ -217,7 +217,7 @@ impl Engine {
     /// `explain.rs`).
     async fn explain(&self, explained: &LogicalPlan, plan: LogicalPlan) -> Result<Outcome> {
         let marks = match self.ctx.state().create_physical_plan(explained).await {
-            Ok(physical) => explain::line_marks(&physical),
+            Ok(physical) => explain::line_marks(&physical, self.distribution.as_deref()),
             Err(_) => Vec::new(), // EXPLAIN itself reports what fails
         };
         let frame = self.ctx.execute_logical_plan(plan).await?;
