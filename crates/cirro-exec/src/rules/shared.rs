@@ -36,32 +36,49 @@ use std::sync::Arc;
 use datafusion::common::Result;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::logical_expr::Volatility;
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+#[allow(deprecated)] // recognised in plans that still hold one
+use datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 
+use crate::operators::filtered_aggregate::FilteredAggregateExec;
+use crate::operators::run_aggregate::RunAggregateExec;
 use crate::operators::shared::{SharedExec, SharedState};
+use crate::operators::spill_join::SpillingHashJoinExec;
 
-/// The operators a shared subtree may hold (DataFusion's names, and
-/// Cirro's partial aggregations).
-const SHAREABLE: &[&str] = &[
-    "AggregateExec",
-    "CoalesceBatchesExec",
-    "CoalescePartitionsExec",
-    "CooperativeExec",
-    "DataSourceExec",
-    "FilterExec",
-    "FilteredAggregateExec",
-    "HashJoinExec",
-    "ProjectionExec",
-    "RepartitionExec",
-    "RunAggregateExec",
-    "SortExec",
-    "SortPreservingMergeExec",
-    "SpillingHashJoinExec",
-];
+/// Whether a shared subtree may hold `plan`'s operator: DataFusion's
+/// scans, filters, projections, joins, sorts, aggregations and exchanges
+/// within a node, and Cirro's partial aggregations and spilling join.
+fn shareable(plan: &dyn ExecutionPlan) -> bool {
+    #[allow(deprecated)] // a plan may still hold one
+    let coalesce_batches = plan.is::<CoalesceBatchesExec>();
+    coalesce_batches
+        || plan.is::<AggregateExec>()
+        || plan.is::<CoalescePartitionsExec>()
+        || plan.is::<CooperativeExec>()
+        || plan.is::<DataSourceExec>()
+        || plan.is::<FilterExec>()
+        || plan.is::<FilteredAggregateExec>()
+        || plan.is::<HashJoinExec>()
+        || plan.is::<ProjectionExec>()
+        || plan.is::<RepartitionExec>()
+        || plan.is::<RunAggregateExec>()
+        || plan.is::<SortExec>()
+        || plan.is::<SortPreservingMergeExec>()
+        || plan.is::<SpillingHashJoinExec>()
+}
 
 /// The rule; see the module documentation.
 #[derive(Debug, Default)]
@@ -139,7 +156,7 @@ fn candidate(node: &Arc<dyn ExecutionPlan>) -> Option<(String, bool)> {
     }
     let mut ok = true;
     node.apply(|n| {
-        if !SHAREABLE.contains(&n.name()) || volatile(n.as_ref()) {
+        if !shareable(n.as_ref()) || volatile(n.as_ref()) {
             ok = false;
             return Ok(TreeNodeRecursion::Stop);
         }
