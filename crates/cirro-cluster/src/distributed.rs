@@ -221,6 +221,12 @@ impl Distribution for ClusterExecution {
         }))
     }
 
+    fn stage_tasks(&self) -> usize {
+        self.workers()
+            .get_urls()
+            .map_or(1, |urls| urls.len().max(1))
+    }
+
     fn is_distributed(&self, plan: &Arc<dyn ExecutionPlan>) -> bool {
         plan.exists(|p| Ok(p.is::<DistributedExec>()))
             .unwrap_or(false)

@@ -26,6 +26,10 @@ pub trait Distribution: Send + Sync + std::fmt::Debug {
     /// planner, worker resolver, codecs).
     fn configure(&self, builder: SessionStateBuilder) -> SessionStateBuilder;
 
+    /// The tasks each stage of a query planned now runs as: the live
+    /// nodes (see `JoinOrderOptions::stage_tasks`).
+    fn stage_tasks(&self) -> usize;
+
     /// Whether `plan` runs on several nodes.
     fn is_distributed(&self, plan: &Arc<dyn ExecutionPlan>) -> bool;
 

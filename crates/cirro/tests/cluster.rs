@@ -428,6 +428,20 @@ fn tpch_runs_across_three_hdfs_nodes_through_each_node() {
         line("LeftSemi Join: orders.o_orderkey") > line("Inner Join: customer.c_custkey"),
         "{explain}"
     );
+    // Q18's IN subquery runs first: the query that runs has no semi join,
+    // and its order keys reach lineitem's scan as constants.
+    let analyzed = cluster.sql(1, &format!("EXPLAIN ANALYZE {q18}"));
+    assert!(!analyzed.contains("Semi"), "{analyzed}");
+    assert!(analyzed.contains("l_orderkey@0 IN ("), "{analyzed}");
+    // Q9's lines of green parts meet orders shuffled by the key: every
+    // node would build its own copy of a collected (broadcast) side.
+    let q9 = std::fs::read_to_string(shared.join("tpch/queries/q09.sql")).expect("q09");
+    let explain = cluster.sql(1, &format!("EXPLAIN {q9}"));
+    let orders_join = explain
+        .lines()
+        .find(|l| l.contains("HashJoinExec") && l.contains("o_orderkey@"))
+        .unwrap_or_default();
+    assert!(orders_join.contains("join=shuffle"), "{explain}");
     // Q15's subquery over its view's maximum reads a window over the view
     // (subquery_windows): lineitem is scanned once, not once per copy of
     // the view in stages that share nothing.

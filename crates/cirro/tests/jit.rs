@@ -343,6 +343,26 @@ fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
     assert!(orders(&joins).starts_with("on=[(l_orderkey@"), "{plan}");
     let (off, plan) = joins_of("SET cirro_join_order.build_sides = off; ");
     assert!(orders(&off).starts_with("on=[(o_orderkey@"), "{plan}");
+    // Where every one of 3 tasks would build its own copy of those lines
+    // (a cluster of 3 broadcasts a collected side), the lines and the
+    // orders meet partitioned by the key instead; one node collects them.
+    let orders_mode = |sets: &str| -> String {
+        let plan = data.sql_ok(&format!("{sets}EXPLAIN {q9}"));
+        let line = plan
+            .lines()
+            .find(|l| l.contains("HashJoinExec") && l.contains("o_orderkey@"))
+            .unwrap_or_else(|| panic!("no join with orders\n{plan}"));
+        line[line.find("mode=").expect("mode")..]
+            .split(',')
+            .next()
+            .expect("mode")
+            .to_string()
+    };
+    assert_eq!(orders_mode(""), "mode=CollectLeft");
+    assert_eq!(
+        orders_mode("SET cirro_join_order.stage_tasks = 3; "),
+        "mode=Partitioned"
+    );
 
     let query = std::fs::read_to_string(shared_dir().join("tpch/queries/q18.sql")).expect("q18");
     // (`cirro load` analyzes: 15,000 orders at SF0.01 fill 2 partitions

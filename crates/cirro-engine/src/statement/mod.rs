@@ -32,6 +32,7 @@ pub(crate) mod history;
 pub(crate) mod indexes;
 mod load;
 pub(crate) mod maintenance;
+mod prerun;
 pub(crate) mod query;
 pub(crate) mod time_travel;
 pub(crate) mod views;

@@ -12,7 +12,7 @@ use datafusion::logical_expr::{LogicalPlan, Statement as PlanStatement};
 use futures::StreamExt;
 
 use crate::Engine;
-use crate::statement::{Outcome, describe, dml, explain, time_travel, write};
+use crate::statement::{Outcome, describe, dml, explain, prerun, time_travel, write};
 
 /// 08006 for a query a node failed (see [`Engine::query`]).
 fn node_failure(e: &datafusion::error::DataFusionError) -> CirroError {
@@ -33,6 +33,40 @@ impl Engine {
         move |e| match &distribution {
             Some(d) if d.is_node_failure(&e) => node_failure(&e),
             _ => CirroError::from(e),
+        }
+    }
+}
+
+impl Engine {
+    /// `plan` as a DataFrame planned as this node plans statements now: on
+    /// a cluster, for as many tasks per stage as it has live nodes (a join
+    /// counts a build side it would broadcast once per task, see
+    /// `JoinOrderOptions::stage_tasks`).
+    pub(crate) async fn frame(
+        &self,
+        plan: LogicalPlan,
+    ) -> datafusion::error::Result<datafusion::dataframe::DataFrame> {
+        let frame = self.ctx.execute_logical_plan(plan).await?;
+        if self.distribution.is_none() {
+            return Ok(frame);
+        }
+        let (mut state, plan) = frame.into_parts();
+        self.plan_for_stages(&mut state);
+        Ok(datafusion::dataframe::DataFrame::new(state, plan))
+    }
+
+    /// `state` set up to plan as [`Self::frame`] plans.
+    fn plan_for_stages(&self, state: &mut datafusion::execution::SessionState) {
+        let Some(distribution) = &self.distribution else {
+            return;
+        };
+        if let Some(options) = state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .get_mut::<cirro_exec::rules::JoinOrderOptions>()
+        {
+            options.stage_tasks = distribution.stage_tasks();
         }
     }
 }
@@ -127,7 +161,9 @@ impl Engine {
         }
     }
 
-    /// Run a query. On a cluster node a query that runs on several nodes
+    /// Run a query, its uncorrelated `IN` subqueries picked by `HAVING`
+    /// first where they return few values (`prerun.rs`). On a cluster node
+    /// a query that runs on several nodes
     /// and fails because a node failed before it returned a row is planned
     /// and run once more, on the nodes that answer (its rows are then
     /// whole: none was sent); a failure after that, or after rows went
@@ -138,13 +174,47 @@ impl Engine {
             return self.explain(explain.plan.as_ref(), plan.clone()).await;
         }
         let Some(distribution) = &self.distribution else {
+            let plan = prerun::in_subqueries(self, plan).await?;
             let frame = self.ctx.execute_logical_plan(plan).await?;
             return Ok(Outcome::Rows(frame.execute_stream().await?));
         };
         let analyze = matches!(plan, LogicalPlan::Analyze(_));
         let mut retried = false;
+        // Whether a node's failure (`e`) is answered by running the query
+        // again (once, before it returned a row), else its error.
+        let retry = |e: &datafusion::error::DataFusionError, retried: &mut bool| {
+            if !distribution.is_node_failure(e) {
+                return None;
+            }
+            if *retried {
+                return Some(Err(node_failure(e)));
+            }
+            log::warn!("a node failed during a query; running it again: {e}");
+            *retried = true;
+            // Counted in cirro.queries.
+            let record = self
+                .current_query
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(record) = record {
+                record.retried();
+            }
+            Some(Ok(()))
+        };
         loop {
-            let mut frame = self.ctx.execute_logical_plan(plan.clone()).await?;
+            let planned = match prerun::in_subqueries(self, plan.clone()).await {
+                Ok(planned) => planned,
+                Err(e) => match retry(&e, &mut retried) {
+                    Some(Ok(())) => {
+                        distribution.forget_failed_nodes().await;
+                        continue;
+                    }
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(e.into()),
+                },
+            };
+            let mut frame = self.frame(planned).await?;
             if analyze {
                 let (mut state, plan) = frame.into_parts();
                 distribution.for_analyze(state.config_mut())?;
@@ -163,25 +233,15 @@ impl Engine {
             }
             let schema = stream.schema();
             let first = stream.next().await;
-            if let Some(Err(e)) = &first
-                && distribution.is_node_failure(e)
-            {
-                if !retried {
-                    log::warn!("a node failed during a query; running it again: {e}");
-                    retried = true;
-                    // Counted in cirro.queries.
-                    let record = self
-                        .current_query
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone();
-                    if let Some(record) = record {
-                        record.retried();
+            if let Some(Err(e)) = &first {
+                match retry(e, &mut retried) {
+                    Some(Ok(())) => {
+                        distribution.forget_failed_nodes().await;
+                        continue;
                     }
-                    distribution.forget_failed_nodes().await;
-                    continue;
+                    Some(Err(e)) => return Err(e),
+                    None => {}
                 }
-                return Err(node_failure(e));
             }
             if analyze {
                 let placement = distribution.take_task_placement(task_ctx.session_config());
@@ -216,11 +276,13 @@ impl Engine {
     /// line, and on a cluster every aggregation's exchange (see
     /// `explain.rs`).
     async fn explain(&self, explained: &LogicalPlan, plan: LogicalPlan) -> Result<Outcome> {
-        let marks = match self.ctx.state().create_physical_plan(explained).await {
+        let mut state = self.ctx.state();
+        self.plan_for_stages(&mut state);
+        let marks = match state.create_physical_plan(explained).await {
             Ok(physical) => explain::line_marks(&physical, self.distribution.as_deref()),
             Err(_) => Vec::new(), // EXPLAIN itself reports what fails
         };
-        let frame = self.ctx.execute_logical_plan(plan).await?;
+        let frame = self.frame(plan).await?;
         let schema = Arc::new(frame.schema().as_arrow().clone());
         let mut batches = frame.collect().await?;
         if !marks.is_empty() {

@@ -93,6 +93,12 @@ datafusion::common::extensions_options! {
         /// The most estimated rows of a build side that one task collects
         /// into one hash table ([`super::BuildSides`]).
         pub collect_rows_max: usize, default = super::build_sides::COLLECT_ROWS_MAX
+        /// The tasks each stage of a statement runs as: 1 on one node; a
+        /// cluster node sets it for each statement it plans to its live
+        /// nodes. A build side that a join collects is then built by every
+        /// task (broadcast), so [`super::BuildSides`] counts it that many
+        /// times.
+        pub stage_tasks: usize, default = 1
         /// `on` (a hash join with a grouped aggregation keys on its group
         /// keys only, [`super::JoinOnGroupKeys`], the default) or `off`.
         pub group_keys: String, default = "on".to_string()
@@ -115,6 +121,11 @@ datafusion::common::extensions_options! {
         /// fit the query's memory, [`super::SpillingJoins`], the default)
         /// or `off` (DataFusion's joins, 53200 when memory runs out).
         pub spill: String, default = "on".to_string()
+        /// The most distinct values an uncorrelated `IN` subquery whose
+        /// rows a `HAVING` predicate picks may return to run before its
+        /// query and stand in it as a list of constants (`cirro-engine`'s
+        /// `statement/prerun.rs`); 0 never runs one first.
+        pub prerun_keys: usize, default = 10_000
     }
 }
 
