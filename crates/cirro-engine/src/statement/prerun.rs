@@ -37,6 +37,7 @@ use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::{InList, InSubquery};
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, lit};
 use futures::StreamExt;
 
@@ -85,8 +86,12 @@ pub(crate) async fn in_subqueries(engine: &Engine, plan: LogicalPlan) -> Result<
         return Ok(plan);
     }
     plan.transform_up(|node| {
+        // An output column keeps its name (`x IN (<subquery>)`), as
+        // DataFusion's own rewrites keep it.
+        let names = NamePreserver::new(&node);
         node.map_expressions(|expr| {
-            expr.transform_up(|e| {
+            let name = names.save(&expr);
+            let rewritten = expr.transform_up(|e| {
                 let Expr::InSubquery(InSubquery {
                     expr,
                     subquery,
@@ -108,7 +113,8 @@ pub(crate) async fn in_subqueries(engine: &Engine, plan: LogicalPlan) -> Result<
                     list,
                     *negated,
                 ))))
-            })
+            })?;
+            Ok(rewritten.update_data(|e| name.restore(e)))
         })
     })
     .map(|t| t.data)
