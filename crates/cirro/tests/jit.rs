@@ -346,8 +346,14 @@ fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
     // Where every one of 3 tasks would build its own copy of those lines
     // (a cluster of 3 broadcasts a collected side), the lines and the
     // orders meet partitioned by the key instead; one node collects them.
+    // (SF 0.01 is under DataFusion's own bound for collecting any build
+    // side, 128 K rows; set down, the choice is the rule's.)
     let orders_mode = |sets: &str| -> String {
-        let plan = data.sql_ok(&format!("{sets}EXPLAIN {q9}"));
+        let plan = data.sql_ok(&format!(
+            "SET datafusion.optimizer.hash_join_single_partition_threshold = 1; \
+             SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 1; \
+             {sets}EXPLAIN {q9}"
+        ));
         let line = plan
             .lines()
             .find(|l| l.contains("HashJoinExec") && l.contains("o_orderkey@"))
