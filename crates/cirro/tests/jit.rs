@@ -343,15 +343,19 @@ fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
     assert!(orders(&joins).starts_with("on=[(l_orderkey@"), "{plan}");
     let (off, plan) = joins_of("SET cirro_join_order.build_sides = off; ");
     assert!(orders(&off).starts_with("on=[(o_orderkey@"), "{plan}");
-    // Where every one of 3 tasks would build its own copy of those lines
-    // (a cluster of 3 broadcasts a collected side), the lines and the
-    // orders meet partitioned by the key instead; one node collects them.
-    // (SF 0.01 is under DataFusion's own bound for collecting any build
-    // side, 128 K rows; set down, the choice is the rule's.)
+    // Where 3 tasks would each build a copy of those lines (a cluster of 3
+    // broadcasts a collected side) and the copies together pass the bound
+    // on collected rows, the lines and the orders meet partitioned by the
+    // key instead; one node collects them. (At SF 0.01 the lines are
+    // estimated at 1.5–1.7 K rows, so a bound of 4,000 rows takes one copy
+    // and not three; and SF 0.01 is under DataFusion's own bound for
+    // collecting any build side, 128 K rows: set down, the choice is the
+    // rule's.)
     let orders_mode = |sets: &str| -> String {
         let plan = data.sql_ok(&format!(
             "SET datafusion.optimizer.hash_join_single_partition_threshold = 1; \
              SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 1; \
+             SET cirro_join_order.collect_rows_max = 4000; \
              {sets}EXPLAIN {q9}"
         ));
         let line = plan

@@ -21,11 +21,14 @@
 //!    collects its build side instead: one hash table, built once, probed
 //!    by every partition of the probe side as it comes, unrepartitioned.
 //!    On a cluster every task of the probe side's stage builds that table
-//!    from the whole build side, sent to each (a broadcast), so the build
-//!    side counts once per task (`stage_tasks`): TPC-H Q9 at SF 10
-//!    broadcast 3.3 M lines to each of 3 nodes, whose hash tables (0.8 GB
-//!    each) spilled, where a shuffle of those lines and the 15 M orders
-//!    builds them once.
+//!    from the whole build side, sent to each (a broadcast). So there the
+//!    copies together (`stage_tasks` times the build side) must also stay
+//!    within the bound, or the probe side be 8× their rows: TPC-H Q9 at
+//!    SF 10 broadcast 3.3 M lines to each of 3 nodes, whose hash tables
+//!    (0.8 GB each) spilled, where a shuffle of those lines and the 15 M
+//!    orders builds them once. (Small build sides stay broadcast whatever
+//!    the ratio: asking 8× the copies of every join turned TPC-H Q2's and
+//!    Q20's small broadcasts into shuffles, 0.5 s more each at SF 10.)
 //!
 //! Null-aware anti joins (`NOT IN`) keep their sides and mode. A probe side
 //! already hash-partitioned (a bucketed table: the join is co-located, no
@@ -228,7 +231,8 @@ fn rewrite(
         mode == PartitionMode::Partitioned
             && !matches!(probe_side.output_partitioning(), Partitioning::Hash(..))
             && build <= collect
-            && probe >= COLLECT_RATIO * build * tasks
+            && probe >= COLLECT_RATIO * build
+            && (build * tasks <= collect || probe >= COLLECT_RATIO * build * tasks)
     };
     // An inner join's sides are DataFusion's choice (by bytes) unless a
     // multi-key join below was misjudged (see [`rows`]).

@@ -96,8 +96,8 @@ datafusion::common::extensions_options! {
         /// The tasks each stage of a statement runs as: 1 on one node; a
         /// cluster node sets it for each statement it plans to its live
         /// nodes. A build side that a join collects is then built by every
-        /// task (broadcast), so [`super::BuildSides`] counts it that many
-        /// times.
+        /// task (broadcast), so [`super::BuildSides`] counts its rows that
+        /// many times (see there).
         pub stage_tasks: usize, default = 1
         /// `on` (a hash join with a grouped aggregation keys on its group
         /// keys only, [`super::JoinOnGroupKeys`], the default) or `off`.
