@@ -351,12 +351,12 @@ fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
     // and not three; and SF 0.01 is under DataFusion's own bound for
     // collecting any build side, 128 K rows: set down, the choice is the
     // rule's.)
-    let orders_mode = |sets: &str| -> String {
+    let orders_mode_of = |query: &str, sets: &str| -> String {
         let plan = data.sql_ok(&format!(
             "SET datafusion.optimizer.hash_join_single_partition_threshold = 1; \
              SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 1; \
              SET cirro_join_order.collect_rows_max = 4000; \
-             {sets}EXPLAIN {q9}"
+             {sets}EXPLAIN {query}"
         ));
         let line = plan
             .lines()
@@ -368,10 +368,21 @@ fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
             .expect("mode")
             .to_string()
     };
+    let orders_mode = |sets: &str| orders_mode_of(&q9, sets);
     assert_eq!(orders_mode(""), "mode=CollectLeft");
     assert_eq!(
         orders_mode("SET cirro_join_order.stage_tasks = 3; "),
         "mode=Partitioned"
+    );
+    // Q3's orders (estimated 1.46 K: 3 copies pass the bound, and the
+    // 32 K lines are not 8× their rows) are narrow (key, date, priority:
+    // 16 bytes a row) against wide lines (key, price, discount: 40), so
+    // the lines are 8× the copies' bytes: the orders are broadcast and the
+    // lines stay where they are read.
+    let q3 = std::fs::read_to_string(shared_dir().join("tpch/queries/q03.sql")).expect("q03");
+    assert_eq!(
+        orders_mode_of(&q3, "SET cirro_join_order.stage_tasks = 3; "),
+        "mode=CollectLeft"
     );
 
     let query = std::fs::read_to_string(shared_dir().join("tpch/queries/q18.sql")).expect("q18");

@@ -23,12 +23,17 @@
 //!    On a cluster every task of the probe side's stage builds that table
 //!    from the whole build side, sent to each (a broadcast). So there the
 //!    copies together (`stage_tasks` times the build side) must also stay
-//!    within the bound, or the probe side be 8× their rows: TPC-H Q9 at
-//!    SF 10 broadcast 3.3 M lines to each of 3 nodes, whose hash tables
+//!    within the bound, or the probe side be 8× their bytes (rows times the
+//!    estimated width of a row, [`row_width`]): TPC-H Q9 at SF 10 broadcast
+//!    3.3 M wide lines (eight columns) to each of 3 nodes, whose hash tables
 //!    (0.8 GB each) spilled, where a shuffle of those lines and the 15 M
-//!    orders builds them once. (Small build sides stay broadcast whatever
-//!    the ratio: asking 8× the copies of every join turned TPC-H Q2's and
-//!    Q20's small broadcasts into shuffles, 0.5 s more each at SF 10.)
+//!    narrow orders builds them once; Q3's 1.4 M orders (key, date,
+//!    priority) against 32 M lines (key, price, discount) stay broadcast, as
+//!    a shuffle would move the lines. Bytes, not rows, as what a broadcast
+//!    costs is the bytes sent and held per copy. (Small build sides stay
+//!    broadcast whatever the ratio: asking 8× the copies of every join
+//!    turned TPC-H Q2's and Q20's small broadcasts into shuffles, 0.5 s more
+//!    each at SF 10.)
 //!
 //! Null-aware anti joins (`NOT IN`) keep their sides and mode. A probe side
 //! already hash-partitioned (a bucketed table: the join is co-located, no
@@ -39,6 +44,7 @@
 
 use std::sync::Arc;
 
+use arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::JoinSide;
 use datafusion::common::Result;
 use datafusion::common::stats::Statistics;
@@ -160,6 +166,45 @@ fn rows(context: &StatisticsContext, plan: &Arc<dyn ExecutionPlan>) -> Option<(f
     Some((estimate?, false))
 }
 
+/// The estimated bytes of one row of `plan`'s output: fixed-width columns
+/// by their type, others by DataFusion's estimated byte size of the column
+/// per row where it has one, else [`VARIABLE_WIDTH`].
+fn row_width(context: &StatisticsContext, plan: &Arc<dyn ExecutionPlan>) -> f64 {
+    let stats = statistics(context, plan);
+    let rows = stats
+        .as_ref()
+        .and_then(|s| s.num_rows.get_value().copied())
+        .filter(|rows| *rows > 0);
+    let schema = plan.schema();
+    let width = |(index, field): (usize, &FieldRef)| -> f64 {
+        if let Some(width) = field.data_type().primitive_width() {
+            return width as f64;
+        }
+        if *field.data_type() == DataType::Boolean {
+            return 1.0;
+        }
+        let bytes = stats
+            .as_ref()
+            .and_then(|s| s.column_statistics.get(index))
+            .and_then(|c| c.byte_size.get_value().copied());
+        match (bytes, rows) {
+            (Some(bytes), Some(rows)) => bytes as f64 / rows as f64,
+            _ => VARIABLE_WIDTH,
+        }
+    };
+    schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(width)
+        .sum::<f64>()
+        .max(1.0)
+}
+
+/// The bytes a row's value of a variable-width column is taken to hold where
+/// the statistics do not say.
+const VARIABLE_WIDTH: f64 = 24.0;
+
 /// The distinct values of each pair of columns an inner join makes equal
 /// (left's, right's): its keys and the equalities of its filter (where
 /// [`super::JoinOnGroupKeys`] put all keys but one); None where a count is
@@ -227,26 +272,37 @@ fn rewrite(
         JoinType::LeftSemi | JoinType::RightSemi | JoinType::LeftAnti | JoinType::RightAnti
     );
     let mode = *join.partition_mode();
-    let collects = |build: f64, probe: f64, probe_side: &Arc<dyn ExecutionPlan>| {
+    let (left_width, right_width) = (
+        row_width(&context, join.left()),
+        row_width(&context, join.right()),
+    );
+    // A build side of `build` rows (`build_width` bytes each) is collected
+    // and broadcast to the tasks of `probe_side`.
+    let collects = |build: f64,
+                    build_width: f64,
+                    probe: f64,
+                    probe_width: f64,
+                    probe_side: &Arc<dyn ExecutionPlan>| {
         mode == PartitionMode::Partitioned
             && !matches!(probe_side.output_partitioning(), Partitioning::Hash(..))
             && build <= collect
             && probe >= COLLECT_RATIO * build
-            && (build * tasks <= collect || probe >= COLLECT_RATIO * build * tasks)
+            && (build * tasks <= collect
+                || probe * probe_width >= COLLECT_RATIO * build * build_width * tasks)
     };
     // An inner join's sides are DataFusion's choice (by bytes) unless a
     // multi-key join below was misjudged (see [`rows`]).
     let misjudged = *join.join_type() == JoinType::Inner && (build_fixed || probe_fixed);
     if (semi_or_anti || misjudged) && join.join_type().supports_swap() && build > SWAP_RATIO * probe
     {
-        let swapped_mode = if collects(probe, build, join.left()) {
+        let swapped_mode = if collects(probe, right_width, build, left_width, join.left()) {
             PartitionMode::CollectLeft
         } else {
             mode
         };
         return join.swap_inputs(swapped_mode).map(Some);
     }
-    if collects(build, probe, join.right()) {
+    if collects(build, left_width, probe, right_width, join.right()) {
         let collected = join
             .builder()
             .with_partition_mode(PartitionMode::CollectLeft)
