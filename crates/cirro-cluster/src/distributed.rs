@@ -865,7 +865,11 @@ impl ClusterPlanner {
             Some(analyze) => analyze.input(),
             None => &plan,
         };
-        if !distributable(inner) {
+        // One live node (this one): nothing would cross a network, so the
+        // plan runs as on a node alone, without the sampling run, the
+        // exchange choices and the stages that only a shuffle pays for.
+        let alone = self.workers.get_urls().map_or(true, |urls| urls.len() <= 1);
+        if alone || !distributable(inner) {
             return self.local.optimize_head(plan, session.config_options());
         }
         let whole = Arc::clone(&plan);

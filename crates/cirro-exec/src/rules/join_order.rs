@@ -109,12 +109,12 @@ datafusion::common::extensions_options! {
         /// belong to even where the query wrote no such equality, the
         /// default) or `off`.
         pub implied_edges: String, default = "on".to_string()
-        /// `auto` (on a cluster only, the default), `on` or `off`: an
-        /// aggregation joined on its group keys aggregates only the groups
+        /// `auto` (on a cluster of more than one live node only, the
+        /// default), `on` or `off`: an aggregation joined on its group keys aggregates only the groups
         /// the join can keep ([`super::ReduceGroups`]).
         pub reduce_groups: String, default = "auto".to_string()
-        /// `auto` (on a cluster only, the default), `on` or `off`: a semi
-        /// join over an inner join goes below it, to the input its keys
+        /// `auto` (on a cluster of more than one live node only, the
+        /// default), `on` or `off`: a semi join over an inner join goes below it, to the input its keys
         /// come from ([`super::PushSemiJoins`]).
         pub push_semi_joins: String, default = "auto".to_string()
         /// `on` (hash joins spill to disk when their build side does not
@@ -141,20 +141,20 @@ impl JoinOrderOptions {
 
     /// Whether the `auto|on|off` switch `pick` chooses is on in `config`:
     /// `auto` (and a session without these options) means on exactly where
-    /// sessions run on a cluster (`distributed`).
+    /// sessions run on a cluster (`distributed`) whose statement's stages
+    /// run as more than one task (`stage_tasks`): with one live node
+    /// nothing crosses a network, and the plan is run as on a node alone.
     pub(crate) fn auto_switch_on(
         config: &ConfigOptions,
         pick: impl Fn(&Self) -> &String,
         distributed: bool,
     ) -> bool {
-        let mode = config
-            .extensions
-            .get::<Self>()
-            .map(|o| pick(o).to_ascii_lowercase());
+        let options = config.extensions.get::<Self>();
+        let mode = options.map(|o| pick(o).to_ascii_lowercase());
         match mode.as_deref() {
             Some("on") => true,
             Some("off") => false,
-            _ => distributed,
+            _ => distributed && options.is_none_or(|o| o.stage_tasks > 1),
         }
     }
 }
