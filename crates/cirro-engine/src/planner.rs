@@ -418,6 +418,8 @@ impl Engine {
         cirro_sql::values::detach_insert_values(&mut statement);
         // A query's columns are named as PostgreSQL names them (`?column?`).
         cirro_sql::names::name_outputs(&mut statement);
+        // `generate_series(…) AS g` names its column `g`.
+        cirro_sql::names::name_function_columns(&mut statement);
         let state = self.ctx.state();
         match state.statement_to_plan(statement.clone()).await {
             Err(e)

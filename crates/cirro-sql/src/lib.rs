@@ -332,6 +332,11 @@ pub(crate) mod tests {
             kind("copy t (a, b) from stdin with (format csv)"),
             Statement::Copy(CopyStatement::FromStdin(_))
         ));
+        // pgbench -i's COPY: FREEZE is accepted (Cirro's rows are frozen).
+        assert!(matches!(
+            kind("copy pgbench_accounts from stdin with (freeze on)"),
+            Statement::Copy(CopyStatement::FromStdin(_))
+        ));
         assert!(matches!(
             kind("copy (select 1) to stdout"),
             Statement::Copy(CopyStatement::ToStdout { .. })
@@ -398,6 +403,16 @@ pub(crate) mod tests {
             FileFormat::Text(TextFormat::text())
         );
         assert_eq!(copy("copy t (b, a) from 'a.txt'").columns, ["b", "a"]);
+        // PostgreSQL's spellings of a boolean option's value.
+        for (header, expected) in [("on", true), ("1", true), ("OFF", false), ("0", false)] {
+            let copy = copy(&format!(
+                "copy t from 'a.csv' (format csv, header {header})"
+            ));
+            let FileFormat::Text(text) = &copy.format else {
+                panic!("{copy:?}");
+            };
+            assert_eq!(text.header, expected, "header {header}");
+        }
         let err = parse("COPY t FROM 'x' (FORMAT avro)").expect_err("refused");
         assert_eq!(err.state, SqlState::FEATURE_NOT_SUPPORTED);
         let err = parse("COPY t FROM 'x' (FORMAT parquet, DELIMITER '|')").expect_err("refused");

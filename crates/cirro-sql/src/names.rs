@@ -18,7 +18,9 @@ use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 use datafusion::sql::parser::Statement as DFStatement;
-use datafusion::sql::sqlparser::ast::{Expr, Ident, Query, SelectItem, SetExpr, Statement};
+use datafusion::sql::sqlparser::ast::{
+    Expr, Ident, Query, SelectItem, SetExpr, Statement, TableAliasColumnDef, TableFactor,
+};
 
 use crate::walk::{WalkMut, WalkerMut};
 
@@ -45,6 +47,66 @@ pub fn name_projections(statement: &mut DFStatement) {
         }
         DFStatement::Explain(explain) => name_projections(&mut explain.statement),
         _ => {}
+    }
+}
+
+/// Name the column of a set-returning function aliased in FROM without
+/// column names as PostgreSQL does: `generate_series(1, n) AS aid` (as
+/// pgbench writes it) or `unnest(a) AS x` returns one value per row, and
+/// PostgreSQL names that column by the alias (`aid`); DataFusion keeps its
+/// own name (`value`, so only `aid.value` would do). Such an alias gets
+/// its own name as the column's: `AS aid(aid)`.
+pub fn name_function_columns(statement: &mut DFStatement) {
+    match statement {
+        DFStatement::Statement(inner) => {
+            let _ = inner.walk_mut(&mut FunctionColumns);
+        }
+        DFStatement::Explain(explain) => name_function_columns(&mut explain.statement),
+        _ => {}
+    }
+}
+
+struct FunctionColumns;
+
+/// The table functions that return one column (DataFusion's `value`).
+const ONE_COLUMN_FUNCTIONS: [&str; 2] = ["generate_series", "range"];
+
+impl WalkerMut for FunctionColumns {
+    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+        let alias = match factor {
+            TableFactor::Table {
+                name,
+                args: Some(_),
+                alias: Some(alias),
+                ..
+            } if name
+                .0
+                .last()
+                .and_then(|part| part.as_ident())
+                .is_some_and(|f| {
+                    ONE_COLUMN_FUNCTIONS
+                        .iter()
+                        .any(|one| f.value.eq_ignore_ascii_case(one))
+                }) =>
+            {
+                alias
+            }
+            TableFactor::UNNEST {
+                alias: Some(alias),
+                array_exprs,
+                with_offset: false,
+                with_ordinality: false,
+                ..
+            } if array_exprs.len() == 1 => alias,
+            _ => return ControlFlow::Continue(()),
+        };
+        if alias.columns.is_empty() {
+            alias.columns.push(TableAliasColumnDef {
+                name: alias.name.clone(),
+                data_type: None,
+            });
+        }
+        ControlFlow::Continue(())
     }
 }
 

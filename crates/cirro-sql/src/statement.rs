@@ -364,9 +364,12 @@ impl Statement {
                 setting,
                 SettingStatement::Show(_) | SettingStatement::ShowAll
             ),
-            Statement::Maintenance(m) => {
-                !matches!(m, Maintenance::Analyze(_) | Maintenance::CancelQuery(_))
-            }
+            Statement::Maintenance(m) => !matches!(
+                m,
+                Maintenance::Analyze(_)
+                    | Maintenance::CancelQuery(_)
+                    | Maintenance::VacuumTables { .. }
+            ),
             _ => false,
         }
     }

@@ -25,7 +25,21 @@ use crate::{Engine, Outcome};
 /// owns).
 pub(crate) async fn run_analyze(engine: &Engine, tables: &[TableReference]) -> Result<Outcome> {
     engine.check_transaction_allows("ANALYZE")?;
-    let targets: Vec<(String, String, String)> = if tables.is_empty() {
+    for (db, schema, name) in owned_tables(engine, tables, "ANALYZE it")? {
+        analyze_table(engine, &db, &schema, &name).await?;
+    }
+    Ok(Outcome::command("ANALYZE"))
+}
+
+/// The tables a maintenance statement names, each checked to exist and to
+/// be the user's (`what` for the error: "ANALYZE it"); no names: every
+/// table of the session's database that the user owns.
+pub(crate) fn owned_tables(
+    engine: &Engine,
+    tables: &[TableReference],
+    what: &str,
+) -> Result<Vec<(String, String, String)>> {
+    Ok(if tables.is_empty() {
         let db = engine.default_database();
         let snapshot = engine.snapshot();
         let database = snapshot.database(&db)?;
@@ -45,15 +59,11 @@ pub(crate) async fn run_analyze(engine: &Engine, tables: &[TableReference]) -> R
         for table in tables {
             let (db, schema, name) = engine.resolve(table);
             location_of(engine, &db, &schema, &name)?;
-            engine.check_owner(&db, &schema, &name, "ANALYZE it")?;
+            engine.check_owner(&db, &schema, &name, what)?;
             targets.push((db, schema, name));
         }
         targets
-    };
-    for (db, schema, name) in targets {
-        analyze_table(engine, &db, &schema, &name).await?;
-    }
-    Ok(Outcome::command("ANALYZE"))
+    })
 }
 
 /// Whether DataFusion's `approx_distinct` takes values of this type.

@@ -527,6 +527,76 @@ pub(crate) fn table_options(
         .collect()
 }
 
+/// `options` without PostgreSQL's storage parameters of a table (heap
+/// fill and TOAST tuning, autovacuum), and the names of those taken out.
+/// They tune a heap that Cirro's Parquet files do not have, and tools write
+/// them (pgbench: `WITH (fillfactor = 100)`; pg_dump: autovacuum settings),
+/// so they are accepted and ignored, with their values checked as
+/// PostgreSQL checks them (22023).
+fn without_pg_storage_parameters(
+    options: Vec<(String, String)>,
+) -> Result<(Vec<(String, String)>, Vec<String>)> {
+    let mut kept = Vec::new();
+    let mut ignored = Vec::new();
+    for (key, value) in options {
+        let name = key.to_ascii_lowercase();
+        let integer = |low: i64, high: i64| -> Result<()> {
+            let n = value.trim().parse::<i64>().map_err(|_| {
+                CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!("invalid value for integer option \"{name}\": {value}"),
+                )
+            })?;
+            if n < low || n > high {
+                return Err(CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!(
+                        "value {n} out of bounds for option \"{name}\" (valid values are between \"{low}\" and \"{high}\")"
+                    ),
+                ));
+            }
+            Ok(())
+        };
+        let boolean = || -> Result<()> {
+            match value.trim().to_ascii_lowercase().as_str() {
+                "true" | "false" | "on" | "off" | "yes" | "no" | "1" | "0" | "t" | "f" => Ok(()),
+                _ => Err(CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!("invalid value for boolean option \"{name}\": {value}"),
+                )),
+            }
+        };
+        let number = || -> Result<()> {
+            value.trim().parse::<f64>().map(|_| ()).map_err(|_| {
+                CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!("invalid value for option \"{name}\": {value}"),
+                )
+            })
+        };
+        match name.as_str() {
+            "fillfactor" => integer(10, 100)?,
+            "toast_tuple_target" => integer(128, 8160)?,
+            "parallel_workers" => integer(0, 1024)?,
+            "autovacuum_enabled" | "vacuum_truncate" | "user_catalog_table" => boolean()?,
+            "vacuum_index_cleanup" => {
+                if !value.trim().eq_ignore_ascii_case("auto") {
+                    boolean()?
+                }
+            }
+            other if other.starts_with("autovacuum_") || other == "log_autovacuum_min_duration" => {
+                number()?
+            }
+            _ => {
+                kept.push((key, value));
+                continue;
+            }
+        }
+        ignored.push(name);
+    }
+    Ok((kept, ignored))
+}
+
 /// The table named `reference` opened at its latest version.
 pub(crate) async fn open_named_table(
     engine: &Engine,
@@ -539,7 +609,7 @@ pub(crate) async fn open_named_table(
 }
 
 /// 25001 for what PostgreSQL does not run inside a transaction block.
-fn refuse_in_transaction(engine: &Engine, what: &str) -> Result<()> {
+pub(crate) fn refuse_in_transaction(engine: &Engine, what: &str) -> Result<()> {
     if engine.in_transaction() {
         return Err(CirroError::new(
             SqlState::ACTIVE_SQL_TRANSACTION,
@@ -668,7 +738,7 @@ pub(crate) async fn create_table_sql(
     create: &datafusion::sql::sqlparser::ast::CreateTable,
     distributed_by: Option<cirro_sql::DistributedBy>,
 ) -> Result<Outcome> {
-    let options = table_options(&create.table_options)?;
+    let (options, ignored) = without_pg_storage_parameters(table_options(&create.table_options)?)?;
     let mut stripped = create.clone();
     stripped.table_options = CreateTableOptions::None;
     let table_name = create
@@ -687,7 +757,21 @@ pub(crate) async fn create_table_sql(
     engine.check_plan(&plan)?;
     match plan {
         LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
-            create_table(engine, cmd, &options, constraints, distributed_by).await
+            let outcome = create_table(engine, cmd, &options, constraints, distributed_by).await?;
+            Ok(match ignored.is_empty() {
+                true => outcome,
+                false => {
+                    let names = ignored
+                        .iter()
+                        .map(|k| format!("\"{k}\""))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    outcome.and_notice(match ignored.len() {
+                        1 => format!("storage parameter {names} has no effect on Cirro's tables (Parquet files): ignored"),
+                        _ => format!("storage parameters {names} have no effect on Cirro's tables (Parquet files): ignored"),
+                    })
+                }
+            })
         }
         _ => Err(CirroError::internal(
             "CREATE TABLE planned as something else",

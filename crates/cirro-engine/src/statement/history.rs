@@ -40,7 +40,9 @@ pub(crate) fn result_schema(statement: &Maintenance) -> Arc<Schema> {
         ],
         Maintenance::Vacuum(..) => vec![int("files_deleted")],
         // commands: no rows
-        Maintenance::Analyze(_) | Maintenance::CancelQuery(_) => vec![],
+        Maintenance::Analyze(_)
+        | Maintenance::CancelQuery(_)
+        | Maintenance::VacuumTables { .. } => vec![],
     }))
 }
 

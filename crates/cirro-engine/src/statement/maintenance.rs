@@ -51,22 +51,49 @@ pub(crate) async fn run_maintenance(engine: &Engine, statement: Maintenance) -> 
             engine.check_transaction_allows("VACUUM")?;
             let (db, schema, name) = engine.resolve(reference);
             engine.check_owner(&db, &schema, &name, "VACUUM it")?;
-            let location = location_of(engine, &db, &schema, &name)?;
-            let table = engine.catalog.open_table(&location).await?;
-            let vacuumed = cirro_storage::maintenance::vacuum(
-                &table,
+            let deleted = vacuum_table(
+                engine,
+                &db,
+                &schema,
+                &name,
                 hours.unwrap_or(VACUUM_RETAIN_HOURS_DEFAULT),
             )
             .await?;
-            if let Some(disk) = engine.node.disk() {
-                for file in &vacuumed.removed {
-                    disk.forget(file);
-                }
-            }
-            let deleted = vacuumed.deleted;
             let schema = result_schema(&statement);
             let columns: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![deleted as i64]))];
             rows(engine, schema, columns).await
         }
+        Maintenance::VacuumTables { tables, analyze } => {
+            // PostgreSQL's statement, PostgreSQL's error (25001).
+            crate::statement::ddl::refuse_in_transaction(engine, "VACUUM")?;
+            let targets = crate::statement::analyze::owned_tables(engine, tables, "VACUUM it")?;
+            for (db, schema, name) in &targets {
+                vacuum_table(engine, db, schema, name, VACUUM_RETAIN_HOURS_DEFAULT).await?;
+                if *analyze {
+                    crate::statement::analyze::analyze_table(engine, db, schema, name).await?;
+                }
+            }
+            Ok(Outcome::command("VACUUM"))
+        }
     }
+}
+
+/// `VACUUM` of one table: the files no version of the last `hours` reads
+/// deleted (and forgotten by this node's disk tier); how many.
+async fn vacuum_table(
+    engine: &Engine,
+    db: &str,
+    schema: &str,
+    name: &str,
+    hours: u64,
+) -> Result<u64> {
+    let location = location_of(engine, db, schema, name)?;
+    let table = engine.catalog.open_table(&location).await?;
+    let vacuumed = cirro_storage::maintenance::vacuum(&table, hours).await?;
+    if let Some(disk) = engine.node.disk() {
+        for file in &vacuumed.removed {
+            disk.forget(file);
+        }
+    }
+    Ok(vacuumed.deleted as u64)
 }

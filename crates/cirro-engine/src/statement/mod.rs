@@ -73,6 +73,26 @@ impl Outcome {
         Self::skipped_if(tag, true, notice)
     }
 
+    /// This outcome with `notice` added after any it has (a command's; rows
+    /// have none).
+    pub(crate) fn and_notice(self, notice: String) -> Self {
+        match self {
+            Outcome::Command {
+                tag,
+                notice: before,
+                reports,
+            } => Outcome::Command {
+                tag,
+                notice: Some(match before {
+                    Some(before) => format!("{before}\n{notice}"),
+                    None => notice,
+                }),
+                reports,
+            },
+            rows => rows,
+        }
+    }
+
     /// `tag`, with `notice` when the statement did nothing (IF [NOT] EXISTS).
     pub(crate) fn skipped_if(
         tag: impl Into<String>,

@@ -146,6 +146,41 @@ fn is_cirro_copy(solid: &[Token]) -> bool {
     to
 }
 
+/// `tokens` with the value of a boolean option (`FREEZE on`, `HEADER 1`)
+/// written as TRUE or FALSE: PostgreSQL takes on/off/1/0 (pgbench -i sends
+/// `WITH (freeze on)`), sqlparser only TRUE/FALSE.
+fn boolean_words(tokens: &[TokenWithSpan]) -> Vec<TokenWithSpan> {
+    let mut out = tokens.to_vec();
+    let mut option = false;
+    for token in out.iter_mut() {
+        if matches!(token.token, Token::Whitespace(_)) {
+            continue;
+        }
+        let value = match &token.token {
+            Token::Word(w) if option && w.quote_style.is_none() => {
+                match w.value.to_ascii_lowercase().as_str() {
+                    "on" => Some(true),
+                    "off" => Some(false),
+                    _ => None,
+                }
+            }
+            Token::Number(n, _) if option => match n.as_str() {
+                "1" => Some(true),
+                "0" => Some(false),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(value) = value {
+            token.token = Token::make_keyword(if value { "TRUE" } else { "FALSE" });
+        }
+        option = matches!(&token.token, Token::Word(w)
+            if w.quote_style.is_none()
+                && (w.value.eq_ignore_ascii_case("freeze") || w.value.eq_ignore_ascii_case("header")));
+    }
+    out
+}
+
 /// Parse a COPY Cirro runs (None for DataFusion's `COPY … TO 'file'`).
 /// `tokens` are the statement's tokens with whitespace, `solid` without.
 pub(crate) fn parse(tokens: &[TokenWithSpan], solid: &[Token]) -> Result<Option<CopyStatement>> {
@@ -154,7 +189,7 @@ pub(crate) fn parse(tokens: &[TokenWithSpan], solid: &[Token]) -> Result<Option<
     }
     crate::count_parse();
     let statement = Parser::new(&CirroDialect)
-        .with_tokens_with_locations(tokens.to_vec())
+        .with_tokens_with_locations(boolean_words(tokens))
         .parse_statement()
         .map_err(|e| CirroError::new(SqlState::SYNTAX_ERROR, e.to_string()))?;
     let Statement::Copy {
@@ -328,6 +363,10 @@ fn given_options(
             CopyOption::Escape(c) => given.escape = Some(single_byte(c, "escape")?),
             CopyOption::Encoding(e)
                 if e.eq_ignore_ascii_case("utf8") || e.eq_ignore_ascii_case("utf-8") => {}
+            // PostgreSQL writes the rows frozen (visible to every later
+            // snapshot, no hint bits to set): Cirro's committed rows already
+            // are. pgbench -i sends it.
+            CopyOption::Freeze(_) => {}
             other => return Err(refused(&other)),
         }
     }

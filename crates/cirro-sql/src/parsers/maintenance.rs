@@ -1,6 +1,6 @@
 //! Table maintenance the SQL dialect does not know:
 //! `DESCRIBE|DESC HISTORY t`, `OPTIMIZE t`, `VACUUM t [RETAIN n HOURS]`,
-//! `ANALYZE [VERBOSE] [t [, …]]`, and `CANCEL QUERY id` (a statement of
+//! PostgreSQL's `VACUUM [options] [t [, …]]`, `ANALYZE [VERBOSE] [t [, …]]`, and `CANCEL QUERY id` (a statement of
 //! `cirro.queries`).
 
 use cirro_common::{CirroError, Result, SqlState};
@@ -20,8 +20,92 @@ pub enum Maintenance {
     /// `ANALYZE [VERBOSE] [name [, …]]` (no names: every table of the
     /// database that the user owns).
     Analyze(Vec<TableReference>),
+    /// PostgreSQL's `VACUUM [FULL] [FREEZE] [VERBOSE] [ANALYZE] [name [, …]]`
+    /// or `VACUUM (option [value] [, …]) [name [, …]]`: each table (no
+    /// names: every table of the database that the user owns) vacuumed as
+    /// `VACUUM name` does, then analyzed where ANALYZE is asked; it answers
+    /// PostgreSQL's command tag, not rows (pgbench runs `vacuum analyze t`
+    /// and wants no rows back).
+    VacuumTables {
+        tables: Vec<TableReference>,
+        analyze: bool,
+    },
     /// `CANCEL QUERY id`
     CancelQuery(i64),
+}
+
+/// PostgreSQL's forms of VACUUM (see [`Maintenance::VacuumTables`]), after
+/// the word VACUUM; None where the statement is Cirro's `VACUUM name
+/// [RETAIN n HOURS]` (one table, no options), with `words` left as they were.
+fn pg_vacuum(words: &mut Words) -> Result<Option<Maintenance>> {
+    let start = words.at;
+    let mut options = false;
+    let mut analyze = false;
+    if words.token(&Token::LParen) {
+        let usage = || syntax("syntax error: expected VACUUM (option [value] [, …]) [table [, …]]");
+        loop {
+            let option = words.ident("a VACUUM option").map_err(|_| usage())?;
+            // An option's value, if it has one: a word or a number.
+            let value = match words.peek() {
+                Some(Token::Word(w)) if w.quote_style.is_none() => {
+                    words.at += 1;
+                    Some(w.value.to_ascii_lowercase())
+                }
+                Some(Token::Number(n, _)) => {
+                    words.at += 1;
+                    Some(n.clone())
+                }
+                _ => None,
+            };
+            match option.as_str() {
+                "analyze" | "analyse" => {
+                    analyze = !matches!(value.as_deref(), Some("false" | "off" | "0" | "no"))
+                }
+                "full"
+                | "freeze"
+                | "verbose"
+                | "disable_page_skipping"
+                | "skip_locked"
+                | "index_cleanup"
+                | "process_toast"
+                | "truncate"
+                | "parallel" => {}
+                other => {
+                    return Err(syntax(format!("unrecognized VACUUM option \"{other}\"")));
+                }
+            }
+            if words.token(&Token::RParen) {
+                break;
+            }
+            if !words.token(&Token::Comma) {
+                return Err(usage());
+            }
+        }
+        options = true;
+    } else {
+        for option in ["full", "freeze", "verbose"] {
+            options |= words.keyword(option);
+        }
+        analyze = words.keyword("analyze") || words.keyword("analyse");
+        options |= analyze;
+    }
+    let tables = if words.is_end() {
+        Vec::new()
+    } else {
+        words
+            .list(|w| w.table())
+            .map_err(|_| syntax("syntax error: expected VACUUM [ANALYZE] [table [, …]]"))?
+    };
+    if !options && tables.len() == 1 {
+        words.at = start;
+        return Ok(None);
+    }
+    if !words.is_end() {
+        return Err(syntax(
+            "syntax error: expected the end of the statement after VACUUM's tables",
+        ));
+    }
+    Ok(Some(Maintenance::VacuumTables { tables, analyze }))
 }
 
 /// Parse `tokens` if they are a maintenance statement (None otherwise).
@@ -72,6 +156,9 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<Maintenance>> {
     } else if words.keyword("optimize") {
         "OPTIMIZE"
     } else if words.keyword("vacuum") {
+        if let Some(vacuum) = pg_vacuum(&mut words)? {
+            return Ok(Some(vacuum));
+        }
         "VACUUM"
     } else {
         return Ok(None);
@@ -136,6 +223,32 @@ mod tests {
         );
         assert_eq!(parse_sql("DESCRIBE t").expect("parse"), None);
         assert!(parse_sql("VACUUM t RETAIN x HOURS").is_err());
+        // PostgreSQL's forms: options, several tables or none.
+        let tables = |analyze: bool, names: &[&str]| {
+            Some(Maintenance::VacuumTables {
+                tables: names.iter().map(|n| TableReference::bare(*n)).collect(),
+                analyze,
+            })
+        };
+        assert_eq!(
+            parse_sql("vacuum analyze pgbench_branches").expect("parse"),
+            tables(true, &["pgbench_branches"])
+        );
+        assert_eq!(
+            parse_sql("VACUUM FULL VERBOSE a, b").expect("parse"),
+            tables(false, &["a", "b"])
+        );
+        assert_eq!(parse_sql("VACUUM").expect("parse"), tables(false, &[]));
+        assert_eq!(
+            parse_sql("VACUUM (VERBOSE, ANALYZE, PARALLEL 2) a").expect("parse"),
+            tables(true, &["a"])
+        );
+        assert_eq!(
+            parse_sql("VACUUM (ANALYZE off) a").expect("parse"),
+            tables(false, &["a"])
+        );
+        assert!(parse_sql("VACUUM (bogus) a").is_err());
+        assert!(parse_sql("VACUUM ANALYZE a RETAIN 1 HOURS").is_err());
         assert!(parse_sql("OPTIMIZE t now").is_err());
         assert!(parse_sql("OPTIMIZE").is_err());
         assert_eq!(
