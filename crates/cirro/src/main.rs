@@ -220,6 +220,25 @@ pub enum Format {
     Json,
 }
 
+/// Rust's allocations go to jemalloc, not glibc malloc. With glibc the
+/// server's threads shared its arenas (bounded by the cores, see
+/// [`limit_malloc_arenas`]), and which threads shared an arena was settled
+/// per process: two processes of one binary ran TPC-H SF10 Q20 in 0.28 s
+/// or 0.59 s, the slow ones waiting on arena locks (futex waits, a fifth of
+/// the CPU in the kernel). jemalloc's per-thread caches and arenas keep the
+/// times alike from process to process (Q20 0.26–0.27 s over 4 starts, Q18
+/// 2.0 s against glibc's 2.3–2.9 s).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read when it starts: a background thread hands
+/// freed pages back to the system one second after they are freed (a
+/// server's resident memory falls back after a busy moment, as the soak
+/// test asks), without waiting for the next allocation.
+#[allow(non_upper_case_globals, unsafe_code)] // the symbol jemalloc reads its options from
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+
 /// For a long-running server: every few seconds, hand the memory glibc
 /// malloc holds free back to the system (`malloc_trim`). Without it the
 /// resident memory stays at the high-water mark of the busiest moment,
@@ -238,7 +257,8 @@ fn trim_malloc_periodically() {
     });
 }
 
-/// Bound glibc malloc's arenas by the cores. Its default (8 per core) lets a
+/// Bound glibc malloc's arenas by the cores (glibc still serves the C
+/// libraries' allocations: compression codecs, the Vulkan driver). Its default (8 per core) lets a
 /// server whose many threads allocate large query buffers keep freed memory
 /// in each arena: in the 32-client soak the resident memory grew ~150 MB every
 /// 15 s with the default and ~35 MB with this (mimalloc grew more).
