@@ -40,12 +40,16 @@ pub fn name_outputs(statement: &mut DFStatement) {
 
 /// Alias the unaliased expressions of every SELECT list in `statement`.
 pub fn name_projections(statement: &mut DFStatement) {
-    let mut namer = Namer;
+    walk_sql(statement, &mut Namer);
+}
+
+/// `walker` over the SQL statement of `statement` (EXPLAIN's too).
+fn walk_sql(statement: &mut DFStatement, walker: &mut dyn WalkerMut) {
     match statement {
         DFStatement::Statement(inner) => {
-            let _ = inner.walk_mut(&mut namer);
+            let _ = inner.walk_mut(walker);
         }
-        DFStatement::Explain(explain) => name_projections(&mut explain.statement),
+        DFStatement::Explain(explain) => walk_sql(&mut explain.statement, walker),
         _ => {}
     }
 }
@@ -57,13 +61,7 @@ pub fn name_projections(statement: &mut DFStatement) {
 /// own name (`value`, so only `aid.value` would do). Such an alias gets
 /// its own name as the column's: `AS aid(aid)`.
 pub fn name_function_columns(statement: &mut DFStatement) {
-    match statement {
-        DFStatement::Statement(inner) => {
-            let _ = inner.walk_mut(&mut FunctionColumns);
-        }
-        DFStatement::Explain(explain) => name_function_columns(&mut explain.statement),
-        _ => {}
-    }
+    walk_sql(statement, &mut FunctionColumns);
 }
 
 struct FunctionColumns;

@@ -226,8 +226,8 @@ pub enum Format {
 /// per process: two processes of one binary ran TPC-H SF10 Q20 in 0.28 s
 /// or 0.59 s, the slow ones waiting on arena locks (futex waits, a fifth of
 /// the CPU in the kernel). jemalloc's per-thread caches and arenas keep the
-/// times alike from process to process (Q20 0.26–0.27 s over 4 starts, Q18
-/// 2.0 s against glibc's 2.3–2.9 s).
+/// times alike from process to process (4 starts: Q20 0.28–0.30 s, Q18
+/// 2.20–2.26 s against glibc's 2.29–2.91 s).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -758,20 +758,21 @@ pub(crate) async fn create_table_sql(
     match plan {
         LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) => {
             let outcome = create_table(engine, cmd, &options, constraints, distributed_by).await?;
-            Ok(match ignored.is_empty() {
-                true => outcome,
-                false => {
-                    let names = ignored
-                        .iter()
-                        .map(|k| format!("\"{k}\""))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    outcome.and_notice(match ignored.len() {
-                        1 => format!("storage parameter {names} has no effect on Cirro's tables (Parquet files): ignored"),
-                        _ => format!("storage parameters {names} have no effect on Cirro's tables (Parquet files): ignored"),
-                    })
-                }
-            })
+            if ignored.is_empty() {
+                return Ok(outcome);
+            }
+            let names = ignored
+                .iter()
+                .map(|k| format!("\"{k}\""))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let (noun, verb) = match ignored.len() {
+                1 => ("parameter", "has"),
+                _ => ("parameters", "have"),
+            };
+            Ok(outcome.and_notice(format!(
+                "storage {noun} {names} {verb} no effect on Cirro's tables (Parquet files): ignored"
+            )))
         }
         _ => Err(CirroError::internal(
             "CREATE TABLE planned as something else",
