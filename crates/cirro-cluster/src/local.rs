@@ -169,13 +169,18 @@ impl LocalPlanning {
     }
 
     /// The coordinator's part of a plan: everything above the network
-    /// boundaries (all of it when the plan stays on this node).
+    /// boundaries (all of it when the plan stays on this node). A plan
+    /// that stays on this node is the statement's result, which may come
+    /// in any number of partitions, as on a node alone (adaptive
+    /// aggregation's radix partitions flow on to it); above boundaries
+    /// the head keeps its partitions.
     pub(crate) fn optimize_head(
         &self,
         plan: Arc<dyn ExecutionPlan>,
         options: &ConfigOptions,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        optimize(plan, &self.rules, options, false)
+        let keep_partitions = plan.exists(|node| Ok(node.is_network_boundary()))?;
+        optimize(plan, &self.rules, options, false, keep_partitions)
     }
 }
 
@@ -238,7 +243,7 @@ impl WorkerPlanRewriteHandler for WorkerRules {
                 ev.plan
             }
         };
-        let plan = match optimize(Arc::clone(&sent), &self.0, options, keep_shape) {
+        let plan = match optimize(Arc::clone(&sent), &self.0, options, keep_shape, true) {
             Ok(plan) => plan,
             Err(e) => {
                 log::warn!("a task runs as sent: its local optimization failed: {e}");
@@ -256,6 +261,7 @@ fn optimize(
     rules: &LocalRules,
     options: &ConfigOptions,
     keep_shape: bool,
+    keep_partitions: bool,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
     if rules.is_empty() {
         return Ok(plan);
@@ -268,7 +274,8 @@ fn optimize(
     let schema = cut.schema();
     for rule in rules.iter() {
         let next = rule.optimize(Arc::clone(&cut), options)?;
-        if next.properties().output_partitioning().partition_count() != partitions
+        if (keep_partitions
+            && next.properties().output_partitioning().partition_count() != partitions)
             || next.schema() != schema
         {
             log::debug!("{} left out: it changes the plan's output", rule.name());
@@ -403,6 +410,8 @@ mod tests {
     use datafusion::physical_optimizer::PhysicalOptimizerRule;
     use datafusion::physical_plan::coop::CooperativeExec;
     use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::physical_plan::repartition::RepartitionExec;
+    use datafusion::physical_plan::{ExecutionPlanProperties, Partitioning};
 
     /// A rule that puts a node over the plan (a new shape).
     #[derive(Debug)]
@@ -418,6 +427,29 @@ mod tests {
         }
         fn name(&self) -> &str {
             "wrap"
+        }
+        fn schema_check(&self) -> bool {
+            true
+        }
+    }
+
+    /// A rule that spreads the plan's output over 4 partitions.
+    #[derive(Debug)]
+    struct Spread;
+
+    impl PhysicalOptimizerRule for Spread {
+        fn optimize(
+            &self,
+            plan: Arc<dyn ExecutionPlan>,
+            _: &ConfigOptions,
+        ) -> DfResult<Arc<dyn ExecutionPlan>> {
+            Ok(Arc::new(RepartitionExec::try_new(
+                plan,
+                Partitioning::RoundRobinBatch(4),
+            )?))
+        }
+        fn name(&self) -> &str {
+            "spread"
         }
         fn schema_check(&self) -> bool {
             true
@@ -457,11 +489,30 @@ mod tests {
     fn a_rule_that_changes_the_shape_is_left_out_only_where_the_shape_must_stay() {
         let options = ConfigOptions::default();
         let wrap = rules(vec![Arc::new(Wrap)]);
-        let kept = optimize(scan(), &wrap, &options, true).expect("optimized");
+        let kept = optimize(scan(), &wrap, &options, true, true).expect("optimized");
         assert_eq!(kept.name(), "EmptyExec");
-        let changed = optimize(scan(), &wrap, &options, false).expect("optimized");
+        let changed = optimize(scan(), &wrap, &options, false, true).expect("optimized");
         assert_eq!(changed.name(), "CooperativeExec");
         assert_eq!(shape_of(&changed), [1, 0]);
+    }
+
+    #[test]
+    fn a_statements_result_may_change_its_partitions_a_tasks_output_not() {
+        let options = ConfigOptions::default();
+        let spread = rules(vec![Arc::new(Spread)]);
+        let task = optimize(scan(), &spread, &options, false, true).expect("optimized");
+        assert_eq!(task.name(), "EmptyExec");
+        // A plan with no network boundary, as the head of a statement that
+        // stays on this node: its result may come in 4 partitions.
+        let planning = LocalPlanning {
+            rules: Arc::new(spread),
+            cut: Arc::new(Vec::new()),
+            propagate: |_| {},
+            receive: |_, _| Ok(()),
+            resources: None,
+        };
+        let head = planning.optimize_head(scan(), &options).expect("optimized");
+        assert_eq!(head.output_partitioning().partition_count(), 4);
     }
 
     #[test]

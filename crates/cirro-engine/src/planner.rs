@@ -263,10 +263,15 @@ pub fn local_rules(node: &Node) -> Vec<Physical> {
 /// after the coordinator's, just before it cuts the plan into stages: the
 /// choices that depend on what crosses the network.
 pub fn cut_rules() -> Vec<Physical> {
-    // Whether each grouped aggregation pre-aggregates before its shuffle
-    // or shuffles its rows (on a single node, adaptive aggregation above
-    // chooses instead, for one node's threads).
-    vec![Arc::new(cirro::AggregationExchange)]
+    vec![
+        // Whether each grouped aggregation pre-aggregates before its shuffle
+        // or shuffles its rows (on a single node, adaptive aggregation above
+        // chooses instead, for one node's threads).
+        Arc::new(cirro::AggregationExchange),
+        // The probe sides of joins that cannot broadcast their build side
+        // (semi, anti, left) filtered by its keys before their shuffle.
+        Arc::new(cirro::PrefilterProbes),
+    ]
 }
 
 /// The GPU's operators as the hot-data tier's rule sees them (by their
@@ -521,7 +526,10 @@ mod tests {
             "cirro_shared_subplans",
         ]);
         assert_eq!(names(&local_rules(&Node::default())), local);
-        assert_eq!(names(&cut_rules()), ["cirro_aggregation_exchange"]);
+        assert_eq!(
+            names(&cut_rules()),
+            ["cirro_aggregation_exchange", "cirro_prefilter_probes"]
+        );
     }
 
     /// Every place names a rule DataFusion has: a rule placed before or

@@ -86,7 +86,7 @@ pub struct BuildSides;
 /// as its join selection does: an operator's own `partition_statistics` no
 /// longer derives them from its inputs). One `context` serves all the
 /// estimates of one join: it keeps each node's statistics once computed.
-fn statistics(
+pub(super) fn statistics(
     context: &StatisticsContext,
     plan: &Arc<dyn ExecutionPlan>,
 ) -> Option<Arc<Statistics>> {
@@ -94,7 +94,10 @@ fn statistics(
 }
 
 /// DataFusion's estimated rows of `plan`'s output, where it has one.
-fn estimated_rows(context: &StatisticsContext, plan: &Arc<dyn ExecutionPlan>) -> Option<f64> {
+pub(super) fn estimated_rows(
+    context: &StatisticsContext,
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Option<f64> {
     statistics(context, plan)?
         .num_rows
         .get_value()
@@ -115,7 +118,10 @@ fn estimated_rows(context: &StatisticsContext, plan: &Arc<dyn ExecutionPlan>) ->
 /// corrected count carries up through the operators that keep their input's
 /// rows, filters (by DataFusion's selectivity) and inner joins (in
 /// proportion to their inputs); elsewhere DataFusion's estimate stands.
-fn rows(context: &StatisticsContext, plan: &Arc<dyn ExecutionPlan>) -> Option<(f64, bool)> {
+pub(super) fn rows(
+    context: &StatisticsContext,
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Option<(f64, bool)> {
     let estimate = estimated_rows(context, plan);
     if let Some(join) = plan.downcast_ref::<HashJoinExec>()
         && *join.join_type() == JoinType::Inner

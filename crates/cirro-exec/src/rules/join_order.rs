@@ -117,6 +117,12 @@ datafusion::common::extensions_options! {
         /// default), `on` or `off`: a semi join over an inner join goes below it, to the input its keys
         /// come from ([`super::PushSemiJoins`]).
         pub push_semi_joins: String, default = "auto".to_string()
+        /// `auto` (on a cluster of more than one live node only, the
+        /// default), `on` or `off`: a join that emits its build side's rows
+        /// (semi, anti, left) filters its probe side by the build side's
+        /// keys, broadcast, before the probe side is shuffled
+        /// ([`super::PrefilterProbes`]).
+        pub prefilter_probes: String, default = "auto".to_string()
         /// `on` (hash joins spill to disk when their build side does not
         /// fit the query's memory, [`super::SpillingJoins`], the default)
         /// or `off` (DataFusion's joins, 53200 when memory runs out).
