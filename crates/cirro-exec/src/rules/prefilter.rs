@@ -18,7 +18,8 @@
 //! probe rows only, so `datafusion-distributed` broadcasts its build side),
 //! keep the probe rows that can match, and only those are shuffled. The
 //! join above is unchanged and decides with its own filter and null
-//! semantics. The build side is computed twice (once for its keys), so the
+//! semantics. The build side is computed twice (once for its keys, by
+//! operators of its own), so the
 //! rule acts only where that is cheap beside the shuffle it saves, by the
 //! estimates of [`super::build_sides`]:
 //!
@@ -29,7 +30,8 @@
 //! - the probe side has at least [`COLLECT_RATIO`] times the build side's
 //!   rows;
 //! - computing the build side shuffles nothing (no partitioned join or
-//!   aggregation below it: computed again, it would shuffle again);
+//!   aggregation below it, nor a join that emits its build side's rows:
+//!   computed again, it would shuffle again);
 //! - the scans under the build side read at most [`RECOMPUTE_RATIO`] times
 //!   the probe side's rows (a row read again from the hot-data tier and
 //!   filtered costs a fraction of a shuffled row: hashed, copied into its
@@ -58,6 +60,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::repartition::RepartitionExec;
@@ -115,18 +118,49 @@ fn below_shuffle(
     }
 }
 
-/// Whether computing `plan` shuffles rows (a hash repartition: a
-/// partitioned join or aggregation below): computed again for its keys,
+/// Whether a join emits its build side's rows (a semi, anti, left outer,
+/// full or mark join): on a cluster it cannot broadcast its build side.
+fn emits_build_rows(join: &HashJoinExec) -> bool {
+    matches!(
+        join.join_type(),
+        JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::Left
+            | JoinType::LeftMark
+            | JoinType::Full
+    )
+}
+
+/// Whether computing `plan` shuffles rows: a hash repartition (a
+/// partitioned join or aggregation below), or a join that emits its
+/// build side's rows and collects it, which `datafusion-distributed` turns
+/// into a join by a shuffle of both inputs. Computed again for its keys,
 /// it would shuffle them again (TPC-H Q21's build side joins its lines
 /// with 7 M orders by a shuffle; its anti join's build side holds the semi
 /// join, and with it every copy below).
 fn shuffles(plan: &Arc<dyn ExecutionPlan>) -> bool {
     plan.exists(|node| {
+        if let Some(join) = node.downcast_ref::<HashJoinExec>() {
+            return Ok(emits_build_rows(join)
+                && *join.partition_mode() == PartitionMode::CollectLeft
+                && !runs_as_one_task(join));
+        }
         Ok(node
             .downcast_ref::<RepartitionExec>()
             .is_some_and(|r| matches!(r.partitioning(), Partitioning::Hash(..))))
     })
     .unwrap_or(true)
+}
+
+/// Whether a collecting join reads its inputs in one partition each (one
+/// task: nothing of it is shuffled).
+fn runs_as_one_task(join: &HashJoinExec) -> bool {
+    join.left().output_partitioning().partition_count() <= 1
+        && below_shuffle(join.right())
+            .0
+            .output_partitioning()
+            .partition_count()
+            <= 1
 }
 
 /// The rows the scans (the leaves) under `plan` read, by DataFusion's
@@ -169,12 +203,10 @@ fn kept_share(
 /// `join` with its probe side filtered by its build side's keys (see the
 /// module docs), or None where the rule leaves it.
 fn prefilter(join: &HashJoinExec, collect: f64) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    let emits_build_rows = matches!(
-        join.join_type(),
-        JoinType::LeftSemi | JoinType::LeftAnti | JoinType::Left | JoinType::LeftMark
-    );
+    // A full join's probe rows are emitted matched or not: all must stay.
     let mode = *join.partition_mode();
-    if !emits_build_rows
+    if !emits_build_rows(join)
+        || *join.join_type() == JoinType::Full
         || join.null_aware
         || !matches!(
             mode,
@@ -184,11 +216,8 @@ fn prefilter(join: &HashJoinExec, collect: f64) -> Result<Option<Arc<dyn Executi
         return Ok(None);
     }
     let (probe, shuffle) = below_shuffle(join.right());
-    if mode == PartitionMode::CollectLeft
-        && probe.output_partitioning().partition_count() <= 1
-        && join.left().output_partitioning().partition_count() <= 1
-    {
-        return Ok(None); // runs as one task: nothing is shuffled
+    if mode == PartitionMode::CollectLeft && runs_as_one_task(join) {
+        return Ok(None); // nothing is shuffled
     }
     if shuffle.is_none() && matches!(probe.output_partitioning(), Partitioning::Hash(..)) {
         return Ok(None); // co-located: nothing is shuffled
@@ -220,13 +249,18 @@ fn prefilter(join: &HashJoinExec, collect: f64) -> Result<Option<Arc<dyn Executi
         return Ok(None);
     }
     // The build side's keys only, as `k0`, `k1`, …: what is broadcast.
+    // Computed by operators of their own: one operator executed from two
+    // places shares its run's state between them (a collecting join's
+    // build side, the rows a semi join has matched, a repartition's
+    // channels), which a plan that stays on one node would run as it is.
+    let build = reset_plan_states(Arc::clone(build))?;
     let keys: Vec<ProjectionExpr> = join
         .on()
         .iter()
         .enumerate()
         .map(|(i, (key, _))| ProjectionExpr::new(Arc::clone(key), format!("k{i}")))
         .collect();
-    let keys: Arc<dyn ExecutionPlan> = Arc::new(ProjectionExec::try_new(keys, Arc::clone(build))?);
+    let keys: Arc<dyn ExecutionPlan> = Arc::new(ProjectionExec::try_new(keys, build)?);
     let on = join
         .on()
         .iter()
@@ -257,4 +291,74 @@ fn prefilter(join: &HashJoinExec, collect: f64) -> Result<Option<Arc<dyn Executi
         .with_new_children(vec![Arc::clone(join.left()), probe_side])?
         .build_exec()
         .map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::physical_plan::{collect, displayable};
+    use datafusion::prelude::{SessionConfig, SessionContext};
+    use std::collections::HashSet;
+
+    /// Orders (200) joined with their customers (40) and kept where a line
+    /// (4,000) of another supplier exists: a semi join whose build side is a
+    /// collecting inner join and whose probe side is 20 times its size.
+    async fn context() -> SessionContext {
+        let ctx = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(2));
+        for sql in [
+            "CREATE TABLE c AS SELECT value AS ck FROM generate_series(1, 40)",
+            "CREATE TABLE o AS SELECT value AS ok, value % 50 AS ck, value % 7 AS s \
+             FROM generate_series(1, 200)",
+            "CREATE TABLE l AS SELECT value % 400 AS ok, value % 5 AS s \
+             FROM generate_series(1, 4000)",
+        ] {
+            ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        }
+        ctx
+    }
+
+    const QUERY: &str = "SELECT count(*), sum(o.ok) FROM o JOIN c ON o.ck = c.ck \
+                         WHERE EXISTS (SELECT 1 FROM l WHERE l.ok = o.ok AND l.s <> o.s)";
+
+    async fn plan(ctx: &SessionContext) -> Arc<dyn ExecutionPlan> {
+        ctx.sql(QUERY)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap()
+    }
+
+    /// Every operator that has inputs, once per place it runs in.
+    fn operators(plan: &Arc<dyn ExecutionPlan>, seen: &mut HashSet<usize>) -> bool {
+        let children = plan.children();
+        if !children.is_empty() && !seen.insert(Arc::as_ptr(plan) as *const () as usize) {
+            return false;
+        }
+        children.into_iter().all(|child| operators(child, seen))
+    }
+
+    #[tokio::test]
+    async fn the_build_sides_keys_are_computed_by_operators_of_their_own() {
+        let ctx = context().await;
+        let plain = plan(&ctx).await;
+        let filtered = PrefilterProbes
+            .optimize(plan(&ctx).await, ctx.state().config_options())
+            .unwrap();
+        let text = displayable(filtered.as_ref()).indent(false).to_string();
+        assert!(text.contains("join_type=RightSemi"), "{text}");
+        assert!(text.contains("join_type=LeftSemi"), "{text}");
+        // One operator run from two places would share its state (the
+        // collecting join's build side, a repartition's channels).
+        assert!(operators(&filtered, &mut HashSet::new()), "{text}");
+        let answer = |plan| async {
+            let batches = collect(plan, ctx.task_ctx()).await.unwrap();
+            datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+                .unwrap()
+                .to_string()
+        };
+        let (expected, got) = (answer(plain).await, answer(filtered).await);
+        assert_eq!(got, expected);
+        assert!(!expected.contains("| 0 "), "{expected}");
+    }
 }
