@@ -109,8 +109,7 @@ pub(crate) async fn create_table(
         let frame = engine.context().execute_logical_plan(input).await?;
         let error = engine.input_error();
         Some(
-            frame
-                .execute_stream()
+            crate::statement::query::rows_in_order(frame)
                 .await?
                 .map(move |b| b.map_err(&error)),
         )

@@ -103,8 +103,7 @@ pub(crate) async fn prepare(engine: &Engine, dml: &DmlStatement, tag: &str) -> R
             }
             let frame = engine.context().execute_logical_plan(input).await?;
             let error = engine.input_error();
-            let stream = frame
-                .execute_stream()
+            let stream = crate::statement::query::rows_in_order(frame)
                 .await?
                 .map(move |b| b.map_err(&error));
             let (adds, count) = write_files(&table, stream).await?;

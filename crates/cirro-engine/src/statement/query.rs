@@ -310,7 +310,7 @@ impl Engine {
     /// Run a plan whose result is one `count` row, and return the count.
     pub(crate) async fn run_for_count(&self, plan: LogicalPlan) -> Result<u64> {
         let frame = self.ctx.execute_logical_plan(plan).await?;
-        let mut stream = frame.execute_stream().await?;
+        let mut stream = rows_in_order(frame).await?;
         let mut count = 0u64;
         while let Some(batch) = stream.next().await {
             let batch = batch?;
@@ -332,4 +332,17 @@ impl Engine {
         let frame = self.ctx.read_batch(batch)?;
         Ok(Outcome::Rows(frame.execute_stream().await?))
     }
+}
+
+/// The rows of `frame` as a table is written from them: its partitions one
+/// after another where each holds its rows in their own order (a scan of
+/// files written in key order), not merged as their batches come
+/// (`cirro_exec::operators::concat`).
+pub(crate) async fn rows_in_order(
+    frame: datafusion::dataframe::DataFrame,
+) -> datafusion::error::Result<datafusion::physical_plan::SendableRecordBatchStream> {
+    let task = Arc::new(frame.task_ctx());
+    let plan = frame.create_physical_plan().await?;
+    let plan = cirro_exec::operators::concat::in_partition_order(plan)?;
+    datafusion::physical_plan::execute_stream(plan, task)
 }
