@@ -27,7 +27,8 @@ use std::sync::Arc;
 
 use datafusion::common::Result;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::physical_plan::{FileScanConfig, FileScanConfigBuilder};
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::DataFusionError;
@@ -79,7 +80,7 @@ impl ConcatPartitionsExec {
 /// (`INSERT`) that merged them as they came. Otherwise `plan` as it is.
 pub fn in_partition_order(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
     if own_order(&plan) {
-        return Ok(Arc::new(ConcatPartitionsExec::new(plan)));
+        return Ok(Arc::new(ConcatPartitionsExec::new(own_files(plan)?)));
     }
     if !plan.is::<DataSinkExec>() {
         return Ok(plan);
@@ -93,7 +94,30 @@ pub fn in_partition_order(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Execut
         },
         _ => return Ok(plan),
     };
-    replace_children_if_necessary(plan, vec![Arc::new(ConcatPartitionsExec::new(merged))])
+    let concat = ConcatPartitionsExec::new(own_files(merged)?);
+    replace_children_if_necessary(plan, vec![Arc::new(concat)])
+}
+
+/// `plan` with each file scan reading its partitions' own files, in their
+/// order: DataFusion lets a partition that runs out of files read those
+/// of another (`enable_file_stream_work_stealing`), which a partition held
+/// back here would give away (TPC-H lineitem's second file came last).
+fn own_files(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(config) = node
+            .downcast_ref::<DataSourceExec>()
+            .and_then(|scan| scan.data_source().downcast_ref::<FileScanConfig>())
+            .filter(|config| !config.preserve_order)
+        else {
+            return Ok(Transformed::no(node));
+        };
+        let config = FileScanConfigBuilder::from(config.clone())
+            .with_preserve_order(true)
+            .build();
+        let scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
+        Ok(Transformed::yes(scan))
+    })
+    .map(|t| t.data)
 }
 
 /// Whether `plan` has several partitions, each computed on its own from
