@@ -17,6 +17,7 @@ import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
@@ -30,7 +31,16 @@ for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-s
              "--window-size=1400,1000"):
     options.add_argument(flag)
 driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
-wait = WebDriverWait(driver, 30, poll_frequency=0.2)
+# The page redraws its tables at every refresh: an element found before a
+# redraw is stale after it, and a wait tries again.
+wait = WebDriverWait(driver, 30, poll_frequency=0.2,
+                     ignored_exceptions=(StaleElementReferenceException,))
+
+
+def click(css):
+    """Click the element `css` selects, found again if the page redrew it
+    between the finding and the click."""
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, css).click() or True)
 
 
 def shot(name):
@@ -86,18 +96,17 @@ try:
     step("watching statement " + query_id + ": " + row.text)
 
     # Cancel it from the page.
-    driver.find_element(By.CSS_SELECTOR, "button.cancel[data-id='%s']" % query_id).click()
+    click("button.cancel[data-id='%s']" % query_id)
     wait.until(EC.text_to_be_present_in_element((By.ID, "action"), "Cancelled statement " + query_id))
     wait.until(lambda d: not d.find_elements(By.CSS_SELECTOR, "#live tbody tr[data-id='%s']" % query_id))
     step("cancelled from the page")
 
     # It is among the ended statements, cancelled; its detail has the plan.
-    ended = wait.until(EC.presence_of_element_located(
+    wait.until(EC.presence_of_element_located(
         (By.CSS_SELECTOR, "#finished tbody tr[data-id='%s']" % query_id)))
     wait.until(lambda d: d.find_element(
         By.CSS_SELECTOR, "#finished tbody tr[data-id='%s']" % query_id).get_attribute("data-state") == "cancelled")
-    ended = driver.find_element(By.CSS_SELECTOR, "#finished tbody tr[data-id='%s']" % query_id)
-    ended.click()
+    click("#finished tbody tr[data-id='%s']" % query_id)
     wait.until(EC.text_to_be_present_in_element((By.ID, "detail-plan"), "Exec"))
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#tables tbody tr"))
     shot("3-cancelled")
