@@ -93,6 +93,9 @@ pub struct Engine {
     pub(crate) current_query: queries::QuerySlot,
     /// The node the session runs on.
     pub(crate) node: Arc<Node>,
+    /// The session's DataFusion options as it started: what `RESET` of a
+    /// dotted setting returns to.
+    pub(crate) initial_options: Arc<datafusion::config::ConfigOptions>,
 }
 
 /// A session's DataFusion runtime: `shared`'s caches and object stores (a
@@ -176,6 +179,7 @@ impl Engine {
                 }),
             );
         }
+        let initial_options = Arc::clone(ctx.state_ref().read().config().options());
         let engine = Self {
             catalog,
             catalogs: list,
@@ -192,6 +196,7 @@ impl Engine {
             memory,
             current_query,
             node: Arc::clone(&config.node),
+            initial_options,
         };
         engine.apply_user_settings();
         engine

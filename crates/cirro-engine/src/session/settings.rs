@@ -12,6 +12,7 @@ use arrow::array::{ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use cirro_common::{CirroError, Result, SqlState};
 use cirro_sql::SettingStatement;
+use datafusion::config::{ConfigEntry, ConfigOptions};
 
 use crate::{Engine, Outcome};
 
@@ -123,12 +124,72 @@ pub(crate) fn setting_name(name: &str) -> Result<&'static str> {
         .iter()
         .find(|(n, _)| *n == lower)
         .map(|(n, _)| *n)
-        .ok_or_else(|| {
-            CirroError::new(
-                SqlState::UNDEFINED_OBJECT,
-                format!("unrecognized configuration parameter \"{name}\""),
-            )
-        })
+        .ok_or_else(|| unknown_setting(name))
+}
+
+fn unknown_setting(name: &str) -> CirroError {
+    CirroError::new(
+        SqlState::UNDEFINED_OBJECT,
+        format!("unrecognized configuration parameter \"{name}\""),
+    )
+}
+
+/// Every DataFusion option of a session under the name SET takes:
+/// DataFusion's own (`datafusion.execution.batch_size`) and each
+/// extension's under its namespace (`cirro_join_order.prerun_keys`,
+/// `distributed.compression`). DataFusion's `entries()` lists an
+/// extension's options by their bare names, which SET, SHOW and RESET do
+/// not take.
+pub(crate) fn option_entries(options: &ConfigOptions) -> Vec<ConfigEntry> {
+    let mut entries: Vec<ConfigEntry> = options
+        .entries()
+        .into_iter()
+        .filter(|e| e.key.starts_with("datafusion."))
+        .collect();
+    for (prefix, extension) in options.extensions.iter() {
+        entries.extend(extension.entries().into_iter().map(|mut e| {
+            if !e.key.starts_with(&format!("{prefix}.")) {
+                e.key = format!("{prefix}.{}", e.key);
+            }
+            e
+        }));
+    }
+    entries
+}
+
+/// `options` with the option `key` (None: every option) back at its value
+/// in `initial`: `initial` with every other option the session changed
+/// set again. (DataFusion's own RESET knows only `datafusion.*` and
+/// resets to DataFusion's defaults, not the session's.)
+fn reset_options(
+    initial: &ConfigOptions,
+    current: &ConfigOptions,
+    key: Option<&str>,
+) -> Result<ConfigOptions> {
+    let mut reset = initial.clone();
+    let Some(key) = key else {
+        return Ok(reset);
+    };
+    let before: BTreeMap<String, Option<String>> = option_entries(initial)
+        .into_iter()
+        .map(|e| (e.key, e.value))
+        .collect();
+    let mut known = false;
+    for entry in option_entries(current) {
+        if entry.key.eq_ignore_ascii_case(key) {
+            known = true;
+            continue;
+        }
+        if let Some(value) = entry.value
+            && before.get(&entry.key) != Some(&Some(value.clone()))
+        {
+            reset.set(&entry.key, &value)?;
+        }
+    }
+    if !known {
+        return Err(unknown_setting(key));
+    }
+    Ok(reset)
 }
 
 /// A statement_timeout value: milliseconds, or a number with a unit.
@@ -278,6 +339,14 @@ impl Engine {
         if let Some(value) = self.read_only_value(name) {
             return Ok(value);
         }
+        if name.contains('.') {
+            let state = self.context().state();
+            return option_entries(state.config().options())
+                .into_iter()
+                .find(|e| e.key.eq_ignore_ascii_case(name))
+                .map(|e| e.value.unwrap_or_default())
+                .ok_or_else(|| unknown_setting(name));
+        }
         let name = setting_name(name)?;
         if name == "memory_limit" {
             return Ok(cirro_exec::resources::format_bytes(self.memory_limit()));
@@ -323,7 +392,33 @@ impl Engine {
                 self.apply_setting(name, &value)?;
                 Ok(command("SET", reported(name, value).into_iter().collect()))
             }
+            SettingStatement::Reset(Some(name)) if name.contains('.') => {
+                if self.read_only_value(&name).is_some() {
+                    return Err(read_only(&name));
+                }
+                let state = self.context().state_ref();
+                let mut state = state.write();
+                let reset =
+                    reset_options(&self.initial_options, state.config().options(), Some(&name))?;
+                *state.config_mut().options_mut() = reset;
+                Ok(command("RESET", Vec::new()))
+            }
             SettingStatement::Reset(name) => {
+                if name.is_none() {
+                    // RESET ALL: DataFusion's and the extensions' options
+                    // too; the settings below are then applied again.
+                    let reset = reset_options(&self.initial_options, &self.initial_options, None)?;
+                    *self
+                        .context()
+                        .state_ref()
+                        .write()
+                        .config_mut()
+                        .options_mut() = reset;
+                    for (n, _) in SETTINGS {
+                        let value = self.settings.default_of(n);
+                        self.apply_setting(n, &value)?;
+                    }
+                }
                 let name = name.map(|n| setting_name(&n)).transpose()?;
                 let mut report = Vec::new();
                 if let Ok(mut settings) = self.settings.session.lock() {
@@ -367,7 +462,7 @@ impl Engine {
                     ));
                 }
                 let state = self.context().state();
-                for entry in state.config().options().entries() {
+                for entry in option_entries(state.config().options()) {
                     rows.push((
                         entry.key,
                         entry.value.unwrap_or_default(),
@@ -544,6 +639,9 @@ mod show_all {
         assert_eq!(settings["cirro.pg_port"], "5433");
         assert!(settings["cirro.parses"].parse::<u64>().expect("a count") >= 2);
         assert!(settings.contains_key("datafusion.execution.batch_size"));
+        // An extension's options under its namespace, as SET takes them.
+        assert_eq!(settings["cirro_join_order.prerun_keys"], "10000");
+        assert!(!settings.contains_key("prerun_keys"));
         let err = engine
             .execute("SET cirro.pg_port = 1")
             .await

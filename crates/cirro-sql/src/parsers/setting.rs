@@ -4,9 +4,10 @@
 //! snapshot-isolated).
 //!
 //! Cirro's own settings are named `cirro.*`. Names are not checked here: the session knows its settings (and says
-//! 42704 for an unknown one). Dotted names (`datafusion.execution.…`) and
-//! DataFusion's own `SHOW TABLES|COLUMNS|FUNCTIONS|…` are left to DataFusion's
-//! parser (None).
+//! 42704 for an unknown one). `SET` of a dotted name (`datafusion.execution.…`)
+//! and DataFusion's own `SHOW TABLES|COLUMNS|FUNCTIONS|…` are left to
+//! DataFusion's parser (None); `SHOW` and `RESET` of a dotted name are the
+//! session's.
 
 use cirro_common::Result;
 use datafusion::sql::sqlparser::tokenizer::Token;
@@ -77,7 +78,19 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<SettingStatement>> {
         name = format!("cirro.{}", words.ident("a setting name")?);
     }
     if words.peek() == Some(&Token::Period) {
-        return Ok(None); // datafusion.* and other dotted names
+        if set {
+            return Ok(None); // SET datafusion.* and other dotted names
+        }
+        // SHOW and RESET of an option of DataFusion or of an extension
+        // (`cirro_join_order.prerun_keys`, `distributed.compression`): the
+        // session answers them from its options, which DataFusion's own
+        // SHOW and RESET do not find for extensions.
+        while words.token(&Token::Period) {
+            name = format!(
+                "{name}.{}",
+                words.ident("a setting name")?.to_ascii_lowercase()
+            );
+        }
     }
     if show {
         words.end()?;
@@ -144,6 +157,19 @@ mod tests {
         );
         assert_eq!(parse_sql("SHOW ALL"), Some(SettingStatement::ShowAll));
         assert_eq!(parse_sql("RESET ALL"), Some(SettingStatement::Reset(None)));
+        assert_eq!(
+            parse_sql("SHOW cirro_join_order.Prerun_Keys"),
+            Some(SettingStatement::Show(
+                "cirro_join_order.prerun_keys".into()
+            ))
+        );
+        assert_eq!(
+            parse_sql("RESET datafusion.execution.batch_size"),
+            Some(SettingStatement::Reset(Some(
+                "datafusion.execution.batch_size".into()
+            )))
+        );
+        assert_eq!(parse_sql("SET datafusion.execution.batch_size = 1"), None);
         assert_eq!(
             parse_sql("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
             Some(SettingStatement::TransactionMode)
