@@ -147,6 +147,11 @@ fn analyzer_entries() -> Vec<Entry<Analyzer>> {
             Arc::new(cirro::GuardFallibleConditions) as Analyzer,
             "guards what can fail behind its condition (CASE, AND), once typed",
         ),
+        entry(
+            After("type_coercion"),
+            Arc::new(cirro::InlineLateralProjections) as Analyzer,
+            "a LATERAL subquery without FROM computed over the outer row (pgbench)",
+        ),
     ]
 }
 
@@ -465,6 +470,7 @@ mod tests {
                 "type_coercion",
                 "cirro_checked_arithmetic",
                 "cirro_guard_fallible_conditions",
+                "cirro_inline_lateral_projections",
             ]
         );
         let logical: Vec<String> = logical_rules(false)

@@ -126,6 +126,7 @@ impl Engine {
         ctx.register_udf(no_index_definition_udf());
         ctx.register_udf(json_build_object_udf());
         ctx.register_udf(current_setting_udf(self.settings.clone()));
+        ctx.register_udf(current_schemas_udf());
         Ok(())
     }
 
@@ -611,6 +612,50 @@ fn current_setting_udf(settings: Settings) -> ScalarUDF {
             Volatility::Stable,
         ),
         lookup,
+    )
+}
+
+/// `current_schemas(include_implicit)`: the schemas an unqualified name is
+/// looked up in, as PostgreSQL lists them: `pg_catalog` first when the
+/// implicit schemas are asked for, then `public`, where Cirro resolves
+/// unqualified table names. (datafusion-pg-catalog's answers one row
+/// whatever its input's, with `information_schema` among them, which
+/// PostgreSQL does not search.) pgbench finds its tables' schema by its
+/// position in this list.
+fn current_schemas_udf() -> ScalarUDF {
+    let item = Arc::new(arrow::datatypes::Field::new("item", DataType::Utf8, true));
+    let list_type = DataType::List(Arc::clone(&item));
+    let null = ScalarValue::try_from(&list_type).unwrap_or(ScalarValue::Null);
+    let schemas = move |implicit: Option<bool>| -> ScalarValue {
+        let names: &[&str] = match implicit {
+            None => return null.clone(),
+            Some(true) => &["pg_catalog", cirro_catalog::DEFAULT_SCHEMA],
+            Some(false) => &[cirro_catalog::DEFAULT_SCHEMA],
+        };
+        let names: Vec<ScalarValue> = names
+            .iter()
+            .map(|n| ScalarValue::Utf8(Some(n.to_string())))
+            .collect();
+        ScalarValue::List(ScalarValue::new_list_nullable(&names, &DataType::Utf8))
+    };
+    create_udf(
+        "current_schemas",
+        vec![DataType::Boolean],
+        list_type,
+        Volatility::Stable,
+        Arc::new(move |args: &[ColumnarValue]| match &args[0] {
+            ColumnarValue::Scalar(ScalarValue::Boolean(implicit)) => {
+                Ok(ColumnarValue::Scalar(schemas(*implicit)))
+            }
+            ColumnarValue::Array(array) if array.data_type() == &DataType::Boolean => {
+                let lists = array.as_boolean().iter().map(&schemas);
+                Ok(ColumnarValue::Array(ScalarValue::iter_to_array(lists)?))
+            }
+            other => Err(datafusion::error::DataFusionError::Plan(format!(
+                "current_schemas takes a boolean, not {}",
+                other.data_type()
+            ))),
+        }),
     )
 }
 
