@@ -961,14 +961,21 @@ impl QueryPlanner for ClusterPlanner {
             };
             let input = planner.create_physical_plan(&explain.plan, session).await?;
             let distributed = self.distribute(input, &explain.plan, session).await?;
-            if !distributed.is::<DistributedExec>() {
-                return Ok(plan);
-            }
-            let text = format!(
-                "{}nodes: {}",
-                display_plan_ascii(distributed.as_ref(), false),
-                self.workers.describe()
-            );
+            // The plan that runs: its stages, or, where it stays on this
+            // node (one live node, or a plan that cannot travel), the plan
+            // with this node's rules applied (DataFusion's own EXPLAIN
+            // shows it before them).
+            let text = if distributed.is::<DistributedExec>() {
+                format!(
+                    "{}nodes: {}",
+                    display_plan_ascii(distributed.as_ref(), false),
+                    self.workers.describe()
+                )
+            } else {
+                datafusion::physical_plan::displayable(distributed.as_ref())
+                    .indent(exec.verbose())
+                    .to_string()
+            };
             let plans = exec
                 .stringified_plans()
                 .iter()

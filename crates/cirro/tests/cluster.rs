@@ -291,6 +291,15 @@ fn a_single_node_data_location_opens_in_a_cluster_and_back() {
         cluster.sql(1, "SELECT z + sum(x) FROM beside, before GROUP BY z"),
         "14"
     );
+    // With one live node a query runs as on a node alone, and EXPLAIN
+    // shows the plan that runs: with the node's own rules (compiled
+    // expressions), not DataFusion's plan before them.
+    cluster.script(&["kill", "2"]);
+    within(Duration::from_secs(10), "node2 leaves after kill", || {
+        node_ids(&cluster, 1) == ids(&["node1"])
+    });
+    let plan = cluster.sql(1, "EXPLAIN SELECT sum(x * 2) FROM before WHERE x > 1");
+    assert!(plan.contains("jit("), "{plan}");
     cluster.sql(1, "CREATE TABLE after AS SELECT x * 10 AS y FROM before");
     cluster.script(&["down"]);
     let out = common::sql_ok_at(&data, "SELECT sum(y) FROM after");
