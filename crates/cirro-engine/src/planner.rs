@@ -573,7 +573,7 @@ mod tests {
         let analyzer = analyzer_rules().len();
         assert_eq!(
             analyzer,
-            datafusion::optimizer::analyzer::Analyzer::new().rules.len() + 4
+            datafusion::optimizer::analyzer::Analyzer::new().rules.len() + 5
         );
         let physical = coordinator_rules().len();
         assert_eq!(
