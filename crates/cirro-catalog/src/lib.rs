@@ -13,12 +13,14 @@
 //! catalog commit: data for a new table is written first, the catalog makes it
 //! visible; a dropped table's directory is removed after the catalog forgets it.
 
+pub mod commits;
 pub mod coordination;
 pub mod providers;
 pub mod state;
 pub mod users;
 pub mod versions;
 
+pub use commits::{CommitTicket, MultiCommits, Reader};
 pub use coordination::{Coordination, HeldLock, NodeInfo};
 pub use providers::{CirroCatalogList, PAST_VERSION_PREFIX, SessionTables, ViewPlanner};
 pub use state::{Catalog, CatalogState, DEFAULT_DATABASE, DEFAULT_SCHEMA, TableEntry, ViewEntry};

@@ -37,6 +37,10 @@ pub struct SessionTables {
     /// shared catalog's current state): what this session sees until
     /// COMMIT publishes it.
     overlay: Mutex<Option<Arc<CatalogState>>>,
+    /// Where the running statement (in a transaction: the transaction,
+    /// from its BEGIN) stands among the process's commits over several
+    /// tables, which it sees whole or not at all (see `commits.rs`).
+    reader: Mutex<Option<crate::commits::Reader>>,
 }
 
 /// A stored view whose query no longer plans (a table or column it reads is
@@ -115,11 +119,36 @@ impl SessionTables {
         self.versions.lock().ok().and_then(|v| v.get(name).cloned())
     }
 
-    /// Start pinning (BEGIN).
-    pub fn begin(&self) {
+    /// A statement starts: outside a transaction it reads the commits
+    /// finished by now; in one, those finished by its BEGIN.
+    pub fn start_statement(&self, catalog: &Catalog) {
+        if self.active() {
+            return;
+        }
+        self.start_reading(catalog);
+    }
+
+    fn start_reading(&self, catalog: &Catalog) {
+        let reader = catalog.multi_commits().reader();
+        if let Ok(mut current) = self.reader.lock() {
+            *current = Some(reader);
+        }
+    }
+
+    /// The epoch the session reads at (see [`Self::start_statement`]).
+    pub fn epoch(&self) -> Option<u64> {
+        self.reader
+            .lock()
+            .ok()
+            .and_then(|r| r.as_ref().map(|r| r.epoch()))
+    }
+
+    /// Start pinning, and reading the commits finished by now (BEGIN).
+    pub fn begin(&self, catalog: &Catalog) {
         if let Ok(mut pinned) = self.pinned.lock() {
             *pinned = Some(HashMap::new());
         }
+        self.start_reading(catalog);
     }
 
     /// Stop pinning and forget the pinned tables (COMMIT, ROLLBACK).
@@ -337,7 +366,7 @@ impl SchemaProvider for CirroSchemaProvider {
             }
             let table = self
                 .catalog
-                .open_table(&entry.location)
+                .open_table_seen_at(&entry.location, self.session.epoch())
                 .await
                 .map_err(CirroError::into_datafusion)?
                 .with_analyzed(entry.statistics.clone().map(Arc::new));

@@ -161,6 +161,8 @@ pub struct Catalog {
     /// When this cluster member last listed the catalog's versions on the
     /// storage itself (see [`Catalog::refresh`]).
     listed: Mutex<Option<std::time::Instant>>,
+    /// This process's commits over several tables and their readers.
+    multi: crate::commits::MultiCommits,
 }
 
 /// How often a cluster member lists the catalog's versions on the storage
@@ -229,8 +231,10 @@ impl Catalog {
             coordination,
             stale: Default::default(),
             listed: Mutex::new(None),
+            multi: Default::default(),
         });
         catalog.refresh().await?;
+        catalog.recover_transactions().await?;
         if catalog.snapshot().version == 0 {
             // First start on this location: write version 1. Losing the race to
             // another process is fine; its version 1 is the same.
@@ -475,6 +479,191 @@ impl Catalog {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         Arc::clone(locks.entry(location.to_string()).or_default())
+    }
+
+    /// Write `intent` (see `commits.rs`) before its first table's commit.
+    pub async fn write_intent(&self, intent: &crate::commits::Intent) -> Result<()> {
+        use object_store::ObjectStoreExt;
+        let path = self.root.path(&format!(
+            "{}/{}.json",
+            crate::commits::INTENT_DIR,
+            intent.id
+        ));
+        let body = serde_json::to_vec(intent)?;
+        self.root
+            .store()
+            .put(&path, body.into())
+            .await
+            .map_err(|e| CirroError::io(format!("cannot write {path}: {e}")))?;
+        Ok(())
+    }
+
+    /// Remove the intent of transaction `id`: it is all in, or all out.
+    pub async fn remove_intent(&self, id: &str) {
+        use object_store::ObjectStoreExt;
+        let path = self
+            .root
+            .path(&format!("{}/{id}.json", crate::commits::INTENT_DIR));
+        if let Err(e) = self.root.store().delete(&path).await {
+            log::warn!("the intent {path} stays (recovery finds it done): {e}");
+        }
+    }
+
+    /// Finish the commits over several tables that a crash left part-way
+    /// (see `commits.rs`). Run when a process opens the data location.
+    pub async fn recover_transactions(&self) -> Result<()> {
+        use futures::TryStreamExt;
+        use object_store::ObjectStoreExt;
+        let dir = self.root.path(crate::commits::INTENT_DIR);
+        let listed: Vec<object_store::ObjectMeta> =
+            match self.root.store().list(Some(&dir)).try_collect().await {
+                Ok(listed) => listed,
+                Err(object_store::Error::NotFound { .. }) => return Ok(()),
+                Err(e) => return Err(CirroError::io(format!("cannot list {dir}: {e}"))),
+            };
+        for meta in listed {
+            let body = self
+                .root
+                .store()
+                .get(&meta.location)
+                .await
+                .map_err(|e| CirroError::io(format!("cannot read {}: {e}", meta.location)))?
+                .bytes()
+                .await
+                .map_err(|e| CirroError::io(format!("cannot read {}: {e}", meta.location)))?;
+            let intent: crate::commits::Intent = match serde_json::from_slice(&body) {
+                Ok(intent) => intent,
+                Err(e) => {
+                    // Written whole before any commit: a torn one never
+                    // had a commit of its own.
+                    log::warn!("{} is not an intent ({e}): removed", meta.location);
+                    let _ = self.root.store().delete(&meta.location).await;
+                    continue;
+                }
+            };
+            match self.recover_transaction(&intent).await {
+                Ok(()) => {
+                    let _ = self.root.store().delete(&meta.location).await;
+                }
+                // Kept: the next process to open the location tries again.
+                Err(e) => log::error!(
+                    "a transaction over several tables left part-way by a crash \
+                     ({}) is neither finished nor undone: {e}",
+                    meta.location
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    async fn recover_transaction(&self, intent: &crate::commits::Intent) -> Result<()> {
+        let mut locations: Vec<&str> = intent.tables.iter().map(|t| t.location.as_str()).collect();
+        locations.sort();
+        let mut held = Vec::with_capacity(locations.len());
+        for location in locations {
+            held.push(self.lock_table_writes(location).await?);
+        }
+        // A live committer holds these locks from before its intent to
+        // after its removal: an intent gone by now was finished there.
+        {
+            use object_store::ObjectStoreExt;
+            let path = self.root.path(&format!(
+                "{}/{}.json",
+                crate::commits::INTENT_DIR,
+                intent.id
+            ));
+            if let Err(object_store::Error::NotFound { .. }) = self.root.store().head(&path).await {
+                return Ok(());
+            }
+        }
+        let mut tables = Vec::with_capacity(intent.tables.len());
+        for table in &intent.tables {
+            let open = CirroTable::open(&self.root.dir_url(&table.location)?).await?;
+            let done =
+                cirro_storage::write::committed_by(open.delta(), table.after, &intent.id).await?;
+            tables.push((table, open, done));
+        }
+        let mut failure = None;
+        let mut landed = Vec::new();
+        for (table, open, done) in &tables {
+            if *done {
+                landed.push((*table, open));
+                continue;
+            }
+            let committed = cirro_storage::write::with_transaction_id(
+                &intent.id,
+                cirro_storage::write::commit_actions(
+                    open.delta(),
+                    table.actions.clone(),
+                    deltalake::protocol::DeltaOperation::Update { predicate: None },
+                ),
+            )
+            .await;
+            match committed {
+                Ok(_) => landed.push((*table, open)),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        match failure {
+            None => log::warn!(
+                "a transaction over {} tables left part-way by a crash is now committed",
+                intent.tables.len()
+            ),
+            Some(e) => {
+                log::warn!(
+                    "a transaction over {} tables left part-way by a crash could not be \
+                     finished ({e}): undone",
+                    intent.tables.len()
+                );
+                for (table, _) in landed {
+                    let latest = CirroTable::open(&self.root.dir_url(&table.location)?).await?;
+                    cirro_storage::write::with_transaction_id(
+                        &intent.id,
+                        cirro_storage::write::commit_actions(
+                            latest.delta(),
+                            table.inverse.clone(),
+                            deltalake::protocol::DeltaOperation::Update { predicate: None },
+                        ),
+                    )
+                    .await?;
+                }
+            }
+        }
+        drop(held);
+        Ok(())
+    }
+
+    /// Whether this catalog is a cluster member's (shared through the
+    /// coordination service).
+    pub fn in_cluster(&self) -> bool {
+        self.coordination.is_some()
+    }
+
+    /// This process's commits over several tables (see `commits.rs`).
+    pub fn multi_commits(&self) -> &crate::commits::MultiCommits {
+        &self.multi
+    }
+
+    /// The table at `location` as a reader that started at `epoch` (see
+    /// [`crate::commits::MultiCommits::reader`]) sees it: the newest
+    /// version, or the one before a commit over several tables that had not
+    /// finished when the reader started. None: the newest.
+    pub async fn open_table_seen_at(
+        &self,
+        location: &str,
+        epoch: Option<u64>,
+    ) -> Result<CirroTable> {
+        let latest = self.open_table(location).await?;
+        let Some(epoch) = epoch else {
+            return Ok(latest);
+        };
+        match self.multi.visible(location, latest.version(), epoch) {
+            None => Ok(latest),
+            Some(version) => latest.at_version(version).await,
+        }
     }
 
     /// Take the write lock of the table at `location`: writers of a table

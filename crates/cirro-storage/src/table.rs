@@ -189,6 +189,15 @@ impl CirroTable {
         Self::from_delta(table, url.clone())
     }
 
+    /// The same table at an older `version` (its analyzed statistics kept).
+    pub async fn at_version(&self, version: i64) -> Result<Self> {
+        let mut delta = self.table.clone();
+        delta.load_version(version.max(0) as u64).await?;
+        let mut table = Self::from_delta(delta, self.url.clone())?;
+        table.analyzed = self.analyzed.clone();
+        Ok(table)
+    }
+
     pub fn from_delta(table: DeltaTable, url: Url) -> Result<Self> {
         let snapshot = table.snapshot()?;
         let kernel_schema = snapshot.schema();

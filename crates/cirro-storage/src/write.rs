@@ -341,6 +341,104 @@ impl TableWriter {
     }
 }
 
+/// Each table's commit gate, by the table's URL: every commit of this
+/// process passes through its table's gate, and a commit over several
+/// tables holds the gates of all of them from its first table's commit to
+/// its last ([`with_gates_held`]), so that no commit of the process lands
+/// above a version its readers skip (see `cirro_catalog::commits`).
+static GATES: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+tokio::task_local! {
+    /// The gates the running task holds (by table URL).
+    static HELD: std::collections::HashSet<String>;
+    /// The transaction the running task's commits belong to, recorded in
+    /// each commit's `commitInfo` as [`TRANSACTION_KEY`].
+    static TRANSACTION: String;
+}
+
+/// The `commitInfo` key that names the multi-table transaction a commit
+/// belongs to (recovery looks for it, see `cirro_catalog::commits`).
+pub const TRANSACTION_KEY: &str = "cirroTransaction";
+
+/// Run `work` with its commits recorded as transaction `id`'s.
+pub async fn with_transaction_id<F: std::future::Future>(id: &str, work: F) -> F::Output {
+    TRANSACTION.scope(id.to_string(), work).await
+}
+
+/// Whether a commit of `table` above version `after` belongs to
+/// transaction `id` (its `commitInfo` names it, see [`TRANSACTION_KEY`]).
+pub async fn committed_by(table: &DeltaTable, after: i64, id: &str) -> Result<bool> {
+    let log_store = table.log_store();
+    let latest = log_store.get_latest_version(after.max(0) as u64).await? as i64;
+    for version in after + 1..=latest {
+        let Some(entry) = log_store.read_commit_entry(version as u64).await? else {
+            continue;
+        };
+        for line in entry.split(|b| *b == b'\n') {
+            let Ok(action) = serde_json::from_slice::<serde_json::Value>(line) else {
+                continue;
+            };
+            if action
+                .get("commitInfo")
+                .and_then(|info| info.get(TRANSACTION_KEY))
+                .and_then(|v| v.as_str())
+                == Some(id)
+            {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// The commit's app metadata: the transaction it belongs to, if any.
+fn transaction_metadata() -> Option<(String, serde_json::Value)> {
+    TRANSACTION
+        .try_with(|id| {
+            (
+                TRANSACTION_KEY.to_string(),
+                serde_json::Value::String(id.clone()),
+            )
+        })
+        .ok()
+}
+
+fn gate_of(url: &str) -> Arc<tokio::sync::Mutex<()>> {
+    let mut gates = GATES.lock().unwrap_or_else(|e| e.into_inner());
+    Arc::clone(gates.entry(url.to_string()).or_default())
+}
+
+/// Pass `table`'s gate: a guard to hold through the commit, or None where
+/// the task already holds it.
+async fn pass_gate(table: &DeltaTable) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    let url = table.table_url().as_str();
+    if HELD.try_with(|held| held.contains(url)).unwrap_or(false) {
+        return None;
+    }
+    Some(gate_of(url).lock_owned().await)
+}
+
+/// Run `work` holding the commit gates of `tables` (taken in the order of
+/// their URLs, so two such holders never wait on each other): the commits
+/// it makes to them pass, every other commit of the process to them waits.
+pub async fn with_gates_held<F: std::future::Future>(tables: &[&DeltaTable], work: F) -> F::Output {
+    let mut urls: Vec<String> = tables
+        .iter()
+        .map(|t| t.table_url().as_str().to_string())
+        .collect();
+    urls.sort();
+    urls.dedup();
+    let mut guards = Vec::with_capacity(urls.len());
+    for url in &urls {
+        guards.push(gate_of(url).lock_owned().await);
+    }
+    let output = HELD.scope(urls.into_iter().collect(), work).await;
+    drop(guards);
+    output
+}
+
 /// Commit attempts of an append before it gives up (see `commit_actions`).
 const BLIND_APPEND_COMMIT_ATTEMPTS: usize = 1000;
 
@@ -376,7 +474,7 @@ pub async fn commit_actions(
     // checkpoint every `delta.checkpointInterval` versions; without it every
     // reader replays the whole JSON log, and each statement on a table with
     // many small commits gets slower and holds more memory.
-    let version = commit_checked(table, actions, operation, CommitProperties::default()).await?;
+    let version = commit_checked(table, actions, operation, Vec::new()).await?;
     Ok(Committed { version, replaced })
 }
 
@@ -387,9 +485,8 @@ pub async fn commit_logged(
     operation: DeltaOperation,
     metrics: serde_json::Value,
 ) -> Result<i64> {
-    let properties =
-        CommitProperties::default().with_metadata([("operationMetrics".to_string(), metrics)]);
-    commit_checked(table, Vec::new(), operation, properties).await
+    let metadata = vec![("operationMetrics".to_string(), metrics)];
+    commit_checked(table, Vec::new(), operation, metadata).await
 }
 
 /// One commit that delta-rs's conflict checker retries or fails.
@@ -397,8 +494,11 @@ async fn commit_checked(
     table: &DeltaTable,
     actions: Vec<Action>,
     operation: DeltaOperation,
-    properties: CommitProperties,
+    metadata: Vec<(String, serde_json::Value)>,
 ) -> Result<i64> {
+    let _gate = pass_gate(table).await;
+    let properties = CommitProperties::default()
+        .with_metadata(metadata.into_iter().chain(transaction_metadata()));
     let finalized = CommitBuilder::from(properties)
         .with_actions(actions)
         .build(
@@ -436,14 +536,16 @@ async fn commit_append(
     };
     let log_store = table.log_store();
     let mut base = table.clone();
+    let _gate = pass_gate(table).await;
     for _ in 0..BLIND_APPEND_COMMIT_ATTEMPTS {
         let read = base.snapshot()?.version();
         let attempt = CommitBuilder::from(CommitProperties::default())
             .with_actions(actions.clone())
-            .with_app_metadata(std::collections::HashMap::from([(
-                "isBlindAppend".to_string(),
-                serde_json::Value::Bool(true),
-            )]))
+            .with_app_metadata(
+                std::iter::once(("isBlindAppend".to_string(), serde_json::Value::Bool(true)))
+                    .chain(transaction_metadata())
+                    .collect::<std::collections::HashMap<_, _>>(),
+            )
             .with_max_retries(0)
             .build(
                 Some(&CommitBase::of(base.snapshot()?)?),
@@ -612,15 +714,17 @@ pub async fn commit_exclusive(
 ) -> Result<Committed> {
     let snapshot = table.snapshot()?;
     let replaced = replaced_files(table, &actions);
-    let finalized = CommitBuilder::from(CommitProperties::default())
-        .with_actions(actions)
-        .with_max_retries(0)
-        .build(
-            Some(&CommitBase::of(snapshot)?),
-            table.log_store(),
-            operation,
-        )
-        .await?;
+    let _gate = pass_gate(table).await;
+    let finalized =
+        CommitBuilder::from(CommitProperties::default().with_metadata(transaction_metadata()))
+            .with_actions(actions)
+            .with_max_retries(0)
+            .build(
+                Some(&CommitBase::of(snapshot)?),
+                table.log_store(),
+                operation,
+            )
+            .await?;
     Ok(Committed {
         version: finalized.version() as i64,
         replaced,

@@ -360,6 +360,7 @@ impl Engine {
             return Err(txn::aborted());
         }
         self.catalog.refresh().await?;
+        self.session.start_statement(&self.catalog);
         // The session's view: a transaction's DDL makes a version of its own.
         let snapshot = self.snapshot();
         let Parsed {
@@ -554,6 +555,7 @@ impl Engine {
             })
             .collect::<Result<Vec<_>>>()?;
         if at_bind {
+            self.session.start_statement(&self.catalog);
             let (plan, _) = self
                 .plan_prepared(&prepared.statement, &bind_declared)
                 .await?;
@@ -562,6 +564,7 @@ impl Engine {
             return self.execute_plan(plan).await;
         }
         self.catalog.refresh().await?;
+        self.session.start_statement(&self.catalog);
         // The session's view: a transaction's DDL makes a version of its own.
         let snapshot = self.snapshot();
         let reuse = cached

@@ -475,6 +475,7 @@ impl Engine {
             return Err(aborted());
         }
         self.catalog().refresh().await?;
+        self.session.start_statement(self.catalog());
         let (db, schema, name) = self.resolve(table);
         let snapshot = self.snapshot();
         if snapshot.table(&db, &schema, &name).is_none() {

@@ -147,6 +147,33 @@ impl Engine {
     }
 
     /// The one dispatch: a statement to the executor of its kind.
+    /// `TRUNCATE a, b, …`: every table or none, as one transaction (the
+    /// open one, or one of its own). DataFusion plans one table.
+    async fn truncate_tables(
+        &self,
+        truncate: datafusion::sql::sqlparser::ast::Truncate,
+    ) -> Result<Outcome> {
+        let own = !self.in_transaction();
+        if own {
+            self.run_transaction(cirro_sql::TransactionStatement::Begin)
+                .await?;
+        }
+        for target in &truncate.table_names {
+            let mut one = truncate.clone();
+            one.table_names = vec![target.clone()];
+            if let Err(e) = self.run_planned(&Statement::Truncate(Box::new(one))).await {
+                if own {
+                    self.end_transaction(false).await?;
+                }
+                return Err(e);
+            }
+        }
+        if own {
+            self.end_transaction(true).await?;
+        }
+        Ok(Outcome::command("TRUNCATE TABLE"))
+    }
+
     pub(crate) async fn run_statement(
         &self,
         statement: Statement,
@@ -159,8 +186,12 @@ impl Engine {
             return Err(no_parameter(1));
         }
         self.catalog.refresh().await?;
+        self.session.start_statement(&self.catalog);
         match statement {
             Statement::Empty => Ok(Outcome::command("")),
+            Statement::Truncate(truncate) if truncate.table_names.len() > 1 => {
+                self.truncate_tables(*truncate).await
+            }
             Statement::Query(_)
             | Statement::Explain { .. }
             | Statement::Insert(_)

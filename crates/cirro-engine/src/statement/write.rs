@@ -154,8 +154,14 @@ async fn execute_dml(
     };
     let staged = match held.txn.as_mut() {
         Some(txn) => {
-            txn.stage(&location, &name, prepared.change, changes_rows)
-                .await
+            txn.stage(
+                &location,
+                &name,
+                prepared.change,
+                changes_rows,
+                !engine.catalog.in_cluster(),
+            )
+            .await
         }
         None => Err(CirroError::internal(
             "the transaction ended during a statement",
