@@ -15,7 +15,8 @@ pub enum Maintenance {
     History(TableReference),
     /// `OPTIMIZE name`
     Optimize(TableReference),
-    /// `VACUUM name [RETAIN n HOURS]`
+    /// `VACUUM name RETAIN n HOURS` (`VACUUM name` alone is PostgreSQL's
+    /// form, [`Maintenance::VacuumTables`])
     Vacuum(TableReference, Option<u64>),
     /// `ANALYZE [VERBOSE] [name [, …]]` (no names: every table of the
     /// database that the user owns).
@@ -36,7 +37,7 @@ pub enum Maintenance {
 
 /// PostgreSQL's forms of VACUUM (see [`Maintenance::VacuumTables`]), after
 /// the word VACUUM; None where the statement is Cirro's `VACUUM name
-/// [RETAIN n HOURS]` (one table, no options), with `words` left as they were.
+/// RETAIN n HOURS` (one table, no options), with `words` left as they were.
 fn pg_vacuum(words: &mut Words) -> Result<Option<Maintenance>> {
     let start = words.at;
     let mut options = false;
@@ -96,7 +97,10 @@ fn pg_vacuum(words: &mut Words) -> Result<Option<Maintenance>> {
             .list(|w| w.table())
             .map_err(|_| syntax("syntax error: expected VACUUM [ANALYZE] [table [, …]]"))?
     };
-    if !options && tables.len() == 1 {
+    // Only `VACUUM t RETAIN n HOURS` is Cirro's own form (rows back);
+    // `VACUUM t` is PostgreSQL's (its tag, no rows: pgbench runs `vacuum
+    // pgbench_branches` and wants none).
+    if !options && tables.len() == 1 && words.word_at(0, "retain") {
         words.at = start;
         return Ok(None);
     }
@@ -233,6 +237,10 @@ mod tests {
         assert_eq!(
             parse_sql("vacuum analyze pgbench_branches").expect("parse"),
             tables(true, &["pgbench_branches"])
+        );
+        assert_eq!(
+            parse_sql("vacuum pgbench_branches").expect("parse"),
+            tables(false, &["pgbench_branches"])
         );
         assert_eq!(
             parse_sql("VACUUM FULL VERBOSE a, b").expect("parse"),
