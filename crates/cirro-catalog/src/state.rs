@@ -481,14 +481,15 @@ impl Catalog {
         Arc::clone(locks.entry(location.to_string()).or_default())
     }
 
+    fn intent_path(&self, id: &str) -> object_store::path::Path {
+        self.root
+            .path(&format!("{}/{id}.json", crate::commits::INTENT_DIR))
+    }
+
     /// Write `intent` (see `commits.rs`) before its first table's commit.
     pub async fn write_intent(&self, intent: &crate::commits::Intent) -> Result<()> {
         use object_store::ObjectStoreExt;
-        let path = self.root.path(&format!(
-            "{}/{}.json",
-            crate::commits::INTENT_DIR,
-            intent.id
-        ));
+        let path = self.intent_path(&intent.id);
         let body = serde_json::to_vec(intent)?;
         self.root
             .store()
@@ -501,9 +502,7 @@ impl Catalog {
     /// Remove the intent of transaction `id`: it is all in, or all out.
     pub async fn remove_intent(&self, id: &str) {
         use object_store::ObjectStoreExt;
-        let path = self
-            .root
-            .path(&format!("{}/{id}.json", crate::commits::INTENT_DIR));
+        let path = self.intent_path(id);
         if let Err(e) = self.root.store().delete(&path).await {
             log::warn!("the intent {path} stays (recovery finds it done): {e}");
         }
@@ -567,11 +566,7 @@ impl Catalog {
         // after its removal: an intent gone by now was finished there.
         {
             use object_store::ObjectStoreExt;
-            let path = self.root.path(&format!(
-                "{}/{}.json",
-                crate::commits::INTENT_DIR,
-                intent.id
-            ));
+            let path = self.intent_path(&intent.id);
             if let Err(object_store::Error::NotFound { .. }) = self.root.store().head(&path).await {
                 return Ok(());
             }

@@ -3,10 +3,6 @@
 //! and a process killed in the middle of COMMIT leaves no half-created
 //! table.
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-use std::time::Duration;
-
 use crate::common::DataDir;
 use crate::common::server::{PASSWORD, Server, python_ok};
 
@@ -29,30 +25,9 @@ const SCRIPT: &str = "BEGIN; \
 fn a_commit_killed_half_way_leaves_no_half_created_table() {
     let data = DataDir::new();
     data.sql_ok("CREATE TABLE old AS SELECT 1 AS x");
-    let mut child = data
-        .command()
-        .args(["sql", "-c", SCRIPT])
-        .env("CIRRO_CRASH_POINT", "txn.ddl_commit")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cirro");
-    let stderr = child.stderr.take().expect("stderr");
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let reached = (0..600).any(|_| {
-        receiver
-            .recv_timeout(Duration::from_millis(100))
-            .is_ok_and(|line| line.contains("CIRRO_CRASH_POINT txn.ddl_commit reached"))
-    });
-    let _ = child.kill();
-    let _ = child.wait();
+    let mut command = data.command();
+    command.args(["sql", "-c", SCRIPT]);
+    let reached = crate::common::kill_at_crash_point(command, "txn.ddl_commit");
     assert!(reached, "the crash point was not reached");
     // Nothing of the transaction is there; what it dropped still is.
     let listed = data.query_csv(

@@ -94,39 +94,15 @@ fn a_transaction_writes_several_tables_all_or_nothing() {
 /// the data location finishes it, so both tables have its rows.
 #[test]
 fn a_commit_over_two_tables_killed_between_them_is_finished_after() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-    use std::time::Duration;
     let data = setup();
     data.sql_ok("CREATE TABLE other (x INT)");
-    let mut child = data
-        .command()
-        .args([
-            "sql",
-            "-c",
-            "BEGIN; INSERT INTO acct VALUES (4, 1); INSERT INTO other VALUES (1); COMMIT",
-        ])
-        .env("CIRRO_CRASH_POINT", "txn.multi_commit")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cirro");
-    let stderr = child.stderr.take().expect("stderr");
-    let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let reached = (0..600).any(|_| {
-        receiver
-            .recv_timeout(Duration::from_millis(100))
-            .is_ok_and(|line| line.contains("CIRRO_CRASH_POINT txn.multi_commit reached"))
-    });
-    let _ = child.kill();
-    let _ = child.wait();
+    let mut command = data.command();
+    command.args([
+        "sql",
+        "-c",
+        "BEGIN; INSERT INTO acct VALUES (4, 1); INSERT INTO other VALUES (1); COMMIT",
+    ]);
+    let reached = crate::common::kill_at_crash_point(command, "txn.multi_commit");
     assert!(reached, "the crash point was not reached");
     let intents = data.path().join("_cirro_txns");
     assert_eq!(std::fs::read_dir(&intents).expect("the intent").count(), 1);

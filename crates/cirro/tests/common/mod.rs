@@ -391,6 +391,38 @@ pub fn cpu_ticks(pid: u32) -> u64 {
 }
 
 /// Poll `check` every 100 ms, at most `tries` times.
+/// Run `command` with the crash point `point` set (see
+/// `cirro_storage::failpoint`) until it announces that it reached it
+/// (60 s at most), then kill it; whether it reached it.
+pub fn kill_at_crash_point(mut command: Command, point: &str) -> bool {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut child = command
+        .env("CIRRO_CRASH_POINT", point)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cirro");
+    let stderr = child.stderr.take().expect("stderr");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let announced = format!("CIRRO_CRASH_POINT {point} reached");
+    let reached = (0..600).any(|_| {
+        receiver
+            .recv_timeout(std::time::Duration::from_millis(100))
+            .is_ok_and(|line| line.contains(&announced))
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    reached
+}
+
 pub fn eventually(tries: usize, mut check: impl FnMut() -> bool) -> bool {
     for _ in 0..tries {
         if check() {
