@@ -26,7 +26,8 @@
 //! processes and engines reading the Delta logs may see them one by one. On
 //! a cluster, whose other nodes read the logs themselves, a transaction
 //! still writes one table (the first statement that writes a second fails
-//! with 0A000). As in PostgreSQL, after an error the transaction is aborted:
+//! with 0A000), and so does one that changes a table's columns or indexes
+//! beside another table. As in PostgreSQL, after an error the transaction is aborted:
 //! statements fail with 25P02 until ROLLBACK (COMMIT then rolls back).
 //!
 //! DDL in a transaction (CREATE/DROP TABLE, VIEW, SCHEMA, ALTER TABLE …
@@ -302,6 +303,22 @@ pub(crate) enum TxnState {
     Failed(Transaction),
 }
 
+/// Refuse a transaction's write of a second table `name` (it changed
+/// `other`): on a cluster, whose other nodes would see the two tables'
+/// commits one by one, or where it changes a table's columns (ALTER TABLE,
+/// CREATE/DROP INDEX), whose undo would need the old metadata too.
+fn one_table_only(other: &str, name: &str, altered: bool) -> CirroError {
+    let why = if altered {
+        "a transaction that changes a table's columns or indexes changes only that table"
+    } else {
+        "a transaction on a cluster changes only one table (the other nodes would see the \
+         two tables' commits one by one)"
+    };
+    CirroError::unsupported(format!(
+        "{why}: it already changed \"{other}\", so it cannot change \"{name}\""
+    ))
+}
+
 fn no_savepoint(name: &str) -> CirroError {
     CirroError::new(
         SqlState::SAVEPOINT_EXCEPTION,
@@ -329,16 +346,14 @@ impl Transaction {
         }
         let known = self.written.iter().position(|w| w.location == location);
         if known.is_none()
-            && !several
             && let Some(other) = self.written.first()
         {
             let other = other.name.clone();
-            change.discard().await;
-            return Err(CirroError::unsupported(format!(
-                "a transaction on a cluster can change only one table: it already changed \
-                 \"{other}\", so it cannot change \"{name}\" (the other nodes would see the \
-                 two tables' commits one by one)"
-            )));
+            let altered = self.written.iter().any(|w| w.schema.is_some());
+            if !several || altered {
+                change.discard().await;
+                return Err(one_table_only(&other, name, altered));
+            }
         }
         let current = match change.apply() {
             Ok(current) => current,
@@ -381,6 +396,11 @@ impl Transaction {
             change.discard().await;
             return Err(CirroError::internal("a schema change without metadata"));
         };
+        if let Some(other) = self.written.iter().find(|w| w.location != location) {
+            let other = other.name.clone();
+            change.discard().await;
+            return Err(one_table_only(&other, name, true));
+        }
         let view = self.stage(location, name, change, true, several).await?;
         if let Some(written) = self.written.iter_mut().find(|w| w.location == location) {
             written.schema = Some(SchemaChange {
@@ -1268,6 +1288,22 @@ mod tests {
         tag(&engine, "COMMIT").await;
         assert_eq!(number(&engine, sums).await, 4);
         assert_eq!(tag(&engine, "TRUNCATE TABLE a, b").await, "TRUNCATE TABLE");
+        assert_eq!(number(&engine, sums).await, 0);
+        // A transaction that changes a table's columns changes only it.
+        tag(&engine, "BEGIN").await;
+        tag(&engine, "INSERT INTO a VALUES (1)").await;
+        assert_eq!(
+            failure(&engine, "ALTER TABLE b ADD COLUMN y INT").await,
+            SqlState::FEATURE_NOT_SUPPORTED
+        );
+        tag(&engine, "ROLLBACK").await;
+        tag(&engine, "BEGIN").await;
+        tag(&engine, "ALTER TABLE b ADD COLUMN y INT").await;
+        assert_eq!(
+            failure(&engine, "INSERT INTO a VALUES (1)").await,
+            SqlState::FEATURE_NOT_SUPPORTED
+        );
+        tag(&engine, "ROLLBACK").await;
         assert_eq!(number(&engine, sums).await, 0);
         // Nothing is left for recovery.
         let intents = dir.path().join(cirro_catalog::commits::INTENT_DIR);
