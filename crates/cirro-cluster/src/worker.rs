@@ -82,7 +82,11 @@ pub fn spawn_worker(listener: TcpListener, secret: &str, worker: Worker) -> Resu
 }
 
 /// The worker requests in flight: from their arrival until their response's
-/// last byte (a task's rows stream in its response).
+/// last byte (a task's rows stream in its response) and their request's
+/// last byte, whichever is later. A task's plan comes on a request the
+/// coordinator keeps open until its query ends, so a node given a task of
+/// a query counts it until that query ends, even while none of its rows
+/// is being asked for (a drain must not end between two of those asks).
 #[derive(Clone, Debug, Default)]
 pub struct InFlight(Arc<AtomicUsize>);
 
@@ -122,16 +126,20 @@ impl<S> tower::Layer<S> for CountLayer {
     }
 }
 
-/// A service whose responses hold an [`InFlightGuard`] until their body ends.
+/// A service whose requests and responses each hold an [`InFlightGuard`]
+/// until their body ends.
 #[derive(Clone)]
 struct Counted<S> {
     inner: S,
     in_flight: InFlight,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for Counted<S>
+impl<S> tower::Service<http::Request<tonic::body::Body>> for Counted<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+        >,
     S::Future: Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -146,8 +154,14 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let guard = InFlightGuard::new(&self.in_flight);
+        let request = request.map(|body| {
+            tonic::body::Body::new(GuardedBody {
+                body,
+                _guard: InFlightGuard::new(&self.in_flight),
+            })
+        });
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
@@ -161,7 +175,7 @@ where
     }
 }
 
-/// A response body that holds its request's guard until it is dropped.
+/// A request's or response's body that holds a guard until it is dropped.
 struct GuardedBody {
     body: tonic::body::Body,
     _guard: InFlightGuard,

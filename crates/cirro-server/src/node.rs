@@ -219,10 +219,16 @@ impl LoadReport {
     }
 }
 
+/// How long a draining node must have had nothing to do before it leaves.
+const DRAIN_QUIET: Duration = Duration::from_secs(1);
+
 /// Leave the cluster in order: say "draining" (so that no new work is sent
 /// here: coordinators leave draining nodes out of new plans), wait for the
 /// running statements and for the tasks other nodes' queries run here (at
-/// most `timeout`), then delete the node's registration.
+/// most `timeout`), then delete the node's registration. Idle means idle
+/// for [`DRAIN_QUIET`] on end: a coordinator that planned a query with
+/// this node just before it saw "draining" sends its tasks in that time
+/// (they are then waited for; a task counts until its query ends).
 pub(crate) async fn drain(
     cluster: &cirro_cluster::ZkCluster,
     shared: &Shared,
@@ -234,9 +240,15 @@ pub(crate) async fn drain(
         log::warn!("{e}");
     }
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut idle_since = None;
     while tokio::time::Instant::now() < deadline {
         if shared.activity.running() == 0 && worker_tasks.count() == 0 {
-            break;
+            let since = *idle_since.get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() >= DRAIN_QUIET {
+                break;
+            }
+        } else {
+            idle_since = None;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
