@@ -18,15 +18,28 @@
 //! `OR` adds less the overlap, `NOT` complements; anything else keeps
 //! DataFusion's 20 %. Percent, at least 1. A predicate it knows nothing of
 //! is left alone. Off with `SET cirro_join_order.filter_estimates = off`.
+//!
+//! Two more cases, which DataFusion's analysis takes only where the whole
+//! predicate is made of them: a column of numbers or dates compared with a
+//! constant keeps the share of its min/max range on that side (bounds of
+//! one column in an `AND` together: `d >= x AND d < y` keeps the share of
+//! [x, y), not the product of the two shares), and two columns compared
+//! (`l_commitdate < l_receiptdate`) keep a third, PostgreSQL's default for
+//! an inequality it cannot estimate. TPC-H Q12's lineitem filter (two
+//! shipping modes, two such comparisons, a year of receipt dates) kept 20 %
+//! of 6 M rows by DataFusion's guess at SF1, 1.2 M, where 31 K pass; now
+//! 1 %, 60 K, so the 1.5 M orders no longer count as a smaller side.
 
 use std::sync::Arc;
 
 use datafusion::common::Result;
+use datafusion::common::ScalarValue;
 use datafusion::common::Statistics;
 use datafusion::config::ConfigOptions;
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, InListExpr, Literal, NotExpr};
+use datafusion::physical_expr::utils::split_conjunction;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
@@ -61,7 +74,8 @@ fn selectivity(predicate: &Arc<dyn PhysicalExpr>, input: &Statistics) -> Option<
     if let Some(binary) = predicate.downcast_ref::<BinaryExpr>() {
         let (l, r) = (binary.left(), binary.right());
         return match binary.op() {
-            Operator::And | Operator::Or => {
+            Operator::And => conjunction(predicate, input),
+            Operator::Or => {
                 let (a, b) = (selectivity(l, input), selectivity(r, input));
                 if a.is_none() && b.is_none() {
                     return None;
@@ -75,6 +89,14 @@ fn selectivity(predicate: &Arc<dyn PhysicalExpr>, input: &Statistics) -> Option<
             }
             Operator::Eq => compared(l, r).map(|d| 1.0 / d),
             Operator::NotEq => compared(l, r).map(|d| 1.0 - 1.0 / d),
+            Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq => {
+                if l.downcast_ref::<Column>().is_some() && r.downcast_ref::<Column>().is_some() {
+                    Some(INEQUALITY)
+                } else {
+                    let (column, low, high) = bound(predicate)?;
+                    range_share(input, column, low, high)
+                }
+            }
             _ => None,
         };
     }
@@ -89,6 +111,108 @@ fn selectivity(predicate: &Arc<dyn PhysicalExpr>, input: &Statistics) -> Option<
         return selectivity(not.arg(), input).map(|s| 1.0 - s);
     }
     None
+}
+
+/// The share of rows two columns compared keep, where nothing tells more
+/// (PostgreSQL's `DEFAULT_INEQ_SEL`).
+const INEQUALITY: f64 = 1.0 / 3.0;
+
+/// The share of rows an `AND` keeps: the product of its conjuncts' shares
+/// (20 % for one nothing is known of), the bounds on one column taken
+/// together as one range; None where nothing is known of any conjunct.
+fn conjunction(predicate: &Arc<dyn PhysicalExpr>, input: &Statistics) -> Option<f64> {
+    // Per column: the greatest lower bound and the least upper bound.
+    let mut ranges: Vec<(usize, Option<f64>, Option<f64>)> = Vec::new();
+    let mut shares = Vec::new();
+    for conjunct in split_conjunction(predicate) {
+        if let Some((column, low, high)) = bound(conjunct) {
+            match ranges.iter_mut().find(|r| r.0 == column) {
+                Some(range) => {
+                    range.1 = max_bound(range.1, low, f64::max);
+                    range.2 = max_bound(range.2, high, f64::min);
+                }
+                None => ranges.push((column, low, high)),
+            }
+        } else {
+            shares.push(selectivity(conjunct, input));
+        }
+    }
+    for (column, low, high) in ranges {
+        shares.push(range_share(input, column, low, high));
+    }
+    if shares.iter().all(Option::is_none) {
+        return None;
+    }
+    Some(shares.into_iter().map(|s| s.unwrap_or(DEFAULT)).product())
+}
+
+/// `a` and `b` combined by `pick` where both are bounds, else the one given.
+fn max_bound(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(pick(a, b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// A column of numbers or dates compared with a constant: the column's
+/// index and the bound the comparison sets (low, high).
+fn bound(predicate: &Arc<dyn PhysicalExpr>) -> Option<(usize, Option<f64>, Option<f64>)> {
+    let binary = predicate.downcast_ref::<BinaryExpr>()?;
+    let (column, value, op) = match (
+        binary.left().downcast_ref::<Column>(),
+        binary.right().downcast_ref::<Literal>(),
+        binary.left().downcast_ref::<Literal>(),
+        binary.right().downcast_ref::<Column>(),
+    ) {
+        (Some(c), Some(v), _, _) => (c, v, *binary.op()),
+        (_, _, Some(v), Some(c)) => (c, v, binary.op().swap()?),
+        _ => return None,
+    };
+    let value = number(value.value())?;
+    match op {
+        Operator::Lt | Operator::LtEq => Some((column.index(), None, Some(value))),
+        Operator::Gt | Operator::GtEq => Some((column.index(), Some(value), None)),
+        _ => None,
+    }
+}
+
+/// The share of `column`'s min/max range within [low, high] (either open);
+/// None where the input has no numeric min and max for it.
+fn range_share(
+    input: &Statistics,
+    column: usize,
+    low: Option<f64>,
+    high: Option<f64>,
+) -> Option<f64> {
+    let stats = input.column_statistics.get(column)?;
+    let min = number(stats.min_value.get_value()?)?;
+    let max = number(stats.max_value.get_value()?)?;
+    if max <= min {
+        return None;
+    }
+    let low = low.unwrap_or(min).max(min);
+    let high = high.unwrap_or(max).min(max);
+    Some(((high - low) / (max - min)).clamp(0.0, 1.0))
+}
+
+/// A number, date or timestamp as a number on its own scale.
+fn number(value: &ScalarValue) -> Option<f64> {
+    Some(match value {
+        ScalarValue::Int8(Some(v)) => *v as f64,
+        ScalarValue::Int16(Some(v)) => *v as f64,
+        ScalarValue::Int32(Some(v)) => *v as f64,
+        ScalarValue::Int64(Some(v)) => *v as f64,
+        ScalarValue::UInt8(Some(v)) => *v as f64,
+        ScalarValue::UInt16(Some(v)) => *v as f64,
+        ScalarValue::UInt32(Some(v)) => *v as f64,
+        ScalarValue::UInt64(Some(v)) => *v as f64,
+        ScalarValue::Float32(Some(v)) => *v as f64,
+        ScalarValue::Float64(Some(v)) => *v,
+        ScalarValue::Decimal128(Some(v), _, scale) => *v as f64 / 10f64.powi(*scale as i32),
+        ScalarValue::Date32(Some(v)) => *v as f64,
+        ScalarValue::Date64(Some(v)) => *v as f64 / 86_400_000.0,
+        _ => return None,
+    })
 }
 
 /// `filter` with its default selectivity from [`selectivity`], if that
@@ -195,5 +319,45 @@ mod tests {
         assert_eq!(selectivity(&list, &s), Some(3.0 / 25.0));
         let not_in = in_list(col(0), vec![name()], &true, &schema).unwrap();
         assert_eq!(selectivity(&not_in, &s), Some(24.0 / 25.0));
+    }
+
+    #[test]
+    fn selectivities_from_ranges_and_compared_columns() {
+        // Column 0: dates 0..=1000 (days); column 1: unknown.
+        let s = Statistics {
+            num_rows: Precision::Inexact(1000),
+            total_byte_size: Precision::Absent,
+            column_statistics: vec![
+                ColumnStatistics {
+                    min_value: Precision::Inexact(ScalarValue::Date32(Some(0))),
+                    max_value: Precision::Inexact(ScalarValue::Date32(Some(1000))),
+                    ..Default::default()
+                },
+                ColumnStatistics::default(),
+            ],
+        };
+        let day = |d: i32| lit(ScalarValue::Date32(Some(d)));
+        let close = |p: &Arc<dyn PhysicalExpr>, want: f64| {
+            let got = selectivity(p, &s).unwrap();
+            assert!((got - want).abs() < 1e-9, "{p}: {got}, not {want}");
+        };
+        close(&binary(col(0), Operator::Lt, day(250)), 0.25);
+        close(&binary(day(250), Operator::Lt, col(0)), 0.75);
+        close(&binary(col(0), Operator::GtEq, day(2000)), 0.0);
+        // Both bounds of one column: the range between, not the product.
+        let year = binary(
+            binary(col(0), Operator::GtEq, day(200)),
+            Operator::And,
+            binary(col(0), Operator::Lt, day(300)),
+        );
+        close(&year, 0.1);
+        // Two columns compared: a third; with the range, multiplied.
+        let later = binary(col(1), Operator::Gt, col(0));
+        close(&later, 1.0 / 3.0);
+        close(&binary(year.clone(), Operator::And, later), 0.1 / 3.0);
+        // An unknown conjunct counts DataFusion's 20 %.
+        let unknown = binary(col(1), Operator::Lt, day(5));
+        assert_eq!(selectivity(&unknown, &s), None);
+        close(&binary(year, Operator::And, unknown), 0.1 * 0.2);
     }
 }
