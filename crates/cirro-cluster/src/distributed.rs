@@ -717,12 +717,13 @@ struct WorkerSessions {
 
 #[async_trait]
 impl WorkerSessionBuilder for WorkerSessions {
-    async fn build_session_state(&self, ctx: WorkerQueryContext) -> DfResult<SessionState> {
+    async fn build_session_state(&self, mut ctx: WorkerQueryContext) -> DfResult<SessionState> {
+        let runtime = ctx.builder.runtime_env().clone();
         let mut builder = ctx
             .builder
             .with_distributed_user_codec(CirroCodec)
             .with_distributed_channel_resolver(self.channels.clone())
-            .with_distributed_worker_plan_rewrite_handler(self.local.worker_rules());
+            .with_distributed_worker_plan_rewrite_handler(self.local.worker_rules(runtime));
         self.local
             .receive(builder.config().get_or_insert_default(), &ctx.headers)?;
         // The task counts in its query's pool on this node, within the

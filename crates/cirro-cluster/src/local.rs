@@ -146,9 +146,11 @@ impl LocalPlanning {
         (self.receive)(config, headers)
     }
 
-    /// The handler a worker's session rewrites each task with.
-    pub(crate) fn worker_rules(&self) -> WorkerRules {
-        WorkerRules(Arc::clone(&self.rules))
+    /// The handler a worker's session rewrites each task with; `runtime`,
+    /// the worker's, reads the task's files (its object stores decode the
+    /// task's own copy, see [`WorkerRules`]).
+    pub(crate) fn worker_rules(&self, runtime: Option<Arc<RuntimeEnv>>) -> WorkerRules {
+        WorkerRules(Arc::clone(&self.rules), runtime)
     }
 
     /// A plan about to be cut into stages, with the `cut` rules applied in
@@ -222,7 +224,7 @@ impl OptionVisitor for Receive<'_> {
 
 /// A worker's rewrite of each task it receives (see the module docs).
 #[derive(Clone)]
-pub(crate) struct WorkerRules(Arc<LocalRules>);
+pub(crate) struct WorkerRules(Arc<LocalRules>, Option<Arc<RuntimeEnv>>);
 
 impl WorkerPlanRewriteHandler for WorkerRules {
     fn rewrite_worker_plan(
@@ -236,7 +238,11 @@ impl WorkerPlanRewriteHandler for WorkerRules {
             .unwrap_or(true);
         // The task's own dynamic filters, not the plan objects it came as
         // (on the coordinator, those encoded for other nodes' tasks too).
-        let sent = match crate::dynamic_filters::own_copy(Arc::clone(&ev.plan), ev.session_config) {
+        let sent = match crate::dynamic_filters::own_copy(
+            Arc::clone(&ev.plan),
+            ev.session_config,
+            self.1.as_ref(),
+        ) {
             Ok(copy) => copy,
             Err(e) => {
                 log::warn!("a task runs on the plan it was given: it could not be copied: {e}");
@@ -517,7 +523,7 @@ mod tests {
 
     #[test]
     fn a_task_whose_rules_fail_runs_as_sent() {
-        let handler = WorkerRules(Arc::new(rules(vec![Arc::new(Wrap), Arc::new(Fail)])));
+        let handler = WorkerRules(Arc::new(rules(vec![Arc::new(Wrap), Arc::new(Fail)])), None);
         let config = SessionConfig::new();
         let sent = scan();
         let response = handler
