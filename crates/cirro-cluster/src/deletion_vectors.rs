@@ -1,7 +1,7 @@
 //! Deletion vectors across the network: DataFusion's plan protobuf keeps
 //! a Parquet scan's file names and byte ranges but not the row selection
 //! each file carries, so [`DeletionVectorsExec`] sits above such a scan on
-//! the coordinator and [`CirroCodec`] carries the selections to the worker
+//! the coordinator and [`crate::codec::CirroCodec`] carries the selections to the worker
 //! and puts them back onto the decoded scan's files.
 
 use std::collections::HashMap;
@@ -17,13 +17,12 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, Statistics,
 };
-use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 
 /// A Parquet scan's deletion vectors, carried to the workers: DataFusion's
 /// protobuf keeps a scan's file names and byte ranges but not the row
 /// selection each file carries, so this node sits above such a scan, keeps
-/// the selections by file, and [`CirroCodec`] puts them back onto the
+/// the selections by file, and [`crate::codec::CirroCodec`] puts them back onto the
 /// decoded scan's files. It runs as its input does.
 #[derive(Debug)]
 pub struct DeletionVectorsExec {
@@ -183,24 +182,10 @@ fn reattach(
     Ok(DataSourceExec::from_data_source(scan))
 }
 
-/// Cirro's plan nodes on the wire ([`DeletionVectorsExec`]: the selections
-/// as `[[rows, skip], …]` per file, in JSON).
-#[derive(Debug)]
-pub struct CirroCodec;
-
-impl PhysicalExtensionCodec for CirroCodec {
-    fn try_decode(
-        &self,
-        buf: &[u8],
-        inputs: &[Arc<dyn ExecutionPlan>],
-        _ctx: &TaskContext,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let [input] = inputs else {
-            return Err(DataFusionError::Internal(
-                "DeletionVectorsExec takes one input".to_string(),
-            ));
-        };
+impl DeletionVectorsExec {
+    /// `input` (the decoded scan) with the selections of `buf` (what
+    /// [`Self::encode`] wrote: `[[rows, skip], …]` per file, in JSON).
+    pub(crate) fn decode(buf: &[u8], input: &Arc<dyn ExecutionPlan>) -> DfResult<Self> {
         let encoded: HashMap<String, Vec<(usize, bool)>> = serde_json::from_slice(buf)
             .map_err(|e| DataFusionError::Internal(format!("DeletionVectorsExec: {e}")))?;
         let selections: HashMap<String, RowSelection> = encoded
@@ -219,25 +204,15 @@ impl PhysicalExtensionCodec for CirroCodec {
                 (file, RowSelection::from(selectors))
             })
             .collect();
-        Ok(Arc::new(DeletionVectorsExec {
+        Ok(DeletionVectorsExec {
             input: reattach(input, &selections)?,
             selections: Arc::new(selections),
-        }))
+        })
     }
 
-    fn try_encode(
-        &self,
-        node: Arc<dyn ExecutionPlan>,
-        buf: &mut Vec<u8>,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
-    ) -> DfResult<()> {
-        let Some(exec) = node.downcast_ref::<DeletionVectorsExec>() else {
-            return Err(DataFusionError::NotImplemented(format!(
-                "{} cannot be sent to another node",
-                node.name()
-            )));
-        };
-        let encoded: HashMap<&String, Vec<(usize, bool)>> = exec
+    /// The selections, for [`Self::decode`].
+    pub(crate) fn encode(&self, buf: &mut Vec<u8>) -> DfResult<()> {
+        let encoded: HashMap<&String, Vec<(usize, bool)>> = self
             .selections
             .iter()
             .map(|(file, selection)| {

@@ -64,7 +64,8 @@ use datafusion_distributed::{
 use futures::future::BoxFuture;
 use tonic::codegen::http;
 
-pub use crate::deletion_vectors::{CirroCodec, DeletionVectorsExec};
+pub use crate::codec::CirroCodec;
+pub use crate::deletion_vectors::DeletionVectorsExec;
 use url::Url;
 
 use crate::ZkCluster;

@@ -28,6 +28,7 @@ use cirro_common::{CirroError, Result, SqlState};
 use zookeeper_client as zk;
 
 mod analyze;
+mod codec;
 mod deletion_vectors;
 pub mod distributed;
 pub(crate) mod dynamic_filters;

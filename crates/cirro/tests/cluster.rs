@@ -819,9 +819,11 @@ fn a_querys_memory_limit_holds_on_every_node(cluster: &Cluster) {
 
 /// A grouped aggregation across nodes pre-aggregates before the shuffle
 /// when its groups are few (l_linenumber: 7) and shuffles the rows when
-/// they are about as many as the rows (l_orderkey, l_linenumber), EXPLAIN
-/// says which and why, `SET aggregation_exchange` forces either, and every
-/// way gives the same answer; text keys are estimated by sampling.
+/// they are about as many as the rows (l_orderkey, l_linenumber), and over
+/// runs of equal keys where the files hold disjoint ranges of the key;
+/// EXPLAIN says which and why, `SET aggregation_exchange` forces either,
+/// and every way gives the same answer; text keys are estimated by
+/// sampling.
 fn aggregations_choose_what_crosses_the_network(cluster: &Cluster) {
     let few = "SELECT l_linenumber, count(*), sum(l_quantity) FROM lineitem \
                GROUP BY l_linenumber ORDER BY 1";
@@ -870,6 +872,58 @@ fn aggregations_choose_what_crosses_the_network(cluster: &Cluster) {
     }
     let err = cluster.sql_err(1, "SET aggregation_exchange = sometimes");
     assert!(err.contains("22023"), "{err}");
+    // Files of disjoint ranges of the key, each written in key order: the
+    // first phase aggregates runs of equal keys on every node whatever the
+    // estimate (the value range of l_orderkey counts as many groups as
+    // rows), the coordinator's choice sent to the nodes as it is.
+    cluster.sql(
+        1,
+        "CREATE TABLE ordered AS SELECT * FROM lineitem WHERE l_orderkey < 200000 \
+         ORDER BY l_orderkey",
+    );
+    for (low, high) in [(200000, 400000), (400000, i64::MAX)] {
+        cluster.sql(
+            1,
+            &format!(
+                "INSERT INTO ordered SELECT * FROM lineitem WHERE l_orderkey >= {low} \
+                 AND l_orderkey < {high} ORDER BY l_orderkey"
+            ),
+        );
+    }
+    let by_order = "SELECT count(*), sum(s), max(s) FROM (SELECT l_orderkey, \
+                    sum(l_quantity) AS s FROM ordered GROUP BY l_orderkey) AS g";
+    let runs = explain("auto", by_order);
+    assert!(
+        runs.contains("aggregation=pre-aggregated over runs of equal keys (≈"),
+        "{runs}"
+    );
+    let analyzed = cluster.sql(
+        1,
+        &format!("{SMALL_TASKS}; SET aggregation_exchange = auto; EXPLAIN ANALYZE {by_order}"),
+    );
+    assert!(analyzed.contains("RunAggregateExec"), "{analyzed}");
+    let answers: Vec<String> = ["auto", "partial", "rows"]
+        .iter()
+        .map(|set| {
+            cluster.sql(
+                2,
+                &format!("{SMALL_TASKS}; SET aggregation_exchange = {set}; {by_order}"),
+            )
+        })
+        .collect();
+    // The groups' count and total, computed without grouping.
+    let direct = cluster.sql(
+        2,
+        "SELECT count(DISTINCT l_orderkey), sum(l_quantity) FROM ordered",
+    );
+    let (count_sum, _max) = answers[0]
+        .lines()
+        .last()
+        .and_then(|l| l.rsplit_once('|'))
+        .expect("an answer");
+    assert_eq!(count_sum, direct, "{answers:?}");
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0], answers[2]);
     // Text keys: no statistics estimate their groups; a sampling run
     // before execution does, and EXPLAIN ANALYZE shows what it read.
     let few_text = "SELECT l_shipmode, count(*) FROM lineitem GROUP BY l_shipmode ORDER BY 1";

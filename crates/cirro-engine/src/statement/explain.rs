@@ -16,6 +16,9 @@
 //!
 //! - `aggregation=pre-aggregated (≈G groups of R rows)`: each partition of
 //!   every node aggregates first, only its groups are shuffled;
+//! - `aggregation=pre-aggregated over runs of equal keys (≈G groups of R
+//!   rows)`: the same, the first phase aggregating runs of equal keys of
+//!   data written in key order, without hashing;
 //! - `aggregation=rows shuffled (≈G groups of R rows)`: the input rows are
 //!   shuffled to one aggregation per partition;
 //!
@@ -28,6 +31,7 @@
 use std::sync::Arc;
 
 use cirro_exec::distribution::{Distribution, Exchange};
+use cirro_exec::operators::run_aggregate::RunAggregateExec;
 use cirro_exec::operators::spill_join::SpillingHashJoinExec;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 #[allow(deprecated)] // recognised in plans that still hold one
@@ -114,11 +118,20 @@ fn aggregation_exchange(
     }
     let (choice, estimate) = match last.mode() {
         AggregateMode::FinalPartitioned => {
-            let partial = below.downcast_ref::<AggregateExec>()?;
-            let estimate = (*partial.mode() == AggregateMode::Partial)
-                .then(|| cirro_exec::rules::estimated_groups(partial.group_expr(), partial.input()))
-                .flatten();
-            ("pre-aggregated", estimate)
+            if let Some(runs) = below.downcast_ref::<RunAggregateExec>() {
+                let input = Arc::clone(runs.children()[0]);
+                let partial = runs.partial_over(Arc::clone(&input)).ok()?;
+                let estimate = cirro_exec::rules::estimated_groups(partial.group_expr(), &input);
+                ("pre-aggregated over runs of equal keys", estimate)
+            } else {
+                let partial = below.downcast_ref::<AggregateExec>()?;
+                let estimate = (*partial.mode() == AggregateMode::Partial)
+                    .then(|| {
+                        cirro_exec::rules::estimated_groups(partial.group_expr(), partial.input())
+                    })
+                    .flatten();
+                ("pre-aggregated", estimate)
+            }
         }
         AggregateMode::SinglePartitioned => (
             "rows shuffled",

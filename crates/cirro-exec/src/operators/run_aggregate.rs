@@ -96,6 +96,21 @@ impl RunAggregateExec {
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
+
+    /// DataFusion's partial phase of the same aggregation over `input`
+    /// (what [`Self::try_from_partial`] takes): how the operator is sent to
+    /// another node, and what EXPLAIN estimates its groups from.
+    pub fn partial_over(&self, input: Arc<dyn ExecutionPlan>) -> Result<AggregateExec> {
+        let input_schema = input.schema();
+        AggregateExec::try_new(
+            AggregateMode::Partial,
+            Arc::clone(&self.spec.group_by),
+            self.spec.aggr_expr.clone(),
+            self.spec.filter_expr.clone(),
+            input,
+            input_schema,
+        )
+    }
 }
 
 /// The grouping and the aggregates of a partial phase, as DataFusion's
