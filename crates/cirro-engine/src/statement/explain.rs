@@ -119,9 +119,8 @@ fn aggregation_exchange(
     let (choice, estimate) = match last.mode() {
         AggregateMode::FinalPartitioned => {
             if let Some(runs) = below.downcast_ref::<RunAggregateExec>() {
-                let input = Arc::clone(runs.children()[0]);
-                let partial = runs.partial_over(Arc::clone(&input)).ok()?;
-                let estimate = cirro_exec::rules::estimated_groups(partial.group_expr(), &input);
+                let estimate =
+                    cirro_exec::rules::estimated_groups(runs.group_expr(), runs.children()[0]);
                 ("pre-aggregated over runs of equal keys", estimate)
             } else {
                 let partial = below.downcast_ref::<AggregateExec>()?;

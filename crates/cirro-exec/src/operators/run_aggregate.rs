@@ -97,9 +97,14 @@ impl RunAggregateExec {
         })
     }
 
+    /// The grouping keys.
+    pub fn group_expr(&self) -> &PhysicalGroupBy {
+        &self.spec.group_by
+    }
+
     /// DataFusion's partial phase of the same aggregation over `input`
     /// (what [`Self::try_from_partial`] takes): how the operator is sent to
-    /// another node, and what EXPLAIN estimates its groups from.
+    /// another node.
     pub fn partial_over(&self, input: Arc<dyn ExecutionPlan>) -> Result<AggregateExec> {
         let input_schema = input.schema();
         AggregateExec::try_new(

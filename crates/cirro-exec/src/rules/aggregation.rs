@@ -470,8 +470,11 @@ impl PhysicalOptimizerRule for AggregationExchange {
             let Some((shuffle, partial)) = two_phases(last) else {
                 return Ok(None);
             };
-            let many = || estimate_groups(partial).is_some_and(|g| g >= options.min_groups as f64);
-            if !forced && options.runs && many() && clustered(partial) {
+            if !forced
+                && options.runs
+                && estimate_groups(partial).is_some_and(|g| g >= options.min_groups as f64)
+                && clustered(partial)
+            {
                 return over_runs(last, shuffle, partial);
             }
             if !forced && !shuffle_rows(partial) {

@@ -128,8 +128,8 @@ fn conjunction(predicate: &Arc<dyn PhysicalExpr>, input: &Statistics) -> Option<
         if let Some((column, low, high)) = bound(conjunct) {
             match ranges.iter_mut().find(|r| r.0 == column) {
                 Some(range) => {
-                    range.1 = max_bound(range.1, low, f64::max);
-                    range.2 = max_bound(range.2, high, f64::min);
+                    range.1 = tighter(range.1, low, f64::max);
+                    range.2 = tighter(range.2, high, f64::min);
                 }
                 None => ranges.push((column, low, high)),
             }
@@ -147,7 +147,7 @@ fn conjunction(predicate: &Arc<dyn PhysicalExpr>, input: &Statistics) -> Option<
 }
 
 /// `a` and `b` combined by `pick` where both are bounds, else the one given.
-fn max_bound(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) -> Option<f64> {
+fn tighter(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(pick(a, b)),
         (a, b) => a.or(b),
@@ -195,21 +195,16 @@ fn range_share(
     Some(((high - low) / (max - min)).clamp(0.0, 1.0))
 }
 
-/// A number, date or timestamp as a number on its own scale.
+/// A number or date as a number on its own scale (dates in days).
 fn number(value: &ScalarValue) -> Option<f64> {
+    if let Some(integer) = super::integer_value(value) {
+        return Some(integer);
+    }
     Some(match value {
-        ScalarValue::Int8(Some(v)) => *v as f64,
-        ScalarValue::Int16(Some(v)) => *v as f64,
-        ScalarValue::Int32(Some(v)) => *v as f64,
-        ScalarValue::Int64(Some(v)) => *v as f64,
-        ScalarValue::UInt8(Some(v)) => *v as f64,
-        ScalarValue::UInt16(Some(v)) => *v as f64,
-        ScalarValue::UInt32(Some(v)) => *v as f64,
-        ScalarValue::UInt64(Some(v)) => *v as f64,
-        ScalarValue::Float32(Some(v)) => *v as f64,
+        ScalarValue::Float32(Some(v)) => f64::from(*v),
         ScalarValue::Float64(Some(v)) => *v,
-        ScalarValue::Decimal128(Some(v), _, scale) => *v as f64 / 10f64.powi(*scale as i32),
-        ScalarValue::Date32(Some(v)) => *v as f64,
+        ScalarValue::Decimal128(Some(v), _, scale) => *v as f64 / 10f64.powi(i32::from(*scale)),
+        ScalarValue::Date32(Some(v)) => f64::from(*v),
         ScalarValue::Date64(Some(v)) => *v as f64 / 86_400_000.0,
         _ => return None,
     })
