@@ -883,7 +883,12 @@ impl ClusterPlanner {
         // plan runs as on a node alone, without the sampling run, the
         // exchange choices and the stages that only a shuffle pays for.
         let alone = self.workers.get_urls().map_or(true, |urls| urls.len() <= 1);
-        if alone || !distributable(inner) {
+        // Rows a table is written from, each partition in its files' order:
+        // read here, where they are written, they keep that order
+        // (`cirro_exec::operators::concat::planned_in_order`).
+        let in_order = cirro_exec::operators::concat::order_wanted()
+            && cirro_exec::operators::concat::keeps_partition_order(inner);
+        if alone || in_order || !distributable(inner) {
             return self.local.optimize_head(plan, session.config_options());
         }
         let whole = Arc::clone(&plan);

@@ -206,7 +206,7 @@ impl CirroTable {
             .try_into_arrow()
             .map_err(|e| CirroError::internal(format!("bad table schema at {url}: {e}")))?;
         let stored_schema = Arc::new(stored);
-        let files = snapshot
+        let mut files = snapshot
             .log_data()
             .iter()
             .map(|file| {
@@ -224,6 +224,14 @@ impl CirroTable {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // In the order they were written (the log's replay gives no order:
+        // a table filled by three INSERTs listed them 1, 3, 2): scans read
+        // them so, and a table copied from this one in partition order
+        // (`cirro_exec::operators::concat`) keeps its rows' order. A file's
+        // name (`part-<n>-<write id>`) orders the files of one write.
+        files.sort_by(|a, b| {
+            (a.add.modification_time, &a.add.path).cmp(&(b.add.modification_time, &b.add.path))
+        });
         let options = TableOptions::from_configuration(snapshot.metadata().configuration());
         Ok(Self {
             schema: scan_schema(&stored_schema),

@@ -643,7 +643,77 @@ fn every_node_runs_its_tasks_with_cirros_engine() {
         );
     }
     aggregations_choose_what_crosses_the_network(&cluster);
+    a_copy_keeps_the_order_of_the_files_it_reads(&cluster);
     a_querys_memory_limit_holds_on_every_node(&cluster);
+}
+
+/// A table copied through a cluster (CREATE TABLE … AS, INSERT … SELECT)
+/// from files written in key order keeps that order, as on a node alone:
+/// its row groups hold disjoint ranges of the key. Its rows are read on the
+/// node that writes them, not cut into tasks on every node and merged as
+/// they came back.
+fn a_copy_keeps_the_order_of_the_files_it_reads(cluster: &Cluster) {
+    cluster.sql(
+        1,
+        &format!(
+            "{SMALL_TASKS}; CREATE TABLE copied WITH (row_group_rows = 5000) AS \
+             SELECT * FROM ordered"
+        ),
+    );
+    cluster.sql(
+        2,
+        "CREATE TABLE inserted WITH (row_group_rows = 5000) AS SELECT * FROM ordered WHERE false",
+    );
+    cluster.sql(
+        2,
+        &format!("{SMALL_TASKS}; INSERT INTO inserted SELECT * FROM ordered"),
+    );
+    let location = cluster.dir.path().join("data");
+    for table in ["copied", "inserted"] {
+        let ranges = row_group_ranges(&common::table_dir_in(&location, table), "l_orderkey");
+        assert!(ranges.len() >= 20, "{table}: {} row groups", ranges.len());
+        let mut sorted = ranges.clone();
+        sorted.sort();
+        let overlapping = sorted.windows(2).filter(|w| w[0].1 > w[1].0).count();
+        assert_eq!(overlapping, 0, "{table}'s row groups overlap: {ranges:?}");
+    }
+    let count = "SELECT count(*), sum(l_orderkey) FROM";
+    let source = cluster.sql(3, &format!("{count} ordered"));
+    assert_eq!(cluster.sql(3, &format!("{count} copied")), source);
+    assert_eq!(cluster.sql(3, &format!("{count} inserted")), source);
+}
+
+/// The (min, max) of integer column `column` in each row group of the
+/// Parquet files in `dir`.
+fn row_group_ranges(dir: &std::path::Path, column: &str) -> Vec<(i64, i64)> {
+    use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+    use datafusion::parquet::file::statistics::Statistics;
+    let mut ranges = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("table directory") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "parquet") {
+            continue;
+        }
+        let file = std::fs::File::open(&path).expect("data file");
+        let reader = SerializedFileReader::new(file).expect("a Parquet file");
+        for group in reader.metadata().row_groups() {
+            let chunk = group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == column)
+                .expect("the column");
+            let range = match chunk.statistics() {
+                Some(Statistics::Int64(s)) => (*s.min_opt().unwrap(), *s.max_opt().unwrap()),
+                Some(Statistics::Int32(s)) => (
+                    i64::from(*s.min_opt().unwrap()),
+                    i64::from(*s.max_opt().unwrap()),
+                ),
+                other => panic!("no integer statistics for {column}: {other:?}"),
+            };
+            ranges.push(range);
+        }
+    }
+    ranges
 }
 
 /// Node `node`'s counters in `cirro.memory`: requests refused to operators

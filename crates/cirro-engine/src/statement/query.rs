@@ -342,7 +342,8 @@ pub(crate) async fn rows_in_order(
     frame: datafusion::dataframe::DataFrame,
 ) -> datafusion::error::Result<datafusion::physical_plan::SendableRecordBatchStream> {
     let task = Arc::new(frame.task_ctx());
-    let plan = frame.create_physical_plan().await?;
+    let plan =
+        cirro_exec::operators::concat::planned_in_order(frame.create_physical_plan()).await?;
     let plan = cirro_exec::operators::concat::in_partition_order(plan)?;
     datafusion::physical_plan::execute_stream(plan, task)
 }

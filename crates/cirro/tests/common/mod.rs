@@ -364,7 +364,13 @@ impl Drop for Session {
 
 /// The directory of table `name` in the default database and schema.
 pub fn table_dir(data: &DataDir, name: &str) -> PathBuf {
-    let schema_dir = data.path().join("data/cirro/public");
+    table_dir_in(data.path(), name)
+}
+
+/// The directory of table `name` in the default database and schema of
+/// the data location at `location`.
+pub fn table_dir_in(location: &Path, name: &str) -> PathBuf {
+    let schema_dir = location.join("data/cirro/public");
     std::fs::read_dir(&schema_dir)
         .expect("schema dir")
         .filter_map(|e| e.ok().map(|e| e.path()))
