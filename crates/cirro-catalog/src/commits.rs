@@ -38,8 +38,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-/// The registry of one process's multi-table commits and readers.
-#[derive(Debug, Default)]
+/// The registry of one process's commits and readers.
+#[derive(Debug, Default, Clone)]
 pub struct MultiCommits {
     state: Arc<Mutex<Registry>>,
 }
@@ -142,6 +142,10 @@ impl MultiCommits {
     /// Register a commit that gives each table of `versions` (location →
     /// version) that version, before any of them lands.
     pub fn begin(&self, versions: HashMap<String, i64>) -> CommitTicket {
+        let versions = versions
+            .into_iter()
+            .map(|(location, version)| (location.trim_matches('/').to_string(), version))
+            .collect();
         let mut registry = self.state.lock().unwrap_or_else(|e| e.into_inner());
         registry.next_id += 1;
         let id = registry.next_id;
@@ -162,6 +166,36 @@ impl MultiCommits {
         drop(ticket);
     }
 
+    /// A commit of one table, at `location`, is on its way above version
+    /// `after` (its table's commit gate held): until it has landed
+    /// ([`Self::landed`]), readers read the table at `after` at most, and
+    /// those that started before it landed never see it. So a transaction
+    /// reads every table as of its BEGIN, as far as this process's commits
+    /// go.
+    pub fn landing(&self, location: &str, after: i64) -> CommitTicket {
+        self.begin(HashMap::from([(location.to_string(), after + 1)]))
+    }
+
+    /// The commit of `ticket` (see [`Self::landing`]) landed as `version`,
+    /// or (None) did not land.
+    pub fn landed(&self, ticket: CommitTicket, location: &str, version: Option<i64>) {
+        let mut registry = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match version {
+            Some(version) => {
+                if let Some(commit) = registry.commits.iter_mut().find(|c| c.id == ticket.id) {
+                    commit
+                        .versions
+                        .insert(location.trim_matches('/').to_string(), version);
+                }
+                registry.finish(ticket.id);
+            }
+            None => registry.commits.retain(|c| c.id != ticket.id),
+        }
+        drop(registry);
+        // Finished above, or gone: its drop finds nothing left to do.
+        drop(ticket);
+    }
+
     /// The version of the table at `location` a reader that started at
     /// `epoch` reads, where the newest version is `latest`: None for the
     /// newest, else the version before the earliest multi-table commit of
@@ -172,7 +206,7 @@ impl MultiCommits {
             .commits
             .iter()
             .filter(|c| c.finished.is_none_or(|finished| finished > epoch))
-            .filter_map(|c| c.versions.get(location))
+            .filter_map(|c| c.versions.get(location.trim_matches('/')))
             .filter(|version| **version <= latest)
             .map(|version| version - 1)
             .min()
@@ -240,6 +274,30 @@ mod tests {
         let registry = commits.state.lock().expect("lock");
         assert!(registry.commits.is_empty());
         assert!(registry.readers.is_empty());
+    }
+
+    #[test]
+    fn a_single_table_commit_is_hidden_from_readers_that_started_before_it() {
+        let commits = MultiCommits::default();
+        let before = commits.reader();
+        let ticket = commits.landing("a", 4);
+        // On its way: nobody sees above 4, whatever version it gets.
+        let during = commits.reader();
+        assert_eq!(commits.visible("a", 5, during.epoch()), Some(4));
+        assert_eq!(commits.visible("a", 4, during.epoch()), None);
+        commits.landed(ticket, "a", Some(6)); // another process's is 5
+        let after = commits.reader();
+        assert_eq!(commits.visible("a", 6, after.epoch()), None);
+        assert_eq!(commits.visible("a", 6, before.epoch()), Some(5));
+        assert_eq!(commits.visible("a", 6, during.epoch()), Some(5));
+        assert_eq!(commits.visible("b", 3, before.epoch()), None);
+        // One that did not land hides nothing, from anyone.
+        let failed = commits.landing("b", 3);
+        commits.landed(failed, "b", None);
+        assert_eq!(commits.visible("b", 4, before.epoch()), None);
+        drop((before, during, after));
+        let registry = commits.state.lock().expect("lock");
+        assert!(registry.commits.is_empty());
     }
 
     #[test]

@@ -128,6 +128,18 @@ impl SessionTables {
         self.start_reading(catalog);
     }
 
+    /// A statement ended: outside a transaction it stops reading, so that
+    /// an idle session does not hold back the forgetting of the commits
+    /// that finished since (see `commits.rs`).
+    pub fn end_statement(&self) {
+        if self.active() {
+            return;
+        }
+        if let Ok(mut current) = self.reader.lock() {
+            *current = None;
+        }
+    }
+
     fn start_reading(&self, catalog: &Catalog) {
         let reader = catalog.multi_commits().reader();
         if let Ok(mut current) = self.reader.lock() {

@@ -161,8 +161,49 @@ pub struct Catalog {
     /// When this cluster member last listed the catalog's versions on the
     /// storage itself (see [`Catalog::refresh`]).
     listed: Mutex<Option<std::time::Instant>>,
-    /// This process's commits over several tables and their readers.
+    /// This process's commits and their readers.
     multi: crate::commits::MultiCommits,
+    /// Registers this process's commits to the location's tables in `multi`
+    /// while the catalog lives.
+    _watch: Arc<dyn cirro_storage::write::CommitWatch>,
+}
+
+/// This process's commits to the tables of one data location, registered
+/// in its catalog's [`crate::commits::MultiCommits`] as they land.
+#[derive(Debug)]
+struct WatchedLocation {
+    /// The data location's URL (a table's directory URL starts with it).
+    root: String,
+    multi: crate::commits::MultiCommits,
+}
+
+impl cirro_storage::write::CommitWatch for WatchedLocation {
+    fn landing(&self, url: &str, after: i64) -> Option<Box<dyn cirro_storage::write::Landing>> {
+        let location = url.strip_prefix(&self.root)?.trim_matches('/').to_string();
+        let ticket = self.multi.landing(&location, after);
+        Some(Box::new(LandingCommit {
+            ticket,
+            location,
+            multi: self.multi.clone(),
+        }))
+    }
+}
+
+struct LandingCommit {
+    ticket: crate::commits::CommitTicket,
+    location: String,
+    multi: crate::commits::MultiCommits,
+}
+
+impl cirro_storage::write::Landing for LandingCommit {
+    fn landed(self: Box<Self>, version: Option<i64>) {
+        let LandingCommit {
+            ticket,
+            location,
+            multi,
+        } = *self;
+        multi.landed(ticket, &location, version);
+    }
 }
 
 /// How often a cluster member lists the catalog's versions on the storage
@@ -222,6 +263,12 @@ impl Catalog {
         versions: Arc<dyn VersionStore>,
         coordination: Option<Arc<dyn Coordination>>,
     ) -> Result<Arc<Self>> {
+        let multi = crate::commits::MultiCommits::default();
+        let watch: Arc<dyn cirro_storage::write::CommitWatch> = Arc::new(WatchedLocation {
+            root: root.url().as_str().to_string(),
+            multi: multi.clone(),
+        });
+        cirro_storage::write::watch_commits(Arc::downgrade(&watch));
         let catalog = Arc::new(Self {
             root,
             versions,
@@ -231,7 +278,8 @@ impl Catalog {
             coordination,
             stale: Default::default(),
             listed: Mutex::new(None),
-            multi: Default::default(),
+            multi,
+            _watch: watch,
         });
         catalog.refresh().await?;
         catalog.recover_transactions().await?;

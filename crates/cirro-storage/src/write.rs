@@ -350,6 +350,59 @@ static GATES: std::sync::LazyLock<
     std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 > = std::sync::LazyLock::new(Default::default);
 
+/// Told of each commit this process makes to a table, before it lands and
+/// once it has: the catalog's registry of what readers may see
+/// (`cirro_catalog::commits`) keeps a transaction's snapshot, taken at its
+/// BEGIN, from taking in a commit that lands after it.
+pub trait CommitWatch: Send + Sync + fmt::Debug {
+    /// A commit of the table whose directory URL is `url` will land above
+    /// version `after` (the table's gate is held); the guard returned is
+    /// told when it has.
+    fn landing(&self, url: &str, after: i64) -> Option<Box<dyn Landing>>;
+}
+
+/// A commit on its way (see [`CommitWatch`]).
+pub trait Landing: Send {
+    /// The commit landed as `version`, or (None) did not land.
+    fn landed(self: Box<Self>, version: Option<i64>);
+}
+
+/// The watches of this process's commits (one a data location it opened).
+static WATCHES: std::sync::LazyLock<std::sync::Mutex<Vec<std::sync::Weak<dyn CommitWatch>>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Tell `watch` of every commit this process makes from now on, while it
+/// lives.
+pub fn watch_commits(watch: std::sync::Weak<dyn CommitWatch>) {
+    let mut watches = WATCHES.lock().unwrap_or_else(|e| e.into_inner());
+    watches.retain(|w| w.strong_count() > 0);
+    watches.push(watch);
+}
+
+/// The commit of `table` above version `after` is on its way: the watches
+/// that follow it.
+fn landing(table: &DeltaTable, after: i64) -> Vec<Box<dyn Landing>> {
+    let url = table.table_url().as_str();
+    let watches: Vec<Arc<dyn CommitWatch>> = WATCHES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(|w| w.upgrade())
+        .collect();
+    watches
+        .iter()
+        .filter_map(|w| w.landing(url, after))
+        .collect()
+}
+
+/// Tell `landings` how their commit ended.
+fn landed<T>(landings: Vec<Box<dyn Landing>>, outcome: &Result<T>, version: impl Fn(&T) -> i64) {
+    let version = outcome.as_ref().ok().map(version);
+    for landing in landings {
+        landing.landed(version);
+    }
+}
+
 tokio::task_local! {
     /// The gates the running task holds (by table URL).
     static HELD: std::collections::HashSet<String>;
@@ -470,12 +523,257 @@ pub async fn commit_actions(
     {
         return commit_append(table, actions, partition_by, replaced).await;
     }
-    // CommitProperties' defaults include the post-commit hook that writes a
-    // checkpoint every `delta.checkpointInterval` versions; without it every
-    // reader replays the whole JSON log, and each statement on a table with
-    // many small commits gets slower and holds more memory.
-    let version = commit_checked(table, actions, operation, Vec::new()).await?;
-    Ok(Committed { version, replaced })
+    commit_rows(table, actions, operation, replaced).await
+}
+
+/// Commit attempts of a change of rows before it gives up (see
+/// [`commit_rows`]): each lost one means that another writer committed in
+/// between, so this bounds a change among writers that keep winning.
+const ROW_CHANGE_COMMIT_ATTEMPTS: usize = 100;
+
+/// Commit a change of rows (UPDATE, DELETE, MERGE, OPTIMIZE, a
+/// transaction's changes of a table): row-level conflicts.
+///
+/// Such a change removes each file it touches as the snapshot held it and
+/// adds it back with a larger deletion vector (or rewrites or drops it),
+/// and adds files of new rows. A commit that came after its snapshot
+/// conflicts with it only where both changed the same file:
+/// - both only deleted rows of it (a deletion vector each, the old one
+///   kept): the rows they deleted must differ, and then the file gets the
+///   union of both; a row deleted by both (two UPDATEs or DELETEs of one
+///   row) fails the change with 40001;
+/// - otherwise (the file removed, rewritten, its rows brought back): 40001.
+///
+/// Files the change read but did not change, and files others added,
+/// conflict with nothing: a statement sees the snapshot it started with
+/// (snapshot isolation, PostgreSQL's REPEATABLE READ), so two writers of
+/// different rows both commit. A change of the schema or protocol since
+/// the snapshot fails it (40001). Cirro checks this itself, as for appends
+/// ([`commit_append`]): delta-rs's checker, without its DataFusion feature,
+/// counts every file of the snapshot as read, so any two UPDATEs of a
+/// table conflicted.
+async fn commit_rows(
+    table: &DeltaTable,
+    actions: Vec<Action>,
+    operation: DeltaOperation,
+    replaced: Vec<String>,
+) -> Result<Committed> {
+    let log_store = table.log_store();
+    let store = table.object_store();
+    let mut base = table.clone();
+    let read = base.snapshot()?.version();
+    let _gate = pass_gate(table).await;
+    let landings = landing(table, read as i64);
+    // Deletion-vector files written for merges (those that the commit
+    // which lands does not name are removed at the end).
+    let mut merged: Vec<object_store::path::Path> = Vec::new();
+    let outcome = async {
+        let mut current = actions;
+        let mut seen = read;
+        for _ in 0..ROW_CHANGE_COMMIT_ATTEMPTS {
+            for version in seen + 1..=base.snapshot()?.version() {
+                if let Some(entry) = log_store.read_commit_entry(version).await?
+                    && changes_schema(&entry)?
+                {
+                    return Err(conflict(format!(
+                        "version {version} changed the table's schema or protocol"
+                    )));
+                }
+            }
+            seen = base.snapshot()?.version();
+            if let Some((rebased, written)) = rebase(&store, base.snapshot()?, &current).await? {
+                current = rebased;
+                merged.push(written);
+            }
+            // CommitProperties' defaults include the post-commit hook that
+            // writes a checkpoint every `delta.checkpointInterval` versions;
+            // without it every reader replays the whole JSON log, and each
+            // statement on a table with many small commits gets slower and
+            // holds more memory.
+            let attempt = CommitBuilder::from(
+                CommitProperties::default().with_metadata(transaction_metadata()),
+            )
+            .with_actions(current.clone())
+            .with_max_retries(0)
+            .build(
+                Some(&CommitBase::of(base.snapshot()?)?),
+                log_store.clone(),
+                operation.clone(),
+            )
+            .await;
+            match attempt {
+                Ok(finalized) => return Ok((finalized.version() as i64, current)),
+                Err(deltalake::DeltaTableError::Transaction {
+                    source: TransactionError::MaxCommitAttempts(_),
+                }) => {}
+                Err(other) => return Err(other.into()),
+            }
+            let latest = log_store.get_latest_version(seen).await?;
+            base.update_incremental(Some(latest)).await?;
+        }
+        Err(conflict(format!(
+            "the change lost the race for the next version {ROW_CHANGE_COMMIT_ATTEMPTS} times"
+        )))
+    }
+    .await;
+    // A merge of one attempt may stand in the next (which merged other
+    // files): the files the commit names stay, the others are garbage.
+    let named: std::collections::HashSet<object_store::path::Path> = match &outcome {
+        Ok((_, committed)) => committed
+            .iter()
+            .filter_map(|action| match action {
+                Action::Add(add) => add.deletion_vector.as_ref(),
+                _ => None,
+            })
+            .filter_map(|descriptor| crate::dv::file_path(descriptor).ok())
+            .collect(),
+        Err(_) => Default::default(),
+    };
+    for path in merged.into_iter().filter(|p| !named.contains(p)) {
+        if let Err(e) = store.delete(&path).await {
+            log::warn!("an unused deletion vector file {path} was not removed: {e}");
+        }
+    }
+    landed(landings, &outcome, |(v, _)| *v);
+    Ok(Committed {
+        version: outcome?.0,
+        replaced,
+    })
+}
+
+/// 40001 for a change of rows that a later commit conflicts with.
+fn conflict(why: String) -> CirroError {
+    CirroError::new(
+        SqlState::SERIALIZATION_FAILURE,
+        format!(
+            "could not serialize access due to a concurrent update ({why}); nothing was \
+             changed, retry the statement or transaction"
+        ),
+    )
+}
+
+/// `actions` (a change of rows read at an older snapshot) made to apply to
+/// `latest` (see [`commit_rows`]): None where every file they remove is in
+/// `latest` as they read it; else the actions with each such file's
+/// deletion vector merged with the one another writer gave it, and the
+/// deletion-vector file written for the merged ones. 40001 where the two
+/// changes of a file cannot both stand.
+async fn rebase(
+    store: &Arc<dyn object_store::ObjectStore>,
+    latest: &DeltaTableState,
+    actions: &[Action],
+) -> Result<Option<(Vec<Action>, object_store::path::Path)>> {
+    use deltalake::kernel::DeletionVectorDescriptor;
+    let removed: std::collections::HashMap<&str, &Option<DeletionVectorDescriptor>> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Remove(r) => Some((r.path.as_str(), &r.deletion_vector)),
+            _ => None,
+        })
+        .collect();
+    if removed.is_empty() {
+        return Ok(None);
+    }
+    // The files of `latest` that the change removes, as `latest` has them.
+    let mut now: std::collections::HashMap<String, Add> = std::collections::HashMap::new();
+    for file in latest.log_data().iter() {
+        #[allow(deprecated)] // the one way to get the whole action back
+        let add = file.add_action();
+        if removed.contains_key(add.path.as_str()) {
+            now.insert(add.path.clone(), add);
+        }
+    }
+    let readded: std::collections::HashMap<&str, &Add> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Add(add) if removed.contains_key(add.path.as_str()) => {
+                Some((add.path.as_str(), add))
+            }
+            _ => None,
+        })
+        .collect();
+    // Files another writer changed: (path, as read, as now, as this change has it).
+    let mut changed = Vec::new();
+    for (path, read) in &removed {
+        let Some(current) = now.get(*path) else {
+            return Err(conflict(format!(
+                "data file {path} that it changes was removed by another writer"
+            )));
+        };
+        if current.deletion_vector == **read {
+            continue;
+        }
+        match (readded.get(path), &current.deletion_vector) {
+            (Some(ours), Some(theirs)) if ours.deletion_vector.is_some() => {
+                changed.push((*path, (*read).clone(), theirs.clone(), (*ours).clone()))
+            }
+            _ => {
+                return Err(conflict(format!(
+                    "data file {path} that it changes was rewritten by another writer"
+                )));
+            }
+        }
+    }
+    if changed.is_empty() {
+        return Ok(None);
+    }
+    let mut descriptors: Vec<&DeletionVectorDescriptor> = Vec::new();
+    for (_, read, theirs, ours) in &changed {
+        descriptors.extend(read.iter());
+        descriptors.push(theirs);
+        descriptors.extend(ours.deletion_vector.iter());
+    }
+    let mut bitmaps = crate::dv::read_all(store, &descriptors).await?.into_iter();
+    let mut unions = Vec::with_capacity(changed.len());
+    for (path, read, _, _) in &changed {
+        let read = match read {
+            Some(_) => bitmaps.next(),
+            None => None,
+        }
+        .unwrap_or_default();
+        let (Some(theirs), Some(ours)) = (bitmaps.next(), bitmaps.next()) else {
+            return Err(CirroError::internal("deletion vectors not read"));
+        };
+        // Rows brought back by either (an undo) cannot be merged.
+        if !read.is_subset(&theirs) || !read.is_subset(&ours) {
+            return Err(conflict(format!(
+                "data file {path} had deleted rows restored by another writer"
+            )));
+        }
+        let mine = &ours - &read;
+        if !mine.is_disjoint(&theirs) {
+            return Err(conflict(format!(
+                "a row of data file {path} that it changes was changed by another writer"
+            )));
+        }
+        unions.push(theirs | mine);
+    }
+    let written = crate::dv::write_file(store, &unions.iter().collect::<Vec<_>>()).await?;
+    let merged: std::collections::HashMap<
+        &str,
+        (&DeletionVectorDescriptor, DeletionVectorDescriptor),
+    > = changed
+        .iter()
+        .zip(&written.descriptors)
+        .map(|((path, _, theirs, _), union)| (*path, (theirs, union.clone())))
+        .collect();
+    let rebased = actions
+        .iter()
+        .map(|action| match action {
+            Action::Remove(r) if merged.contains_key(r.path.as_str()) => {
+                let mut r = r.clone();
+                r.deletion_vector = Some(merged[r.path.as_str()].0.clone());
+                Action::Remove(r)
+            }
+            Action::Add(a) if merged.contains_key(a.path.as_str()) => {
+                let mut a = a.clone();
+                a.deletion_vector = Some(merged[a.path.as_str()].1.clone());
+                Action::Add(a)
+            }
+            other => other.clone(),
+        })
+        .collect();
+    Ok(Some((rebased, written.path)))
 }
 
 /// Commit a log entry without data actions (VACUUM START and END), with
@@ -497,17 +795,23 @@ async fn commit_checked(
     metadata: Vec<(String, serde_json::Value)>,
 ) -> Result<i64> {
     let _gate = pass_gate(table).await;
+    let landings = landing(table, table.snapshot()?.version() as i64);
     let properties = CommitProperties::default()
         .with_metadata(metadata.into_iter().chain(transaction_metadata()));
-    let finalized = CommitBuilder::from(properties)
-        .with_actions(actions)
-        .build(
-            Some(&CommitBase::of(table.snapshot()?)?),
-            table.log_store(),
-            operation,
-        )
-        .await?;
-    Ok(finalized.version() as i64)
+    let outcome = async {
+        let finalized = CommitBuilder::from(properties)
+            .with_actions(actions)
+            .build(
+                Some(&CommitBase::of(table.snapshot()?)?),
+                table.log_store(),
+                operation,
+            )
+            .await?;
+        Ok(finalized.version() as i64)
+    }
+    .await;
+    landed(landings, &outcome, |v| *v);
+    outcome
 }
 
 /// Commit an append (INSERT, COPY, CREATE TABLE … AS). It reads no existing
@@ -537,59 +841,53 @@ async fn commit_append(
     let log_store = table.log_store();
     let mut base = table.clone();
     let _gate = pass_gate(table).await;
-    for _ in 0..BLIND_APPEND_COMMIT_ATTEMPTS {
-        let read = base.snapshot()?.version();
-        let attempt = CommitBuilder::from(CommitProperties::default())
-            .with_actions(actions.clone())
-            .with_app_metadata(
-                std::iter::once(("isBlindAppend".to_string(), serde_json::Value::Bool(true)))
-                    .chain(transaction_metadata())
-                    .collect::<std::collections::HashMap<_, _>>(),
-            )
-            .with_max_retries(0)
-            .build(
-                Some(&CommitBase::of(base.snapshot()?)?),
-                log_store.clone(),
-                operation.clone(),
-            )
-            .await;
-        match attempt {
-            Ok(finalized) => {
-                return Ok(Committed {
-                    version: finalized.version() as i64,
-                    replaced,
-                });
+    let landings = landing(table, base.snapshot()?.version() as i64);
+    let outcome = async {
+        for _ in 0..BLIND_APPEND_COMMIT_ATTEMPTS {
+            let read = base.snapshot()?.version();
+            let attempt = CommitBuilder::from(CommitProperties::default())
+                .with_actions(actions.clone())
+                .with_app_metadata(
+                    std::iter::once(("isBlindAppend".to_string(), serde_json::Value::Bool(true)))
+                        .chain(transaction_metadata())
+                        .collect::<std::collections::HashMap<_, _>>(),
+                )
+                .with_max_retries(0)
+                .build(
+                    Some(&CommitBase::of(base.snapshot()?)?),
+                    log_store.clone(),
+                    operation.clone(),
+                )
+                .await;
+            match attempt {
+                Ok(finalized) => return Ok(finalized.version() as i64),
+                Err(deltalake::DeltaTableError::Transaction {
+                    source: TransactionError::MaxCommitAttempts(_),
+                }) => {}
+                Err(other) => return Err(other.into()),
             }
-            Err(deltalake::DeltaTableError::Transaction {
-                source: TransactionError::MaxCommitAttempts(_),
-            }) => {}
-            Err(other) => return Err(other.into()),
-        }
-        let latest = log_store.get_latest_version(read).await?;
-        for version in read + 1..=latest {
-            if let Some(entry) = log_store.read_commit_entry(version).await?
-                && changes_schema(&entry)?
-            {
-                return Err(CirroError::new(
-                    SqlState::SERIALIZATION_FAILURE,
-                    format!(
-                        "could not serialize access due to a concurrent update (version \
-                         {version} changed the table's schema or protocol); nothing was \
-                         changed, retry the statement or transaction"
-                    ),
-                ));
+            let latest = log_store.get_latest_version(read).await?;
+            for version in read + 1..=latest {
+                if let Some(entry) = log_store.read_commit_entry(version).await?
+                    && changes_schema(&entry)?
+                {
+                    return Err(conflict(format!(
+                        "version {version} changed the table's schema or protocol"
+                    )));
+                }
             }
+            base.update_incremental(Some(latest)).await?;
         }
-        base.update_incremental(Some(latest)).await?;
+        Err(conflict(format!(
+            "the append lost the race for the next version {BLIND_APPEND_COMMIT_ATTEMPTS} times"
+        )))
     }
-    Err(CirroError::new(
-        SqlState::SERIALIZATION_FAILURE,
-        format!(
-            "could not serialize access due to concurrent updates: the append lost the \
-             race for the next version {BLIND_APPEND_COMMIT_ATTEMPTS} times; nothing was \
-             changed, retry the statement or transaction"
-        ),
-    ))
+    .await;
+    landed(landings, &outcome, |v| *v);
+    Ok(Committed {
+        version: outcome?,
+        replaced,
+    })
 }
 
 /// Whether a commit's log entry (one JSON action per line) changes the
@@ -715,18 +1013,24 @@ pub async fn commit_exclusive(
     let snapshot = table.snapshot()?;
     let replaced = replaced_files(table, &actions);
     let _gate = pass_gate(table).await;
-    let finalized =
-        CommitBuilder::from(CommitProperties::default().with_metadata(transaction_metadata()))
-            .with_actions(actions)
-            .with_max_retries(0)
-            .build(
-                Some(&CommitBase::of(snapshot)?),
-                table.log_store(),
-                operation,
-            )
-            .await?;
+    let landings = landing(table, snapshot.version() as i64);
+    let outcome = async {
+        let finalized =
+            CommitBuilder::from(CommitProperties::default().with_metadata(transaction_metadata()))
+                .with_actions(actions)
+                .with_max_retries(0)
+                .build(
+                    Some(&CommitBase::of(snapshot)?),
+                    table.log_store(),
+                    operation,
+                )
+                .await?;
+        Ok(finalized.version() as i64)
+    }
+    .await;
+    landed(landings, &outcome, |v| *v);
     Ok(Committed {
-        version: finalized.version() as i64,
+        version: outcome?,
         replaced,
     })
 }

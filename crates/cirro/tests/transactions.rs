@@ -52,17 +52,55 @@ fn conflicting_commit_is_refused_with_40001_and_changes_nothing() {
     );
 }
 
+/// Two writers of different rows of one file both commit (the file gets
+/// both deletion vectors' rows), in either order and whether each is a
+/// transaction or a statement; a third that changes a row one of them
+/// changed gets 40001 and changes nothing.
 #[test]
-fn concurrent_autocommit_updates_of_one_file_conflict_not_lose() {
+fn writers_of_different_rows_of_one_file_both_commit() {
     let data = setup();
     let mut a = Session::open(&data);
     let mut b = Session::open(&data);
     a.ok("BEGIN");
     a.ok("DELETE FROM acct WHERE id = 3");
     b.ok("DELETE FROM acct WHERE id = 2");
-    let err = a.run("COMMIT").expect_err("conflict");
+    a.ok("COMMIT");
+    assert_eq!(
+        data.query_csv("SELECT id, bal FROM acct"),
+        "id|bal\n1|100\n"
+    );
+    let data = setup();
+    let mut a = Session::open(&data);
+    let mut b = Session::open(&data);
+    let mut c = Session::open(&data);
+    a.ok("BEGIN");
+    a.ok("UPDATE acct SET bal = bal + 1 WHERE id = 1");
+    b.ok("BEGIN");
+    b.ok("UPDATE acct SET bal = bal + 20 WHERE id = 2");
+    c.ok("BEGIN");
+    c.ok("UPDATE acct SET bal = bal + 300 WHERE id IN (1, 3)");
+    b.ok("COMMIT");
+    a.ok("COMMIT");
+    let err = c.run("COMMIT").expect_err("row 1 was changed by a");
     assert!(err.contains("SQLSTATE 40001"), "{err}");
-    assert_eq!(scalar(&data, "SELECT count(*) FROM acct"), "2");
+    assert_eq!(
+        data.query_csv("SELECT id, bal FROM acct ORDER BY id"),
+        "id|bal\n1|101\n2|120\n3|100\n"
+    );
+    // A file rewritten by a winner (a DELETE of most of its rows copies the
+    // survivors) cannot take the other's deletion vector: 40001.
+    let data = setup();
+    let mut a = Session::open(&data);
+    let mut b = Session::open(&data);
+    a.ok("BEGIN");
+    a.ok("UPDATE acct SET bal = 0 WHERE id = 1");
+    b.ok("DELETE FROM acct WHERE id IN (2, 3)");
+    let err = a.run("COMMIT").expect_err("the file was rewritten");
+    assert!(err.contains("SQLSTATE 40001"), "{err}");
+    assert_eq!(
+        data.query_csv("SELECT id, bal FROM acct"),
+        "id|bal\n1|100\n"
+    );
 }
 
 #[test]
@@ -136,4 +174,95 @@ fn appends_do_not_conflict_with_concurrent_changes() {
         data.query_csv("SELECT id, bal FROM acct ORDER BY id"),
         "id|bal\n2|0\n3|100\n10|1\n11|1\n"
     );
+}
+
+/// Sessions of one server: a transaction reads every table as of its
+/// start, including a table it first reads after another session committed
+/// to it (PostgreSQL's REPEATABLE READ); a statement outside one sees the
+/// newest commits.
+#[test]
+fn a_transaction_reads_every_table_as_of_its_start() {
+    use crate::common::server::{PASSWORD, Server};
+    let server = Server::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let connect = || async {
+            let (client, connection) = tokio_postgres::connect(
+                &format!("{} password={PASSWORD}", server.conninfo("cirro")),
+                tokio_postgres::NoTls,
+            )
+            .await
+            .expect("connect");
+            tokio::spawn(connection);
+            client
+        };
+        let (a, b) = (connect().await, connect().await);
+        let first = |rows: Vec<tokio_postgres::SimpleQueryMessage>| -> String {
+            rows.iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => {
+                        Some(row.get(0).unwrap_or("NULL").to_string())
+                    }
+                    _ => None,
+                })
+                .expect("a row")
+        };
+        for sql in [
+            "CREATE TABLE acct (id INT NOT NULL, bal BIGINT)",
+            "INSERT INTO acct VALUES (1, 100), (2, 100), (3, 100)",
+            "CREATE TABLE other (n INT)",
+            "INSERT INTO other VALUES (1)",
+        ] {
+            b.simple_query(sql).await.expect(sql);
+        }
+        a.simple_query("BEGIN").await.expect("begin");
+        let sum = first(
+            a.simple_query("SELECT sum(bal) FROM acct")
+                .await
+                .expect("sum"),
+        );
+        assert_eq!(sum, "300");
+        b.simple_query("INSERT INTO other VALUES (2)")
+            .await
+            .expect("insert");
+        b.simple_query("UPDATE acct SET bal = 0 WHERE id = 1")
+            .await
+            .expect("update");
+        // First read of `other` in the transaction: as of its start.
+        let count = first(
+            a.simple_query("SELECT count(*) FROM other")
+                .await
+                .expect("count"),
+        );
+        assert_eq!(count, "1", "a table first read after another commit");
+        let sum = first(
+            a.simple_query("SELECT sum(bal) FROM acct")
+                .await
+                .expect("sum"),
+        );
+        assert_eq!(sum, "300");
+        // Outside a transaction, the newest.
+        let count = first(
+            b.simple_query("SELECT count(*) FROM other")
+                .await
+                .expect("count"),
+        );
+        assert_eq!(count, "2");
+        a.simple_query("COMMIT").await.expect("commit");
+        let count = first(
+            a.simple_query("SELECT count(*) FROM other")
+                .await
+                .expect("count"),
+        );
+        assert_eq!(count, "2");
+        let sum = first(
+            a.simple_query("SELECT sum(bal) FROM acct")
+                .await
+                .expect("sum"),
+        );
+        assert_eq!(sum, "200");
+    });
 }

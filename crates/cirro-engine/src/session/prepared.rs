@@ -344,6 +344,7 @@ impl Engine {
     ) -> futures::future::BoxFuture<'_, Result<Prepared>> {
         Box::pin(async move {
             let result = self.prepare_inner(parsed, declared).await;
+            self.session.end_statement();
             if result.is_err() {
                 self.fail_transaction();
             }
@@ -485,6 +486,7 @@ impl Engine {
                     self.execute_prepared_inner(prepared, values),
                 )
                 .await;
+            self.session.end_statement();
             if result.is_err() {
                 self.fail_transaction();
             }

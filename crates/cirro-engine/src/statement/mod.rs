@@ -139,6 +139,7 @@ impl Engine {
                     self.run_statement(parsed.statement, parsed.placeholders),
                 )
                 .await;
+            self.session.end_statement();
             if result.is_err() {
                 self.fail_transaction();
             }
