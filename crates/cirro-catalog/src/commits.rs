@@ -1,5 +1,13 @@
 //! Which table versions a reader of this process may see while commits
-//! that span several tables land one table at a time.
+//! that span several tables land one table at a time, and which commits
+//! a transaction, reading every table as of its BEGIN, does not see.
+//!
+//! Every commit of the process to a table registers too
+//! ([`MultiCommits::landing`], through `cirro_storage::write::CommitWatch`)
+//! from before it lands until it has ([`MultiCommits::landed`]): a reader
+//! that started before it finished reads the table below it, so a
+//! transaction that first reads a table after another session committed to
+//! it reads the table as it was at its BEGIN.
 //!
 //! Delta commits are per table, so a transaction that wrote two tables
 //! commits them one after the other. [`MultiCommits`] keeps those commits

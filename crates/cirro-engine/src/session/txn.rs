@@ -2,9 +2,12 @@
 //!
 //! Outside a transaction every statement is its own Delta commit. Inside one:
 //!
-//! - every table is read at the version the transaction first saw it
-//!   (snapshot isolation; see `cirro_catalog::SessionTables`), with the
-//!   transaction's own changes applied, so later statements see earlier ones;
+//! - every table is read as of the transaction's BEGIN (the commits of
+//!   this process that finished after it are not seen, see
+//!   `cirro_catalog::commits`), and then at that version for the rest of the
+//!   transaction (snapshot isolation; see `cirro_catalog::SessionTables`),
+//!   with the transaction's own changes applied, so later statements see
+//!   earlier ones;
 //! - INSERT, DELETE, UPDATE, MERGE and TRUNCATE write their data and deletion
 //!   vector files at once but commit nothing: the transaction's view of the
 //!   table takes their actions instead;
