@@ -220,7 +220,11 @@ impl LoadReport {
 }
 
 /// How long a draining node must have had nothing to do before it leaves.
-const DRAIN_QUIET: Duration = Duration::from_secs(1);
+/// A coordinator routes a query's tasks with its view of the members, which
+/// a ZooKeeper watch and a re-read keep current; on a loaded machine that
+/// view lagged "draining" by more than a second once (the tasks came after
+/// the node had gone, and the query ran again), so three.
+const DRAIN_QUIET: Duration = Duration::from_secs(3);
 
 /// Leave the cluster in order: say "draining" (so that no new work is sent
 /// here: coordinators leave draining nodes out of new plans), wait for the

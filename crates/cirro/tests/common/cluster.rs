@@ -193,5 +193,15 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = run_script(self.dir.path(), &["down"], &[]);
+        // A failed test shows what its nodes logged (the directory goes).
+        if std::thread::panicking() {
+            for i in 1..=self.pg.len() {
+                let log = self.dir.path().join(format!("node{i}/log"));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(40)..];
+                eprintln!("--- node{i}/log (last {} lines)\n{}", tail.len(), tail.join("\n"));
+            }
+        }
     }
 }
