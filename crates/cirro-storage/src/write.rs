@@ -571,15 +571,7 @@ async fn commit_rows(
         let mut current = actions;
         let mut seen = read;
         for _ in 0..ROW_CHANGE_COMMIT_ATTEMPTS {
-            for version in seen + 1..=base.snapshot()?.version() {
-                if let Some(entry) = log_store.read_commit_entry(version).await?
-                    && changes_schema(&entry)?
-                {
-                    return Err(conflict(format!(
-                        "version {version} changed the table's schema or protocol"
-                    )));
-                }
-            }
+            refuse_schema_changes(&log_store, seen, base.snapshot()?.version()).await?;
             seen = base.snapshot()?.version();
             if let Some((rebased, written)) = rebase(&store, base.snapshot()?, &current).await? {
                 current = rebased;
@@ -590,23 +582,11 @@ async fn commit_rows(
             // without it every reader replays the whole JSON log, and each
             // statement on a table with many small commits gets slower and
             // holds more memory.
-            let attempt = CommitBuilder::from(
+            let builder = CommitBuilder::from(
                 CommitProperties::default().with_metadata(transaction_metadata()),
-            )
-            .with_actions(current.clone())
-            .with_max_retries(0)
-            .build(
-                Some(&CommitBase::of(base.snapshot()?)?),
-                log_store.clone(),
-                operation.clone(),
-            )
-            .await;
-            match attempt {
-                Ok(finalized) => return Ok((finalized.version() as i64, current)),
-                Err(deltalake::DeltaTableError::Transaction {
-                    source: TransactionError::MaxCommitAttempts(_),
-                }) => {}
-                Err(other) => return Err(other.into()),
+            );
+            if let Some(version) = try_commit(builder, current.clone(), &base, &operation).await? {
+                return Ok((version, current));
             }
             let latest = log_store.get_latest_version(seen).await?;
             base.update_incremental(Some(latest)).await?;
@@ -845,37 +825,16 @@ async fn commit_append(
     let outcome = async {
         for _ in 0..BLIND_APPEND_COMMIT_ATTEMPTS {
             let read = base.snapshot()?.version();
-            let attempt = CommitBuilder::from(CommitProperties::default())
-                .with_actions(actions.clone())
-                .with_app_metadata(
-                    std::iter::once(("isBlindAppend".to_string(), serde_json::Value::Bool(true)))
-                        .chain(transaction_metadata())
-                        .collect::<std::collections::HashMap<_, _>>(),
-                )
-                .with_max_retries(0)
-                .build(
-                    Some(&CommitBase::of(base.snapshot()?)?),
-                    log_store.clone(),
-                    operation.clone(),
-                )
-                .await;
-            match attempt {
-                Ok(finalized) => return Ok(finalized.version() as i64),
-                Err(deltalake::DeltaTableError::Transaction {
-                    source: TransactionError::MaxCommitAttempts(_),
-                }) => {}
-                Err(other) => return Err(other.into()),
+            let builder = CommitBuilder::from(CommitProperties::default()).with_app_metadata(
+                std::iter::once(("isBlindAppend".to_string(), serde_json::Value::Bool(true)))
+                    .chain(transaction_metadata())
+                    .collect::<std::collections::HashMap<_, _>>(),
+            );
+            if let Some(version) = try_commit(builder, actions.clone(), &base, &operation).await? {
+                return Ok(version);
             }
             let latest = log_store.get_latest_version(read).await?;
-            for version in read + 1..=latest {
-                if let Some(entry) = log_store.read_commit_entry(version).await?
-                    && changes_schema(&entry)?
-                {
-                    return Err(conflict(format!(
-                        "version {version} changed the table's schema or protocol"
-                    )));
-                }
-            }
+            refuse_schema_changes(&log_store, read, latest).await?;
             base.update_incremental(Some(latest)).await?;
         }
         Err(conflict(format!(
@@ -888,6 +847,52 @@ async fn commit_append(
         version: outcome?,
         replaced,
     })
+}
+
+/// One attempt to commit `actions` at `base`'s snapshot, which may not
+/// retry: the version it made, or None where another commit took that
+/// version first.
+async fn try_commit(
+    builder: CommitBuilder,
+    actions: Vec<Action>,
+    base: &DeltaTable,
+    operation: &DeltaOperation,
+) -> Result<Option<i64>> {
+    let attempt = builder
+        .with_actions(actions)
+        .with_max_retries(0)
+        .build(
+            Some(&CommitBase::of(base.snapshot()?)?),
+            base.log_store(),
+            operation.clone(),
+        )
+        .await;
+    match attempt {
+        Ok(finalized) => Ok(Some(finalized.version() as i64)),
+        Err(deltalake::DeltaTableError::Transaction {
+            source: TransactionError::MaxCommitAttempts(_),
+        }) => Ok(None),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// 40001 if a version after `read`, up to `latest`, changed the table's
+/// schema or protocol (a change read at `read` was written for the old one).
+async fn refuse_schema_changes(
+    log_store: &deltalake::logstore::LogStoreRef,
+    read: u64,
+    latest: u64,
+) -> Result<()> {
+    for version in read + 1..=latest {
+        if let Some(entry) = log_store.read_commit_entry(version).await?
+            && changes_schema(&entry)?
+        {
+            return Err(conflict(format!(
+                "version {version} changed the table's schema or protocol"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Whether a commit's log entry (one JSON action per line) changes the

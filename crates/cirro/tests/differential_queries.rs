@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::duckdb::DuckDb;
-use crate::common::server::{PASSWORD, Server};
+use crate::common::server::Server;
 use crate::common::sqlgen::{Draw, Ty};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -746,14 +746,7 @@ impl Tally {
 }
 
 async fn connect(server: &Server) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(
-        &format!("{} password={PASSWORD}", server.conninfo("cirro")),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .expect("connect");
-    tokio::spawn(connection);
-    client
+    server.client().await
 }
 
 /// `sql` run on both engines, which must both succeed.

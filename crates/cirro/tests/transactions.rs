@@ -182,24 +182,14 @@ fn appends_do_not_conflict_with_concurrent_changes() {
 /// newest commits.
 #[test]
 fn a_transaction_reads_every_table_as_of_its_start() {
-    use crate::common::server::{PASSWORD, Server};
+    use crate::common::server::Server;
     let server = Server::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let connect = || async {
-            let (client, connection) = tokio_postgres::connect(
-                &format!("{} password={PASSWORD}", server.conninfo("cirro")),
-                tokio_postgres::NoTls,
-            )
-            .await
-            .expect("connect");
-            tokio::spawn(connection);
-            client
-        };
-        let (a, b) = (connect().await, connect().await);
+        let (a, b) = (server.client().await, server.client().await);
         let first = |rows: Vec<tokio_postgres::SimpleQueryMessage>| -> String {
             rows.iter()
                 .find_map(|m| match m {

@@ -115,6 +115,19 @@ impl Server {
         }
     }
 
+    /// A tokio-postgres client as user `cirro` (its connection runs on the
+    /// current runtime).
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(
+            &format!("{} password={PASSWORD}", self.conninfo("cirro")),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .expect("connect");
+        tokio::spawn(connection);
+        client
+    }
+
     pub fn conninfo(&self, user: &str) -> String {
         format!(
             "host=127.0.0.1 port={} user={user} dbname=cirro sslmode=disable",
