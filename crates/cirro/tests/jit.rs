@@ -132,7 +132,11 @@ const MATRIX: &[&str] = &[
 /// with each switch of [`MATRIX`] set first; returns the failures.
 fn matrix(data: &DataDir, suite: &str, answers: &str, names: &[String]) -> Vec<String> {
     let shared = shared_dir();
-    let dir = tempfile_dir();
+    // Removed when the matrix is done (it held one file per query).
+    let dir = tempfile::Builder::new()
+        .prefix("cirro-jit-matrix-")
+        .tempdir()
+        .expect("temp dir");
     let mut failures = Vec::new();
     for sets in MATRIX {
         for name in names {
@@ -140,7 +144,7 @@ fn matrix(data: &DataDir, suite: &str, answers: &str, names: &[String]) -> Vec<S
                 .expect("query file");
             let expected = std::fs::read_to_string(shared.join(format!("{answers}/{name}.csv")))
                 .expect("answer file");
-            let file = dir.join(format!("{name}.sql"));
+            let file = dir.path().join(format!("{name}.sql"));
             std::fs::write(&file, format!("{sets};\n{query}")).expect("write query");
             match data.run_query_file(&file) {
                 Err(stderr) => failures.push(format!("{sets}: {name}: {stderr}")),
@@ -155,11 +159,6 @@ fn matrix(data: &DataDir, suite: &str, answers: &str, names: &[String]) -> Vec<S
     failures
 }
 
-fn tempfile_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("cirro-jit-matrix-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
 
 #[test]
 fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
