@@ -1252,10 +1252,15 @@ mod tests {
     use super::*;
     use crate::table::{create_delta_table, open_delta_table};
 
-    fn fresh_url(name: &str) -> Url {
-        let dir = std::env::temp_dir().join(format!("cirro-{name}-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Url::from_directory_path(&dir).unwrap()
+    /// A new directory and its URL; the directory goes when the first is
+    /// dropped.
+    fn fresh_url(name: &str) -> (tempfile::TempDir, Url) {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("cirro-{name}-"))
+            .tempdir()
+            .unwrap();
+        let url = Url::from_directory_path(dir.path()).unwrap();
+        (dir, url)
     }
 
     fn schema() -> SchemaRef {
@@ -1279,7 +1284,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_append_behind_others_commits_after_them_unless_the_schema_changed() {
-        let url = fresh_url("append-race");
+        let (_dir, url) = fresh_url("append-race");
         create_delta_table(&url, &schema(), &Default::default())
             .await
             .unwrap();
@@ -1324,7 +1329,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_table_with_a_feature_cirro_does_not_write_is_refused_with_0a000() {
-        let url = fresh_url("cdf");
+        let (_dir, url) = fresh_url("cdf");
         let table = deltalake::operations::create::CreateBuilder::new()
             .with_location(url.as_str())
             .with_columns([StructField::new("k", DeltaType::LONG, true)])
@@ -1350,7 +1355,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_table_with_a_column_invariant_is_not_written() {
-        let url = fresh_url("invariant");
+        let (_dir, url) = fresh_url("invariant");
         let field = StructField::new("k", DeltaType::LONG, true).with_metadata([(
             "delta.invariants",
             r#"{"expression": {"expression": "k > 0"}}"#.to_string(),
