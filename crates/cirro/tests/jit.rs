@@ -159,7 +159,6 @@ fn matrix(data: &DataDir, suite: &str, answers: &str, names: &[String]) -> Vec<S
     failures
 }
 
-
 #[test]
 fn tpch_and_ssb_answers_with_each_switch_forced_on_and_off() {
     let data = DataDir::new();

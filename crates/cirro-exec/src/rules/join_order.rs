@@ -1068,17 +1068,38 @@ mod tests {
         // a ⋈ b on a.fk = b.k, then c on b.fk = c.k; the group returns
         // a.payload and c.payload; a filter on b.payload is not placed yet.
         let edges = vec![
-            (0, Expr::Column(col("a", "fk")), 1, Expr::Column(col("b", "k"))),
-            (1, Expr::Column(col("b", "fk")), 2, Expr::Column(col("c", "k"))),
+            (
+                0,
+                Expr::Column(col("a", "fk")),
+                1,
+                Expr::Column(col("b", "k")),
+            ),
+            (
+                1,
+                Expr::Column(col("b", "fk")),
+                2,
+                Expr::Column(col("c", "k")),
+            ),
         ];
-        let filters = vec![Some(Expr::Column(col("b", "payload")).gt(datafusion::prelude::lit(1)))];
+        let filters = vec![Some(
+            Expr::Column(col("b", "payload")).gt(datafusion::prelude::lit(1)),
+        )];
         let columns = vec![col("a", "payload"), col("c", "payload")];
         let ab = LogicalPlanBuilder::from(scan("a"))
-            .join_on(scan("b"), JoinType::Inner, [edges[0].1.clone().eq(edges[0].3.clone())])
+            .join_on(
+                scan("b"),
+                JoinType::Inner,
+                [edges[0].1.clone().eq(edges[0].3.clone())],
+            )
             .and_then(|b| b.build())
             .expect("join");
         let kept = keep_needed(ab, &[0, 1], &columns, &edges, &filters).expect("pruned");
-        let names: Vec<String> = kept.schema().columns().iter().map(|c| c.flat_name()).collect();
+        let names: Vec<String> = kept
+            .schema()
+            .columns()
+            .iter()
+            .map(|c| c.flat_name())
+            .collect();
         // a.fk and b.k joined already; the unused columns go.
         assert_eq!(names, ["a.payload", "b.fk", "b.payload"]);
         // Nothing to drop: the join is left as it is.

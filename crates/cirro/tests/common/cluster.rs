@@ -200,7 +200,11 @@ impl Drop for Cluster {
                 let text = std::fs::read_to_string(&log).unwrap_or_default();
                 let lines: Vec<&str> = text.lines().collect();
                 let tail = &lines[lines.len().saturating_sub(40)..];
-                eprintln!("--- node{i}/log (last {} lines)\n{}", tail.len(), tail.join("\n"));
+                eprintln!(
+                    "--- node{i}/log (last {} lines)\n{}",
+                    tail.len(),
+                    tail.join("\n")
+                );
             }
         }
     }
