@@ -1213,6 +1213,23 @@ mod tests {
         Vec::new()
     }
 
+    /// The leaves, sorted, that `leaf` first joins with in the order
+    /// [`greedy`] picks for `tasks` tasks.
+    fn partner(
+        parts: Vec<Part>,
+        edges: &[Edge],
+        keys: &[f64],
+        tasks: usize,
+        leaf: usize,
+    ) -> Vec<usize> {
+        let leaves = parts.len();
+        let caps = vec![f64::INFINITY; leaves];
+        let order = greedy(parts, edges, keys, &caps, tasks).expect("connected");
+        let mut partner = first_partner(&order, leaves, leaf);
+        partner.sort();
+        partner
+    }
+
     #[test]
     fn on_a_cluster_a_join_also_costs_the_rows_it_moves() {
         // Q7 at SF10, as estimated: supplier, lineitem (two years),
@@ -1235,18 +1252,11 @@ mod tests {
             edge(5, 3), // n2 = c_nationkey
         ];
         let keys = [100_000.0, 15_000_000.0, 1_500_000.0, 25.0, 25.0];
-        let caps = [f64::INFINITY; 6];
         // On one node the lines (the smaller result) meet all the orders.
-        let one = greedy(parts(), &edges, &keys, &caps, 1).expect("connected");
-        let mut partner = first_partner(&one, 6, 2);
-        partner.sort();
-        assert_eq!(partner, [0, 1, 4], "{one:?}");
+        assert_eq!(partner(parts(), &edges, &keys, 1, 2), [0, 1, 4]);
         // On three, the orders meet the customers, broadcast, first: 15 M
         // orders are not shuffled.
-        let three = greedy(parts(), &edges, &keys, &caps, 3).expect("connected");
-        let mut partner = first_partner(&three, 6, 2);
-        partner.sort();
-        assert_eq!(partner, [3, 5], "{three:?}");
+        assert_eq!(partner(parts(), &edges, &keys, 3, 2), [3, 5]);
     }
 
     #[test]
@@ -1266,11 +1276,8 @@ mod tests {
             edge(1, 3), // s_suppkey = l_suppkey
         ];
         let keys = [25.0, 15_000_000.0, 100_000.0];
-        let order = greedy(parts, &edges, &keys, &[f64::INFINITY; 4], 3).expect("connected");
         // The orders join last, not broadcast to meet every late line.
-        let mut partner = first_partner(&order, 4, 2);
-        partner.sort();
-        assert_eq!(partner, [0, 1, 3], "{order:?}");
+        assert_eq!(partner(parts, &edges, &keys, 3, 2), [0, 1, 3]);
     }
 
     #[test]
@@ -1292,11 +1299,8 @@ mod tests {
             edge(0, 3), // c_nationkey = n_nationkey
         ];
         let keys = [1_500_000.0, 15_000_000.0, 25.0];
-        let order = greedy(parts, &edges, &keys, &[f64::INFINITY; 4], 3).expect("connected");
         // The orders meet their lines before the customers' wide rows.
-        let mut partner = first_partner(&order, 4, 1);
-        partner.sort();
-        assert_eq!(partner, [2], "{order:?}");
+        assert_eq!(partner(parts, &edges, &keys, 3, 1), [2]);
     }
 
     #[test]
