@@ -217,7 +217,7 @@ struct Settings {
     /// ([`with_implied_edges`]).
     implied: bool,
     /// The tasks each stage runs as (`stage_tasks`): above 1, a join also
-    /// costs the rows it moves between tasks (see [`greedy`]).
+    /// costs the bytes it moves between tasks (see [`greedy`]).
     tasks: usize,
 }
 
@@ -878,11 +878,11 @@ fn with_implied_edges(edges: Vec<Edge>) -> (Vec<Edge>, Vec<Option<usize>>) {
 /// result's rows. Where each stage runs as several tasks (a cluster), it
 /// costs bytes: [`RESULT_ROW_BYTES`] a result row, and those it moves
 /// between the tasks (both inputs shuffled, or the smaller one broadcast
-/// to every task, whichever is less), by [`row_width`]s. TPC-H Q7 on 3 nodes joined 1.5 M lines of
-/// two nations' suppliers with all 15 M orders first (a result smaller
-/// than the 1.2 M orders of two nations' customers, but 16.5 M rows
-/// shuffled), then the customers; orders joined with the broadcast
-/// customers first shuffle 2.7 M rows.
+/// to every task, whichever is less), by [`row_width`]s. TPC-H Q7 on 3
+/// nodes joined 1.5 M lines of two nations' suppliers with all 15 M
+/// orders first (a result smaller than the 1.2 M orders of two nations'
+/// customers, but 16.5 M rows shuffled), then the customers; orders
+/// joined with the broadcast customers first shuffle 2.7 M rows.
 ///
 /// A join of two parts is estimated as |A|·|B| / d, d the largest, over
 /// the pairs of leaves (one in each part) that edges join, of the distinct
