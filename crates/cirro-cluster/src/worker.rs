@@ -69,6 +69,9 @@ pub fn spawn_worker(listener: TcpListener, secret: &str, worker: Worker) -> Resu
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let in_flight = InFlight::default();
     let server = tonic::transport::Server::builder()
+        .max_frame_size(crate::distributed::H2_MAX_FRAME)
+        .initial_stream_window_size(crate::distributed::H2_STREAM_WINDOW)
+        .initial_connection_window_size(crate::distributed::H2_CONNECTION_WINDOW)
         .layer(CountLayer(in_flight.clone()))
         .add_service(protected(secret, worker.into_worker_server()))
         .add_service(protected(secret, crate::rpc_bench::RpcBenchService))
