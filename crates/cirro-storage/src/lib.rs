@@ -22,6 +22,7 @@ pub mod stats;
 mod stores;
 pub mod table;
 mod timeouts;
+pub mod wal;
 pub mod write;
 
 pub use root::StorageRoot;
