@@ -17,6 +17,7 @@ pub mod maintenance;
 pub mod mutate;
 pub mod options;
 pub mod root;
+pub mod rowstore;
 pub mod schema;
 pub mod stats;
 mod stores;

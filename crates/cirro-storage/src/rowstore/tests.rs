@@ -1,0 +1,220 @@
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringViewArray};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+
+use super::*;
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Utf8View, true),
+    ]))
+}
+
+fn rows(pairs: &[(i64, Option<&str>)]) -> RecordBatch {
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(pairs.iter().map(|p| p.0))),
+            Arc::new(StringViewArray::from_iter(pairs.iter().map(|p| p.1))),
+        ],
+    )
+    .unwrap()
+}
+
+fn keys(ks: &[i64]) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+    RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(ks.to_vec()))]).unwrap()
+}
+
+fn upsert(pairs: &[(i64, Option<&str>)]) -> TableChange {
+    TableChange {
+        upserts: Some(rows(pairs)),
+        deletes: None,
+    }
+}
+
+fn delete(ks: &[i64]) -> TableChange {
+    TableChange {
+        upserts: None,
+        deletes: Some(keys(ks)),
+    }
+}
+
+/// The (k, v) pairs of a view's rows, sorted by k.
+fn pairs(view: &StoreView) -> Vec<(i64, Option<String>)> {
+    let Some(batch) = &view.rows else {
+        return Vec::new();
+    };
+    let k = batch.column(0).as_primitive::<Int64Type>();
+    let v = batch.column(1).as_string_view();
+    let mut out: Vec<_> = (0..batch.num_rows())
+        .map(|i| (k.value(i), (!v.is_null(i)).then(|| v.value(i).to_string())))
+        .collect();
+    out.sort();
+    out
+}
+
+fn key(store: &RowStore, k: i64) -> Key {
+    store
+        .encode_keys(&[Arc::new(Int64Array::from(vec![k]))])
+        .unwrap()
+        .remove(0)
+}
+
+/// A keyed store: the newest version at or below a snapshot wins, a delete
+/// hides the key's file rows without a row, and a reader of files that hold
+/// everything up to a flushed LSN merges only what came after.
+#[test]
+fn versions_by_snapshot_and_flush() {
+    let store = RowStore::new(schema(), Some(vec![0])).unwrap();
+    store
+        .apply(1, &upsert(&[(1, Some("a")), (2, Some("b"))]), 0)
+        .unwrap();
+    store.apply(2, &upsert(&[(1, Some("a2"))]), 0).unwrap();
+    store.apply(3, &delete(&[2]), 0).unwrap();
+    store.apply(4, &upsert(&[(3, None)]), 0).unwrap();
+
+    let at = |s, after| store.view(s, after).unwrap();
+    assert_eq!(pairs(&at(0, 0)), vec![]);
+    assert!(at(0, 0).is_empty());
+    assert_eq!(
+        pairs(&at(1, 0)),
+        vec![(1, Some("a".into())), (2, Some("b".into()))]
+    );
+    assert_eq!(
+        pairs(&at(2, 0)),
+        vec![(1, Some("a2".into())), (2, Some("b".into()))]
+    );
+    let v3 = at(3, 0);
+    assert_eq!(pairs(&v3), vec![(1, Some("a2".into()))]);
+    // Key 2 is deleted: hidden, with no row.
+    assert_eq!(v3.hidden.len(), 2);
+    assert!(v3.hidden.contains(&key(&store, 2)));
+    assert_eq!(pairs(&at(4, 0)), vec![(1, Some("a2".into())), (3, None)]);
+    // Files that hold everything up to 2: only the delete of 2 and the
+    // insert of 3 remain to merge.
+    let after2 = at(4, 2);
+    assert_eq!(pairs(&after2), vec![(3, None)]);
+    assert_eq!(after2.hidden.len(), 2);
+    assert!(!after2.hidden.contains(&key(&store, 1)));
+
+    // Point reads see the same.
+    assert!(store.lookup(&key(&store, 1), 1, 0).unwrap().is_some());
+    assert!(store.lookup(&key(&store, 2), 4, 0).unwrap().is_none());
+    assert!(store.lookup(&key(&store, 1), 4, 2).is_none());
+    assert!(store.lookup(&key(&store, 9), 4, 0).is_none());
+    let (lsn, row) = store.latest(&key(&store, 1)).unwrap();
+    assert_eq!(lsn, 2);
+    assert_eq!(row.unwrap().num_rows(), 1);
+    assert_eq!(store.latest(&key(&store, 2)).unwrap(), (3, None));
+
+    // A flush that wrote everything up to 3 into table version 7.
+    store.record_flush(7, 3);
+    assert_eq!(store.flushed_at(6), 0);
+    assert_eq!(store.flushed_at(7), 3);
+    assert_eq!(store.flushed_at(9), 3);
+    let before = store.bytes();
+    store.forget_flushed();
+    assert!(store.bytes() < before);
+    assert_eq!(store.len(), 1);
+    assert_eq!(pairs(&at(4, 3)), vec![(3, None)]);
+}
+
+/// Versions that no snapshot can see any more are dropped as new ones come.
+#[test]
+fn old_versions_are_pruned() {
+    let store = RowStore::new(schema(), Some(vec![0])).unwrap();
+    for lsn in 1..=100 {
+        // A reader holds snapshot 10 throughout.
+        store
+            .apply(lsn, &upsert(&[(1, Some(&"x".repeat(lsn as usize)))]), 10)
+            .unwrap();
+    }
+    // Snapshot 10 still reads its version; the ones before it are gone.
+    let view = store.view(10, 0).unwrap();
+    assert_eq!(pairs(&view), vec![(1, Some("x".repeat(10)))]);
+    assert!(store.view(9, 0).unwrap().is_empty());
+    let held = store.bytes();
+    // With no reader left behind, only the newest stays.
+    store.apply(101, &upsert(&[(1, Some("y"))]), 101).unwrap();
+    assert!(store.bytes() < held / 10, "{} vs {held}", store.bytes());
+    assert_eq!(
+        pairs(&store.view(101, 0).unwrap()),
+        vec![(1, Some("y".into()))]
+    );
+}
+
+/// A table without a key takes appends: every row is its own entry, and
+/// nothing of the files is hidden.
+#[test]
+fn appends_without_a_key() {
+    let store = RowStore::new(schema(), None).unwrap();
+    store
+        .apply(1, &upsert(&[(1, Some("a")), (1, Some("a"))]), 0)
+        .unwrap();
+    store.apply(2, &upsert(&[(1, Some("b"))]), 0).unwrap();
+    let view = store.view(2, 0).unwrap();
+    assert!(view.hidden.is_empty());
+    assert_eq!(pairs(&view).len(), 3);
+    assert_eq!(pairs(&store.view(2, 1).unwrap()).len(), 1);
+    assert!(store.keys_of_rows(&rows(&[(1, None)])).is_err());
+}
+
+/// A record's payload decodes to what was encoded; a damaged one is XX001.
+#[test]
+fn records_round_trip() {
+    let changes = vec![
+        ("t1".to_string(), upsert(&[(1, Some("a")), (2, None)])),
+        ("db/t2".to_string(), delete(&[5, 6])),
+        ("t3".to_string(), TableChange::default()),
+    ];
+    let payload = encode(&changes).unwrap();
+    let back = decode(&payload).unwrap();
+    assert_eq!(back.len(), 3);
+    assert_eq!(back[0].0, "t1");
+    assert_eq!(
+        back[0].1.upserts.as_ref().unwrap(),
+        &rows(&[(1, Some("a")), (2, None)])
+    );
+    assert!(back[0].1.deletes.is_none());
+    assert_eq!(back[1].0, "db/t2");
+    assert_eq!(back[1].1.deletes.as_ref().unwrap(), &keys(&[5, 6]));
+    assert!(back[2].1.is_empty());
+    for cut in [1, 5, payload.len() / 2, payload.len() - 1] {
+        let err = decode(&payload[..cut]).unwrap_err();
+        assert_eq!(err.state, SqlState::DATA_CORRUPTED, "cut at {cut}");
+    }
+}
+
+/// The visible position advances only over records applied without a gap,
+/// and a committer waits for it; snapshots hold the oldest position.
+#[tokio::test]
+async fn visible_position_has_no_gaps() {
+    let snapshots = Snapshots::new(0);
+    // Record 2 applied before 1: not visible, and its committer waits.
+    let waiting = {
+        let s = Arc::clone(&snapshots);
+        tokio::spawn(async move { s.applied(2).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    assert_eq!(snapshots.visible(), 0);
+    assert!(!waiting.is_finished());
+    let old = snapshots.take();
+    assert_eq!(old.lsn(), 0);
+    snapshots.applied(1).await;
+    waiting.await.unwrap();
+    assert_eq!(snapshots.visible(), 2);
+    assert_eq!(snapshots.oldest(), 0);
+    assert!(snapshots.held_below(1));
+    let new = snapshots.take();
+    assert_eq!(new.lsn(), 2);
+    drop(old);
+    assert_eq!(snapshots.oldest(), 2);
+    assert!(!snapshots.held_below(2));
+    drop(new);
+    // A log position given again after a failed write moves nothing.
+    snapshots.applied(2).await;
+    assert_eq!(snapshots.visible(), 2);
+}
