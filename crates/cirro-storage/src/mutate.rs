@@ -244,6 +244,13 @@ impl Change {
         self.actions.is_empty()
     }
 
+    /// The change with one more action committed with it (a row store
+    /// flush's `txn` action).
+    pub fn with_action(mut self, action: Action) -> Self {
+        self.actions.push(action);
+        self
+    }
+
     pub fn table(&self) -> &CirroTable {
         &self.table
     }

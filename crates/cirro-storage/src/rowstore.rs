@@ -42,6 +42,11 @@ use cirro_common::{CirroError, Result, SqlState};
 
 use crate::wal::Lsn;
 
+mod flush;
+mod locks;
+pub use flush::{FLUSH_APP_ID, flush_view, flushed_position, without_hidden};
+pub use locks::{Owner, RowLock, RowLocks};
+
 /// A key in the row format (an appended row's own id in a table without one).
 pub type Key = Box<[u8]>;
 

@@ -218,3 +218,151 @@ async fn visible_position_has_no_gaps() {
     snapshots.applied(2).await;
     assert_eq!(snapshots.visible(), 2);
 }
+
+/// A flush deletes the file rows of the keys it writes, adds the store's
+/// rows, and records its log position in the table's log.
+#[tokio::test]
+async fn flush_writes_rows_and_position() {
+    use crate::table::{CirroTable, create_delta_table};
+    use datafusion::prelude::SessionContext;
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = url::Url::from_directory_path(dir.path()).unwrap();
+    let stored = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Utf8, true),
+    ]));
+    create_delta_table(&url, &stored, &Default::default())
+        .await
+        .unwrap();
+    let first = RecordBatch::try_new(
+        Arc::clone(&stored),
+        vec![
+            Arc::new(Int64Array::from_iter_values(1..=10)),
+            Arc::new(arrow::array::StringArray::from_iter_values(
+                (1..=10).map(|i| format!("old{i}")),
+            )),
+        ],
+    )
+    .unwrap();
+    let table = CirroTable::open(&url).await.unwrap();
+    crate::write::write_stream(
+        table.delta(),
+        Arc::clone(&stored),
+        futures::stream::iter(vec![Ok(first)]),
+        deltalake::protocol::SaveMode::Append,
+    )
+    .await
+    .unwrap();
+    let table = CirroTable::open(&url).await.unwrap();
+    assert_eq!(flushed_position(&table).await.unwrap(), 0);
+
+    let store = RowStore::new(Arc::clone(table.table_schema()), Some(vec![0])).unwrap();
+    store.apply(1, &upsert(&[(2, Some("new2"))]), 0).unwrap();
+    store.apply(2, &delete(&[3]), 0).unwrap();
+    store.apply(3, &upsert(&[(11, None)]), 0).unwrap();
+    // Written after the flush's position: stays in the store.
+    store.apply(4, &upsert(&[(4, Some("later"))]), 0).unwrap();
+
+    let ctx = SessionContext::new();
+    let state = ctx.state();
+    let view = store.view(3, 0).unwrap();
+    let committed = flush_view(&table, &state, &store, &view, 3)
+        .await
+        .unwrap()
+        .unwrap();
+    store.record_flush(committed.version, 3);
+    store.forget_flushed();
+    assert_eq!(store.len(), 1);
+
+    let table = CirroTable::open(&url).await.unwrap();
+    assert_eq!(table.version(), committed.version);
+    assert_eq!(flushed_position(&table).await.unwrap(), 3);
+    ctx.register_table("t", Arc::new(table)).unwrap();
+    let batches = ctx
+        .sql("SELECT k, v FROM t ORDER BY k")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for b in &batches {
+        let k = b.column(0).as_primitive::<Int64Type>();
+        let v = arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
+        let v = v.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            got.push((k.value(i), (!v.is_null(i)).then(|| v.value(i).to_string())));
+        }
+    }
+    let mut want: Vec<(i64, Option<String>)> = (1..=10)
+        .filter(|&i| i != 3)
+        .map(|i| {
+            (
+                i,
+                Some(if i == 2 {
+                    "new2".into()
+                } else {
+                    format!("old{i}")
+                }),
+            )
+        })
+        .collect();
+    want.push((11, None));
+    assert_eq!(got, want);
+    // Nothing to write: no commit.
+    let empty = store.view(3, 3).unwrap();
+    assert!(
+        flush_view(
+            &CirroTable::open(&url).await.unwrap(),
+            &state,
+            &store,
+            &empty,
+            3
+        )
+        .await
+        .unwrap()
+        .is_none()
+    );
+}
+
+/// A second writer of a key waits for the first to release it; writers of
+/// different keys do not wait; a wait that closes a cycle is 40P01.
+#[tokio::test]
+async fn row_locks_wait_and_detect_deadlocks() {
+    let locks = Arc::new(RowLocks::default());
+    let a = locks.lock("t", b"1", 1).await.unwrap().unwrap();
+    // The holder again: nothing more to take.
+    assert!(locks.lock("t", b"1", 1).await.unwrap().is_none());
+    // Another key, another table: at once.
+    let b = locks.lock("t", b"2", 2).await.unwrap().unwrap();
+    let other_table = locks.lock("u", b"1", 2).await.unwrap().unwrap();
+    assert_eq!(locks.held(), 3);
+    // Owner 2 waits for key 1 (held by owner 1).
+    let waiter = {
+        let locks = Arc::clone(&locks);
+        tokio::spawn(async move { locks.lock("t", b"1", 2).await.map(|l| l.is_some()) })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    assert!(!waiter.is_finished());
+    // Owner 1 now wants key 2, held by owner 2, who waits for owner 1.
+    let err = locks.lock("t", b"2", 1).await.unwrap_err();
+    assert_eq!(err.state, SqlState::DEADLOCK_DETECTED);
+    drop(a);
+    assert!(waiter.await.unwrap().unwrap());
+    drop(b);
+    drop(other_table);
+    // The waiter's lock was dropped with its task's result.
+    assert_eq!(locks.held(), 0);
+    // A cancelled wait leaves no edge behind: owner 3 waits, is dropped,
+    // and owner 4 can then take the key after its holder ends.
+    let held = locks.lock("t", b"9", 5).await.unwrap().unwrap();
+    let cancelled = tokio::time::timeout(
+        std::time::Duration::from_millis(20),
+        locks.lock("t", b"9", 3),
+    )
+    .await;
+    assert!(cancelled.is_err());
+    drop(held);
+    assert!(locks.lock("t", b"9", 4).await.unwrap().is_some());
+}

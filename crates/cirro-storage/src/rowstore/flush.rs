@@ -1,0 +1,149 @@
+//! Flushing a row store into its table's files: one Delta commit that
+//! deletes the file rows of every key the store holds up to a log position
+//! (deletion vectors), adds the store's rows as new files, and records the
+//! position as the table's `txn` action for [`FLUSH_APP_ID`] — so that a
+//! process that opens the table after a crash replays exactly the records
+//! after it, and other engines reading the Delta log see the flushed rows.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, BooleanArray};
+use arrow::compute::filter;
+use cirro_common::{CirroError, Result};
+use datafusion::catalog::Session;
+use datafusion::datasource::TableProvider;
+use datafusion::physical_plan::execute_stream;
+use deltalake::kernel::{Action, Transaction};
+use deltalake::protocol::DeltaOperation;
+use futures::StreamExt;
+
+use super::{RowStore, StoreView};
+use crate::mutate::Mutation;
+use crate::table::{CirroTable, FILE_INDEX_COLUMN, ROW_INDEX_COLUMN};
+use crate::wal::Lsn;
+use crate::write::Committed;
+
+/// The Delta application id under which a table's flushes record the log
+/// position they cover.
+pub const FLUSH_APP_ID: &str = "cirro-row-store";
+
+/// The log position the files of `table` hold the row store's rows up to
+/// (the newest flush's `txn` action; 0 if none).
+pub async fn flushed_position(table: &CirroTable) -> Result<Lsn> {
+    let delta = table.delta();
+    let version = delta
+        .snapshot()?
+        .transaction_version(delta.log_store().as_ref(), FLUSH_APP_ID)
+        .await?;
+    Ok(version.unwrap_or(0).max(0) as Lsn)
+}
+
+/// Write `view` (the store's rows up to `upto`, over the files of `table`,
+/// the table's latest snapshot) into the table: one commit, recording
+/// `upto`. None if there was nothing to write.
+pub async fn flush_view(
+    table: &CirroTable,
+    state: &dyn Session,
+    store: &RowStore,
+    view: &StoreView,
+    upto: Lsn,
+) -> Result<Option<Committed>> {
+    if view.is_empty() {
+        return Ok(None);
+    }
+    let mut mutation = Mutation::new(table)?;
+    let outcome = async {
+        if !view.hidden.is_empty() {
+            delete_hidden(table, state, store, view, &mut mutation).await?;
+        }
+        if let Some(rows) = &view.rows {
+            mutation.insert(rows.clone()).await?;
+        }
+        Ok::<_, CirroError>(())
+    }
+    .await;
+    if let Err(e) = outcome {
+        mutation.abort().await;
+        return Err(e);
+    }
+    let change = mutation
+        .prepare(state)
+        .await?
+        .with_action(Action::Txn(Transaction {
+            app_id: FLUSH_APP_ID.to_string(),
+            version: upto as i64,
+            last_updated: Some(chrono::Utc::now().timestamp_millis()),
+        }));
+    let committed = change
+        .commit(DeltaOperation::Update { predicate: None })
+        .await?;
+    Ok(Some(committed))
+}
+
+/// Mark the file rows whose key `view` hides as deleted.
+async fn delete_hidden(
+    table: &CirroTable,
+    state: &dyn Session,
+    store: &RowStore,
+    view: &StoreView,
+    mutation: &mut Mutation,
+) -> Result<()> {
+    let key = store
+        .key_columns()
+        .ok_or_else(|| CirroError::internal("row store: hidden keys without a key"))?;
+    let scanned = table.with_row_ids();
+    let schema = scanned.schema();
+    let position = |name: &str| {
+        schema
+            .index_of(name)
+            .map_err(|e| CirroError::internal(format!("row store flush: {e}")))
+    };
+    let mut projection: Vec<usize> = key.to_vec();
+    projection.push(position(FILE_INDEX_COLUMN)?);
+    projection.push(position(ROW_INDEX_COLUMN)?);
+    let plan = scanned.scan(state, Some(&projection), &[], None).await?;
+    let mut stream = execute_stream(plan, state.task_ctx())?;
+    let keys = key.len();
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        let columns: Vec<ArrayRef> = batch.columns()[..keys].to_vec();
+        let encoded = store.encode_keys(&columns)?;
+        let hit: BooleanArray = encoded
+            .iter()
+            .map(|k| Some(view.hidden.contains(k)))
+            .collect();
+        if hit.true_count() == 0 {
+            continue;
+        }
+        let files = filter(batch.column(keys), &hit)?;
+        let rows = filter(batch.column(keys + 1), &hit)?;
+        mutation.delete_rows(files.as_ref(), rows.as_ref())?;
+    }
+    Ok(())
+}
+
+/// Rows of `batch` whose key is not hidden by `view` (for merging a
+/// table's file rows with its store); `key` are the key columns' indices.
+pub fn without_hidden(
+    store: &RowStore,
+    hidden: &std::collections::HashSet<super::Key>,
+    batch: &arrow::array::RecordBatch,
+    key: &[usize],
+) -> Result<Option<arrow::array::RecordBatch>> {
+    if hidden.is_empty() || batch.num_rows() == 0 {
+        return Ok(Some(batch.clone()));
+    }
+    let columns: Vec<ArrayRef> = key.iter().map(|&i| Arc::clone(batch.column(i))).collect();
+    let encoded = store.encode_keys(&columns)?;
+    let keep: BooleanArray = encoded.iter().map(|k| Some(!hidden.contains(k))).collect();
+    if keep.true_count() == batch.num_rows() {
+        return Ok(Some(batch.clone()));
+    }
+    if keep.true_count() == 0 {
+        return Ok(None);
+    }
+    Ok(Some(arrow::compute::filter_record_batch(batch, &keep)?))
+}
