@@ -16,6 +16,7 @@
 pub mod commits;
 pub mod coordination;
 pub mod providers;
+pub mod rows;
 pub mod state;
 pub mod users;
 pub mod versions;

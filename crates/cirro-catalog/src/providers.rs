@@ -41,6 +41,8 @@ pub struct SessionTables {
     /// from its BEGIN) stands among the process's commits over several
     /// tables, which it sees whole or not at all (see `commits.rs`).
     reader: Mutex<Option<crate::commits::Reader>>,
+    /// Its snapshot of the row stores and its transaction's small writes.
+    pub rows: Arc<cirro_storage::rowstore::SessionRows>,
 }
 
 /// A stored view whose query no longer plans (a table or column it reads is
@@ -138,12 +140,16 @@ impl SessionTables {
         if let Ok(mut current) = self.reader.lock() {
             *current = None;
         }
+        self.rows.release_snapshot();
     }
 
     fn start_reading(&self, catalog: &Catalog) {
         let reader = catalog.multi_commits().reader();
         if let Ok(mut current) = self.reader.lock() {
             *current = Some(reader);
+        }
+        if let Some(service) = catalog.row_service() {
+            self.rows.take_snapshot(service.snapshots());
         }
     }
 
@@ -168,6 +174,7 @@ impl SessionTables {
         if let Ok(mut pinned) = self.pinned.lock() {
             *pinned = None;
         }
+        self.rows.release_snapshot();
     }
 
     pub fn active(&self) -> bool {
@@ -343,6 +350,20 @@ pub struct CirroSchemaProvider {
     schema: String,
 }
 
+impl CirroSchemaProvider {
+    /// `table` with its row store attached, where the process keeps them.
+    async fn with_rows(&self, location: &str, table: CirroTable) -> DfResult<CirroTable> {
+        let Some(service) = self.catalog.row_service() else {
+            return Ok(table);
+        };
+        let reader = service
+            .reader(location, &table, &self.session.rows)
+            .await
+            .map_err(CirroError::into_datafusion)?;
+        Ok(table.with_rows(reader))
+    }
+}
+
 #[async_trait]
 impl SchemaProvider for CirroSchemaProvider {
     fn table_names(&self) -> Vec<String> {
@@ -374,6 +395,7 @@ impl SchemaProvider for CirroSchemaProvider {
         }
         if let Some(entry) = snapshot.table(&self.db, &self.schema, name) {
             if let Some(pinned) = self.session.get(&entry.location) {
+                let pinned = self.with_rows(&entry.location, pinned).await?;
                 return Ok(Some(Arc::new(pinned)));
             }
             let table = self
@@ -383,6 +405,7 @@ impl SchemaProvider for CirroSchemaProvider {
                 .map_err(CirroError::into_datafusion)?
                 .with_analyzed(entry.statistics.clone().map(Arc::new));
             self.session.set(&entry.location, table.clone());
+            let table = self.with_rows(&entry.location, table).await?;
             return Ok(Some(Arc::new(table)));
         }
         if let Some(view) = snapshot.view(&self.db, &self.schema, name) {

@@ -166,6 +166,8 @@ pub struct Catalog {
     /// Registers this process's commits to the location's tables in `multi`
     /// while the catalog lives.
     _watch: Arc<dyn cirro_storage::write::CommitWatch>,
+    /// The tables' row stores, where this process keeps them (see `rows.rs`).
+    rows: std::sync::OnceLock<Arc<crate::rows::RowService>>,
 }
 
 /// This process's commits to the tables of one data location, registered
@@ -280,6 +282,7 @@ impl Catalog {
             listed: Mutex::new(None),
             multi,
             _watch: watch,
+            rows: std::sync::OnceLock::new(),
         });
         catalog.refresh().await?;
         catalog.recover_transactions().await?;
@@ -293,6 +296,28 @@ impl Catalog {
 
     pub fn root(&self) -> &StorageRoot {
         &self.root
+    }
+
+    /// Keep the tables' small writes in row stores behind a write-ahead log
+    /// (see `rows.rs`): opens the log and applies what it holds. 0A000 on a
+    /// cluster member (its writes go through the table files).
+    pub async fn enable_row_store(&self, config: &crate::rows::RowStoreConfig) -> Result<()> {
+        if self.coordination.is_some() {
+            return Err(CirroError::unsupported(
+                "row stores are not kept on a cluster yet; start without --row-store",
+            ));
+        }
+        if self.rows.get().is_some() {
+            return Ok(());
+        }
+        let service = crate::rows::RowService::open(self, config).await?;
+        let _ = self.rows.set(service);
+        Ok(())
+    }
+
+    /// The row stores, if this process keeps them.
+    pub fn row_service(&self) -> Option<&Arc<crate::rows::RowService>> {
+        self.rows.get()
     }
 
     /// The cluster's coordination service (None on a single node).

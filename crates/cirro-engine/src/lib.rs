@@ -26,6 +26,7 @@
 
 mod node;
 mod planner;
+pub mod rows;
 mod session;
 mod statement;
 mod storage;

@@ -68,6 +68,9 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     /// Run as a member of a cluster (None: a single node).
     pub cluster: Option<ClusterOptions>,
+    /// Keep small writes in row stores behind a write-ahead log (None:
+    /// every write commits to the table's files).
+    pub row_store: Option<cirro_catalog::rows::RowStoreConfig>,
 }
 
 /// How a node joins a cluster (`cirro serve --cluster …`).
@@ -318,6 +321,13 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
         None => Catalog::open(root).await?,
     };
     bootstrap(&catalog).await?;
+    let flusher = match &config.row_store {
+        Some(rows) => {
+            catalog.enable_row_store(rows).await?;
+            Some(cirro_engine::rows::spawn_flusher(Arc::downgrade(&catalog)))
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared::new(catalog, &config, runtime, member.as_ref())?);
     let monitor = console::monitor::Monitor::start(
         Arc::clone(&shared.activity),
@@ -378,6 +388,12 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
             options.drain_timeout,
         )
         .await;
+    }
+    if let Some(flusher) = flusher {
+        flusher.abort();
+        // What the row stores hold goes into the tables' files, so that
+        // other engines see it; the log keeps it either way.
+        cirro_engine::rows::flush_now(&shared.catalog).await;
     }
     eprintln!("cirro: shutting down");
     Ok(())

@@ -44,8 +44,10 @@ use crate::wal::Lsn;
 
 mod flush;
 mod locks;
+mod session;
 pub use flush::{FLUSH_APP_ID, flush_view, flushed_position, without_hidden};
 pub use locks::{Owner, RowLock, RowLocks};
+pub use session::{Pending, RowReader, SessionRows};
 
 /// A key in the row format (an appended row's own id in a table without one).
 pub type Key = Box<[u8]>;
@@ -198,6 +200,21 @@ impl RowStore {
             .ok_or_else(|| internal("keys", "the table has no key"))?;
         let columns: Vec<ArrayRef> = key.iter().map(|&i| Arc::clone(batch.column(i))).collect();
         self.encode_keys(&columns)
+    }
+
+    /// Keys back as columns (a batch of the key columns).
+    pub fn decode_keys<'a>(&self, keys: impl Iterator<Item = &'a Key>) -> Result<RecordBatch> {
+        let (converter, key) = match (&self.keys, &self.key) {
+            (Some(c), Some(k)) => (c, k),
+            _ => return Err(internal("keys", "the table has no key")),
+        };
+        let parser = converter.parser();
+        let parsed: Vec<_> = keys.map(|k| parser.parse(k)).collect();
+        let columns = converter
+            .convert_rows(parsed)
+            .map_err(|e| internal("decode keys", e))?;
+        let schema = Arc::new(self.schema.project(key).map_err(|e| internal("keys", e))?);
+        RecordBatch::try_new(schema, columns).map_err(|e| internal("decode keys", e))
     }
 
     fn encode_rows(&self, batch: &RecordBatch) -> Result<Vec<Box<[u8]>>> {

@@ -133,6 +133,9 @@ pub struct CirroTable {
     /// The schema and options are a transaction's staged ALTER TABLE, not
     /// the Delta snapshot's: writers must use them (see [`Self::with_changes`]).
     schema_staged: bool,
+    /// The table's row store, which scans merge with the files (see
+    /// `crate::rowstore`); None where the process keeps none.
+    rows: Option<crate::rowstore::RowReader>,
 }
 
 /// One data file of a snapshot.
@@ -243,6 +246,7 @@ impl CirroTable {
             row_ids: false,
             analyzed: None,
             schema_staged: false,
+            rows: None,
         })
     }
 
@@ -358,6 +362,17 @@ impl CirroTable {
             files: Arc::new(files),
             ..self.clone()
         }
+    }
+
+    /// The same snapshot, its scans merged with the table's row store.
+    pub fn with_rows(mut self, rows: Option<crate::rowstore::RowReader>) -> Self {
+        self.rows = rows;
+        self
+    }
+
+    /// The table's row store, if scans merge one.
+    pub fn rows(&self) -> Option<&crate::rowstore::RowReader> {
+        self.rows.as_ref()
     }
 
     /// The same snapshot, scanned with the row-id columns appended.
@@ -739,6 +754,38 @@ fn row_index_field() -> FieldRef {
     Arc::new(Field::new(ROW_INDEX_COLUMN, DataType::Int64, false).with_extension_type(RowNumber))
 }
 
+impl CirroTable {
+    /// A scan of `files` merged with the row store's `view`: the files are
+    /// read with the key columns too (to hide the keys the store holds),
+    /// without a limit (hidden rows do not count).
+    async fn merged_scan(
+        &self,
+        state: &dyn Session,
+        files: Vec<(usize, Option<RoaringTreemap>)>,
+        reader: &crate::rowstore::RowReader,
+        view: &crate::rowstore::StoreView,
+        projection: Option<&[usize]>,
+    ) -> DfResult<ScanResult> {
+        let mut read: Vec<usize> = match projection {
+            Some(p) => p.to_vec(),
+            None => (0..self.schema.fields().len()).collect(),
+        };
+        let mut keys = Vec::new();
+        for &k in reader.store.key_columns().unwrap_or(&[]) {
+            match read.iter().position(|&c| c == k) {
+                Some(at) => keys.push(at),
+                None => {
+                    keys.push(read.len());
+                    read.push(k);
+                }
+            }
+        }
+        let plan = self.scan_files(state, files, Some(&read), None).await?;
+        let plan = reader.plan(view, plan, &keys, projection)?;
+        Ok(ScanResult::new(plan))
+    }
+}
+
 #[async_trait]
 impl TableProvider for CirroTable {
     fn schema(&self) -> SchemaRef {
@@ -774,6 +821,16 @@ impl TableProvider for CirroTable {
             .await
             .map_err(CirroError::into_datafusion)?;
         let files = indices.into_iter().zip(deleted).collect();
+        if let Some(reader) = self.rows.as_ref().filter(|_| !self.row_ids) {
+            let view = reader
+                .view(self.version())
+                .map_err(CirroError::into_datafusion)?;
+            if !view.is_empty() {
+                return self
+                    .merged_scan(state, files, reader, &view, args.projection())
+                    .await;
+            }
+        }
         let plan = self
             .scan_files(state, files, args.projection(), args.limit())
             .await?;

@@ -19,7 +19,7 @@ mod shell;
 
 use std::process::ExitCode;
 
-use cirro_common::CirroError;
+use cirro_common::{CirroError, SqlState};
 use cirro_engine::{Engine, EngineConfig, Flag, Node, NodeConfig};
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -142,6 +142,15 @@ pub struct ServeArgs {
     /// Serve no web console or HTTP API.
     #[arg(long, conflicts_with = "http_port")]
     no_http: bool,
+    /// Keep small writes (INSERT of VALUES; UPDATE and DELETE by primary
+    /// key) in in-memory row stores behind a write-ahead log, flushed into
+    /// the tables' files in the background (see docs/architecture.md).
+    #[arg(long, env = "CIRRO_ROW_STORE", default_value = "off", value_parser = ["on", "off"])]
+    row_store: String,
+    /// The write-ahead log's directory (default: `_cirro_wal` in a local
+    /// data directory; required with --row-store on for remote storage).
+    #[arg(long, env = "CIRRO_WAL_DIR")]
+    wal_dir: Option<std::path::PathBuf>,
     /// Statements that take at least this many milliseconds go to the
     /// slow-query log.
     #[arg(long, env = "CIRRO_SLOW_QUERY_MS", default_value_t = 10_000)]
@@ -347,6 +356,38 @@ fn run_main(cli: Cli, stack: usize) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The row stores' set-up from `--row-store` and `--wal-dir`.
+fn row_store_config(
+    data: &str,
+    args: &ServeArgs,
+) -> Result<Option<cirro_catalog::rows::RowStoreConfig>, CirroError> {
+    if args.row_store != "on" {
+        return Ok(None);
+    }
+    let wal_dir = match &args.wal_dir {
+        Some(dir) => dir.clone(),
+        None => {
+            let local = match data.strip_prefix("file://") {
+                Some(path) => Some(std::path::PathBuf::from(path)),
+                None => (!data.contains("://")).then(|| std::path::PathBuf::from(data)),
+            };
+            match local {
+                Some(dir) => dir.join("_cirro_wal"),
+                None => {
+                    return Err(CirroError::new(
+                        SqlState::INVALID_PARAMETER_VALUE,
+                        "--row-store on with remote data needs --wal-dir (a local directory)",
+                    ));
+                }
+            }
+        }
+    };
+    Ok(Some(cirro_catalog::rows::RowStoreConfig {
+        wal_dir,
+        budget: 256 << 20,
+    }))
 }
 
 /// The local-disk tier in `dir` (`--cache-dir`), sized by `size`
@@ -567,6 +608,7 @@ async fn run_with(cli: Cli, config: EngineConfig) -> Result<ExitCode, CirroError
     }
     if let Command::Serve(args) = cli.command {
         trim_malloc_periodically();
+        let row_store = row_store_config(&cli.data, &args)?;
         cirro_server::serve(cirro_server::ServerConfig {
             data: cli.data,
             listen: args.listen,
@@ -578,6 +620,7 @@ async fn run_with(cli: Cli, config: EngineConfig) -> Result<ExitCode, CirroError
             tls: args.tls_cert.zip(args.tls_key),
             require_tls: args.require_tls,
             engine: config,
+            row_store,
             cluster: args.cluster.map(|url| cirro_server::ClusterOptions {
                 url,
                 node_id: args.node_id,

@@ -663,8 +663,16 @@ async fn sqllogictest_in_process_with_each_speed_switch() {
 /// its own (starting blocks until the server listens), so that the records
 /// of other files run meanwhile.
 async fn serve(data: PathBuf) -> (Box<dyn FnOnce() + Send>, u16, u16) {
+    serve_with(data, &[]).await
+}
+
+/// [`serve`] with more flags.
+async fn serve_with(
+    data: PathBuf,
+    args: &'static [&'static str],
+) -> (Box<dyn FnOnce() + Send>, u16, u16) {
     let (mut child, pg_port, flight_port, _) =
-        tokio::task::spawn_blocking(move || spawn_serve(&data, &[], PASSWORD))
+        tokio::task::spawn_blocking(move || spawn_serve(&data, args, PASSWORD))
             .await
             .expect("start cirro serve");
     let stop = Box::new(move || {
@@ -680,6 +688,24 @@ async fn sqllogictest_over_postgres_wire() {
         let (stop, port, _) = serve(data).await;
         (stop, Postgres::local(port))
     })
+    .await;
+}
+
+/// The suite over the PostgreSQL wire on a server that keeps small writes
+/// in row stores (`--row-store on`): every answer must be the same as
+/// through the tables' files. Records marked `skipif row-store` say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqllogictest_over_postgres_wire_with_row_store() {
+    run_suite_labelled(
+        "postgres",
+        Some("row-store"),
+        sqllogictest::default_validator,
+        2,
+        |data| async move {
+            let (stop, port, _) = serve_with(data, &["--row-store", "on"]).await;
+            (stop, Postgres::local(port))
+        },
+    )
     .await;
 }
 

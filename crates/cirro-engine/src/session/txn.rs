@@ -141,6 +141,9 @@ pub(crate) struct Transaction {
     savepoints: Vec<Savepoint>,
     /// The catalog as the transaction's DDL left it (None: no DDL yet).
     pub ddl: Option<CatalogDdl>,
+    /// What its small writes hold (see `statement/point.rs`); their rows
+    /// wait in the session's pending changes.
+    pub points: crate::statement::point::PointHold,
 }
 
 /// Marks the version of a transaction's own catalog (never a real one), so
@@ -1015,9 +1018,28 @@ impl Engine {
             TxnState::InProgress(txn) => (txn, false),
             TxnState::Failed(txn) => (txn, true),
         };
+        // Small writes: logged as one record at COMMIT (see point.rs).
+        let pending = self.session.rows.take_pending();
+        let mut txn = txn;
+        let points = std::mem::take(&mut txn.points);
         self.session.end();
         self.session.set_overlay(None);
-        let mut txn = txn;
+        if pending.values().any(|p| !p.is_empty()) {
+            let result = if commit && !failed {
+                self.commit_points(pending).await
+            } else {
+                Ok(())
+            };
+            drop(points);
+            txn.rollback().await;
+            result?;
+            return Ok(Outcome::command(if commit && !failed {
+                "COMMIT"
+            } else {
+                "ROLLBACK"
+            }));
+        }
+        drop(points);
         if let Some(ddl) = txn.ddl.take() {
             // DDL and writes of existing tables never share a transaction.
             txn.rollback().await;
@@ -1081,6 +1103,32 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// Log and apply a transaction's small writes as one record.
+    async fn commit_points(
+        &self,
+        pending: std::collections::HashMap<String, cirro_storage::rowstore::Pending>,
+    ) -> Result<()> {
+        let service = self
+            .catalog()
+            .row_service()
+            .ok_or_else(|| CirroError::internal("small writes without row stores"))?;
+        let mut changes = Vec::new();
+        let mut locations: Vec<&String> = pending.keys().collect();
+        locations.sort();
+        for location in locations {
+            let table = &pending[location];
+            if table.is_empty() {
+                continue;
+            }
+            let store = service.stores().get(location).ok_or_else(|| {
+                CirroError::internal(format!("no row store for table {location}"))
+            })?;
+            changes.push((location.clone(), table.change(&store)?));
+        }
+        service.commit(changes, true).await?;
+        Ok(())
     }
 
     /// SAVEPOINT, RELEASE SAVEPOINT and ROLLBACK TO SAVEPOINT.

@@ -234,7 +234,7 @@ fn row_id(name: &str) -> Expr {
 /// Replace the scan of the DML target in `plan` (not in its subqueries) by a
 /// scan of `with_ids`, which has the same columns plus the row ids, and
 /// recompute the schemas above it.
-fn replace_target_scan(
+pub(crate) fn replace_target_scan(
     plan: &LogicalPlan,
     target: &TableReference,
     with_ids: &Arc<dyn TableSource>,

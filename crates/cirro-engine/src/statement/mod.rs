@@ -32,6 +32,7 @@ pub(crate) mod history;
 pub(crate) mod indexes;
 mod load;
 pub(crate) mod maintenance;
+pub(crate) mod point;
 mod prerun;
 pub(crate) mod query;
 pub(crate) mod time_travel;
@@ -208,8 +209,14 @@ impl Engine {
                 distributed_by,
             } => ddl::create_table_sql(self, &create, distributed_by).await,
             Statement::CreateView(view) => views::create_view(self, &view).await,
-            Statement::CreateIndex(create) => indexes::create_index(self, &create).await,
-            Statement::AlterTable(alter) => alter::alter_table(self, &alter).await,
+            Statement::CreateIndex(create) => {
+                self.flush_row_stores("CREATE INDEX").await?;
+                indexes::create_index(self, &create).await
+            }
+            Statement::AlterTable(alter) => {
+                self.flush_row_stores("ALTER TABLE").await?;
+                alter::alter_table(self, &alter).await
+            }
             Statement::Drop(drop) => ddl::drop_objects(self, &drop).await,
             Statement::CreateDatabase {
                 name,
@@ -220,13 +227,17 @@ impl Engine {
             }
             Statement::Describe(ref table) => describe::describe(self, &statement, table).await,
             Statement::ShowCreateTable(name) => describe::show_create_table(self, &name).await,
-            Statement::Copy(copy) => copy::run_copy(self, copy).await,
+            Statement::Copy(copy) => {
+                self.flush_row_stores("COPY").await?;
+                copy::run_copy(self, copy).await
+            }
             Statement::Setting(statement) => self.run_setting(statement).await,
             Statement::Access(statement) => {
                 self.check_transaction_allows("CREATE/ALTER/DROP USER, GRANT and REVOKE")?;
                 self.execute_access(statement).await
             }
             Statement::Maintenance(statement) => {
+                self.flush_row_stores("VACUUM or OPTIMIZE").await?;
                 maintenance::run_maintenance(self, statement).await
             }
             Statement::Transaction(statement) => self.run_transaction(statement).await,

@@ -9,7 +9,7 @@ use cirro_common::{CirroError, Result, SqlState};
 use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
 
 use crate::Engine;
-use crate::statement::{Outcome, constraints, dml, time_travel};
+use crate::statement::{Outcome, constraints, dml, point, time_travel};
 
 /// Run a DML plan: plain INSERTs commit in their sink; row changes,
 /// INSERTs into tables with constraints and anything inside a transaction
@@ -31,6 +31,63 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
         _ => "DML",
     };
     let in_txn = engine.in_transaction();
+    // Small writes go to the row store (see point.rs).
+    let mut dml = dml;
+    let mut _alone = None;
+    if let Some(service) = engine.catalog.row_service()
+        && let Ok(location) = time_travel::location_of(engine, &db, &schema, &name)
+    {
+        if let Some(outcome) = point::try_run(engine, &dml, tag, &location).await? {
+            return Ok(outcome);
+        }
+        // Through the files: the table's row store is written into them
+        // first, and no small write lands until this statement is done.
+        if engine.session.rows.has_pending() {
+            return Err(CirroError::unsupported(format!(
+                "this transaction made small writes, so it cannot also change \"{name}\" \
+                 through its files (a statement over many rows, TRUNCATE, MERGE): COMMIT first"
+            )));
+        }
+        let already = in_txn
+            && engine.hold_transaction().is_some_and(|held| {
+                let mine = held
+                    .txn
+                    .as_ref()
+                    .is_some_and(|t| t.points.alone.iter().any(|(l, _)| *l == location));
+                held.put_back();
+                mine
+            });
+        if !already {
+            let gate = service.gate(&location);
+            let held = tokio::time::timeout(GATE_WAIT, gate.write_owned())
+                .await
+                .map_err(|_| {
+                    CirroError::new(
+                        SqlState::LOCK_NOT_AVAILABLE,
+                        format!(
+                            "could not lock table \"{name}\": open transactions with small \
+                         writes to it did not end within {} s",
+                            GATE_WAIT.as_secs()
+                        ),
+                    )
+                })?;
+            let state = engine.context().state();
+            service
+                .flush_table_alone(&engine.catalog, &location, &state)
+                .await?;
+            dml = retarget(engine, dml, &location).await?;
+            if in_txn {
+                if let Some(mut txn) = engine.hold_transaction() {
+                    if let Some(t) = txn.txn.as_mut() {
+                        t.points.alone.push((location.clone(), held));
+                    }
+                    txn.put_back();
+                }
+            } else {
+                _alone = Some(held);
+            }
+        }
+    }
     // Plain INSERTs commit in their sink, unless the table has
     // constraints to check before the commit.
     let constrained = matches!(dml.op, WriteOp::Insert(_))
@@ -53,6 +110,45 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
     } else {
         format!("{tag} {count}")
     }))
+}
+
+/// How long a statement through a table's files waits for the open
+/// transactions with small writes to the table.
+const GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `dml` over the table's newest version (its row store just written into
+/// it); in a transaction, 40001 if the version the transaction reads still
+/// needs rows the store held (it read the table before they were written
+/// into the files).
+async fn retarget(engine: &Engine, dml: DmlStatement, location: &str) -> Result<DmlStatement> {
+    let Ok(current) = dml::target_table(&dml, "DML") else {
+        return Ok(dml);
+    };
+    if let Some(reader) = current.rows() {
+        let view = reader.view(current.version())?;
+        if view.is_empty() {
+            return Ok(dml);
+        }
+        if engine.in_transaction() {
+            return Err(CirroError::new(
+                SqlState::SERIALIZATION_FAILURE,
+                "could not serialize access: the table's recent small writes were written \
+                 into its files after this transaction first read it; retry the transaction",
+            ));
+        }
+    }
+    let latest = engine.catalog.open_table(location).await?;
+    let reader = current.rows().cloned();
+    let source = datafusion::datasource::provider_as_source(Arc::new(latest.with_rows(reader)));
+    let input = dml::replace_target_scan(&dml.input, &dml.table_name, &source).or_else(|_| {
+        // TRUNCATE and INSERT … VALUES do not scan their target.
+        Ok::<_, CirroError>(dml.input.as_ref().clone())
+    })?;
+    Ok(DmlStatement {
+        target: source,
+        input: Arc::new(input),
+        ..dml
+    })
 }
 
 /// Run a row-changing statement: commit it at once, or inside an open

@@ -1,0 +1,368 @@
+//! The row stores of a data location's tables (see
+//! `cirro_storage::rowstore`), kept by the process that serves the location
+//! (`cirro serve --row-store on`): the write-ahead log, each table's store,
+//! the snapshots readers hold, row locks, and the background flush.
+//!
+//! ```text
+//!  small write ─► row locks ─► COMMIT: one log record (every table it changed)
+//!        ─► fsync (group commit) ─► applied to each table's store ─► acknowledged
+//!  scan ─► files of the table version ⊕ the store's rows after that version's flush
+//!  flush (every FLUSH_EVERY, or when the stores pass their budget)
+//!        ─► one Delta commit per table, recording the log position ─► log truncated
+//! ```
+//!
+//! On opening, the log's records after each table's flushed position (the
+//! `txn` action of its newest flush) are applied again, exactly once; a
+//! record naming a table that no longer exists is skipped.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_storage::CirroTable;
+use cirro_storage::rowstore::{
+    self, Changes, Owner, RowLocks, RowReader, RowStore, RowStores, SessionRows, Snapshots,
+};
+use cirro_storage::wal::{Lsn, Wal, WalOptions};
+use datafusion::catalog::Session;
+
+use crate::Catalog;
+
+/// How often the background flush writes the stores into their tables.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(10);
+
+/// How a process keeps row stores.
+#[derive(Clone, Debug)]
+pub struct RowStoreConfig {
+    /// The write-ahead log's directory.
+    pub wal_dir: std::path::PathBuf,
+    /// Bytes the stores may hold together before writers wait for a flush.
+    pub budget: usize,
+}
+
+/// The row stores of one data location (see the module docs).
+pub struct RowService {
+    wal: Wal,
+    stores: RowStores,
+    snapshots: Arc<Snapshots>,
+    locks: Arc<RowLocks>,
+    next_owner: AtomicU64,
+    budget: usize,
+    /// Tables' gates: small writers hold one shared until they commit, a
+    /// change through the table's files (a flush, UPDATE of many rows,
+    /// ALTER TABLE) holds it alone.
+    gates: std::sync::Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
+    /// Woken after each flush (writers waiting for room).
+    flushed: tokio::sync::Notify,
+}
+
+impl std::fmt::Debug for RowService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowService")
+            .field("wal", &self.wal)
+            .finish()
+    }
+}
+
+impl RowService {
+    pub fn snapshots(&self) -> &Arc<Snapshots> {
+        &self.snapshots
+    }
+
+    pub fn locks(&self) -> &Arc<RowLocks> {
+        &self.locks
+    }
+
+    pub fn stores(&self) -> &RowStores {
+        &self.stores
+    }
+
+    pub fn wal(&self) -> &Wal {
+        &self.wal
+    }
+
+    /// A new lock owner (a transaction, or a statement outside one).
+    pub fn owner(&self) -> Owner {
+        self.next_owner.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The gate of the table at `location` (see [`RowService`]).
+    pub fn gate(&self, location: &str) -> Arc<tokio::sync::RwLock<()>> {
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(gates.entry(location.to_string()).or_default())
+    }
+
+    /// Log `changes` as one record and apply them: durable (and seen by
+    /// every later statement) when this returns. With `sync` false the
+    /// record is acknowledged before its fsync (`synchronous_commit = off`).
+    pub async fn commit(&self, changes: Changes, sync: bool) -> Result<Lsn> {
+        let mut stores = Vec::with_capacity(changes.len());
+        for (location, _) in &changes {
+            let store = self.stores.get(location).ok_or_else(|| {
+                CirroError::internal(format!("no row store for table {location}"))
+            })?;
+            stores.push(store);
+        }
+        self.wait_for_room().await;
+        let payload = rowstore::encode(&changes)?;
+        let lsn = self.wal.append(payload, sync).await?;
+        let oldest = self.snapshots.oldest();
+        for ((_, change), store) in changes.iter().zip(&stores) {
+            // The record is durable: a change that cannot be applied now
+            // would be applied by the next start, so the store and the log
+            // would disagree until then. It decodes what it just encoded;
+            // failing here is a bug.
+            store.apply(lsn, change, oldest)?;
+        }
+        self.snapshots.applied(lsn).await;
+        Ok(lsn)
+    }
+
+    /// Whether the stores hold more than their budget.
+    pub fn over_budget(&self) -> bool {
+        self.stores.bytes() > self.budget
+    }
+
+    /// Wait (bounded) while the stores hold more than their budget: the
+    /// flush frees them (back-pressure).
+    async fn wait_for_room(&self) {
+        for _ in 0..600 {
+            if self.stores.bytes() <= self.budget {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), self.flushed.notified()).await;
+        }
+    }
+
+    /// Attach the table's store (made now for a table with a primary key or
+    /// none; None for a table whose store cannot be kept) to `table`, for
+    /// `session`.
+    pub async fn reader(
+        &self,
+        location: &str,
+        table: &CirroTable,
+        session: &Arc<SessionRows>,
+    ) -> Result<Option<RowReader>> {
+        let Some(store) = self.store_for(location, table).await? else {
+            return Ok(None);
+        };
+        Ok(Some(RowReader {
+            store,
+            session: Arc::clone(session),
+            snapshots: Arc::clone(&self.snapshots),
+            location: location.to_string(),
+        }))
+    }
+
+    /// The store of `table` at `location`, made if new. None for a table the
+    /// row store does not take: one whose schema is a transaction's staged
+    /// ALTER, or whose columns the row format cannot hold.
+    pub async fn store_for(
+        &self,
+        location: &str,
+        table: &CirroTable,
+    ) -> Result<Option<Arc<RowStore>>> {
+        if let Some(store) = self.stores.get(location) {
+            if store.schema() == table.table_schema() {
+                return Ok(Some(store));
+            }
+            // The table's columns changed (ALTER TABLE flushed it first).
+            if !store.is_empty() {
+                return Ok(None);
+            }
+            self.stores.remove(location);
+        }
+        if table.schema_staged() {
+            return Ok(None);
+        }
+        let schema = std::sync::Arc::clone(table.table_schema());
+        let key = match table
+            .options()
+            .unique_keys()
+            .into_iter()
+            .find(|(_, _, primary)| *primary)
+        {
+            Some((_, columns, _)) => {
+                let indices = columns
+                    .iter()
+                    .map(|c| schema.index_of(c))
+                    .collect::<std::result::Result<Vec<_>, _>>();
+                match indices {
+                    Ok(indices) => Some(indices),
+                    Err(_) => return Ok(None),
+                }
+            }
+            None => None,
+        };
+        let flushed = rowstore::flushed_position(table).await?;
+        let version = table.version();
+        let store = match self
+            .stores
+            .get_or_insert(location, || RowStore::new(schema, key))
+        {
+            Ok(store) => store,
+            Err(_) => return Ok(None),
+        };
+        store.record_flush(version, flushed);
+        Ok(Some(store))
+    }
+
+    /// Write `location`'s store into its table (under the table's gate,
+    /// alone); nothing if it is empty.
+    pub async fn flush_table(
+        &self,
+        catalog: &Catalog,
+        location: &str,
+        state: &dyn Session,
+    ) -> Result<()> {
+        let Some(store) = self.stores.get(location) else {
+            return Ok(());
+        };
+        if store.is_empty() {
+            return Ok(());
+        }
+        let gate = self.gate(location);
+        let _alone = gate.write().await;
+        self.flush_locked(catalog, location, &store, state).await
+    }
+
+    /// Write `location`'s store into its table, for a caller that holds the
+    /// table's gate alone.
+    pub async fn flush_table_alone(
+        &self,
+        catalog: &Catalog,
+        location: &str,
+        state: &dyn Session,
+    ) -> Result<()> {
+        match self.stores.get(location) {
+            Some(store) if !store.is_empty() => {
+                self.flush_locked(catalog, location, &store, state).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Flush with the table's gate held alone.
+    async fn flush_locked(
+        &self,
+        catalog: &Catalog,
+        location: &str,
+        store: &Arc<RowStore>,
+        state: &dyn Session,
+    ) -> Result<()> {
+        let upto = self.snapshots.visible();
+        let table = match catalog.open_table(location).await {
+            Ok(table) => table,
+            Err(e) if e.state == SqlState::UNDEFINED_TABLE => {
+                // Dropped: its rows went with it.
+                self.stores.remove(location);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let after = store.flushed_at(table.version());
+        let view = store.view(upto, after)?;
+        if !view.is_empty() {
+            let committed = rowstore::flush_view(&table, state, store, &view, upto).await?;
+            if let Some(committed) = committed {
+                store.record_flush(committed.version, upto);
+            }
+        } else {
+            store.record_flush(table.version(), upto.max(after));
+        }
+        if !self.snapshots.held_below(upto + 1) {
+            store.forget_flushed();
+        }
+        self.flushed.notify_waiters();
+        Ok(())
+    }
+
+    /// Flush every store, then remove the log's segments no table needs.
+    pub async fn flush_all(&self, catalog: &Catalog, state: &dyn Session) -> Result<()> {
+        let mut first_error = None;
+        for (location, _) in self.stores.all() {
+            if let Err(e) = self.flush_table(catalog, &location, state).await {
+                log::warn!("row store of {location}: flush failed: {e}");
+                first_error.get_or_insert(e);
+            }
+        }
+        let needed = self
+            .stores
+            .all()
+            .iter()
+            .map(|(_, s)| s.flushed() + 1)
+            .min()
+            .unwrap_or(self.snapshots.visible() + 1);
+        self.wal.remove_before(needed).await?;
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Open the log in `config.wal_dir` and apply its records after each
+    /// table's flushed position.
+    pub async fn open(catalog: &Catalog, config: &RowStoreConfig) -> Result<Arc<Self>> {
+        let dir = config.wal_dir.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            Wal::open(Path::new(&dir), 1, WalOptions::default())
+        })
+        .await
+        .map_err(|e| CirroError::internal(format!("write-ahead log: {e}")))??;
+        let last = opened.records.last().map_or(0, |r| r.lsn);
+        let next = opened.wal.stats().next_lsn;
+        let service = Arc::new(Self {
+            wal: opened.wal,
+            stores: RowStores::default(),
+            snapshots: Snapshots::new(next.saturating_sub(1).max(last)),
+            locks: Arc::default(),
+            next_owner: AtomicU64::new(1),
+            budget: config.budget,
+            gates: Default::default(),
+            flushed: tokio::sync::Notify::new(),
+        });
+        let mut replayed = 0usize;
+        let locations = location_index(catalog);
+        for record in opened.records {
+            for (location, change) in rowstore::decode(&record.payload)? {
+                if !locations.contains(&location) {
+                    continue; // the table was dropped
+                }
+                let table = catalog.open_table(&location).await?;
+                let Some(store) = service.store_for(&location, &table).await? else {
+                    return Err(CirroError::new(
+                        SqlState::DATA_CORRUPTED,
+                        format!(
+                            "write-ahead log record {} changes table {location}, whose \
+                             columns no longer match it",
+                            record.lsn
+                        ),
+                    ));
+                };
+                if record.lsn > store.flushed() {
+                    store.apply(record.lsn, &change, record.lsn)?;
+                    replayed += 1;
+                }
+            }
+        }
+        if replayed > 0 {
+            log::info!(
+                "row store: applied {replayed} table changes from the write-ahead log in {}",
+                config.wal_dir.display()
+            );
+        }
+        Ok(service)
+    }
+}
+
+/// Every table location of the catalog now.
+fn location_index(catalog: &Catalog) -> std::collections::HashSet<String> {
+    let state = catalog.snapshot();
+    state
+        .databases
+        .values()
+        .flat_map(|d| d.schemas.values())
+        .flat_map(|s| s.tables.values())
+        .map(|t| t.location.clone())
+        .collect()
+}

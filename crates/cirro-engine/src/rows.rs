@@ -1,0 +1,94 @@
+//! The background flush of a data location's row stores (see
+//! `cirro_catalog::rows`), and the flush before statements that change or
+//! read tables through their files other than DML.
+
+use std::sync::{Arc, Weak};
+
+use cirro_catalog::Catalog;
+use cirro_catalog::rows::FLUSH_EVERY;
+use cirro_common::{CirroError, Result};
+use datafusion::execution::SessionState;
+use datafusion::prelude::SessionContext;
+
+use crate::Engine;
+
+/// A DataFusion session the flush scans and writes with.
+fn flush_state(catalog: &Catalog) -> SessionState {
+    let ctx = SessionContext::new();
+    let root = catalog.root();
+    if root.url().scheme() != "file" {
+        ctx.register_object_store(root.url(), Arc::clone(root.store()));
+    }
+    ctx.state()
+}
+
+/// Flush `catalog`'s row stores every [`FLUSH_EVERY`] (sooner when they
+/// pass their budget) until the catalog is dropped.
+pub fn spawn_flusher(catalog: Weak<Catalog>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let waited = tokio::time::Instant::now();
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                let Some(catalog) = catalog.upgrade() else {
+                    return;
+                };
+                let Some(service) = catalog.row_service() else {
+                    return;
+                };
+                if waited.elapsed() >= FLUSH_EVERY || service.over_budget() {
+                    break;
+                }
+            }
+            let Some(catalog) = catalog.upgrade() else {
+                return;
+            };
+            flush_now(&catalog).await;
+        }
+    })
+}
+
+/// Flush every row store of `catalog` now (failures are logged: the rows
+/// stay in the store and the log, and the next flush tries again).
+pub async fn flush_now(catalog: &Catalog) {
+    let Some(service) = catalog.row_service() else {
+        return;
+    };
+    let state = flush_state(catalog);
+    if let Err(e) = service.flush_all(catalog, &state).await {
+        log::warn!("row store flush: {e}");
+    }
+}
+
+impl Engine {
+    /// Before a statement that works on tables through their files (ALTER
+    /// TABLE, CREATE INDEX, COPY, VACUUM, OPTIMIZE): write the row stores
+    /// into them. 0A000 in a transaction that made small writes (they hold
+    /// their tables until COMMIT).
+    pub(crate) async fn flush_row_stores(&self, what: &str) -> Result<()> {
+        let Some(service) = self.catalog.row_service() else {
+            return Ok(());
+        };
+        if self.session.rows.has_pending() || self.holds_small_write_gates() {
+            return Err(CirroError::unsupported(format!(
+                "this transaction made small writes, so it cannot run {what}: COMMIT first"
+            )));
+        }
+        let state = self.context().state();
+        service.flush_all(&self.catalog, &state).await
+    }
+
+    fn holds_small_write_gates(&self) -> bool {
+        match self.hold_transaction() {
+            Some(held) => {
+                let holds = held
+                    .txn
+                    .as_ref()
+                    .is_some_and(|t| !t.points.gates.is_empty() || !t.points.alone.is_empty());
+                held.put_back();
+                holds
+            }
+            None => false,
+        }
+    }
+}

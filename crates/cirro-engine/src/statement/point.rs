@@ -1,0 +1,585 @@
+//! Small writes through the row store (see `cirro_catalog::rows`): an
+//! INSERT of VALUES, and an UPDATE or DELETE whose WHERE fixes every
+//! primary-key column to a constant, on a table whose only constraint is its
+//! primary key. Everything else takes the path through the table's files
+//! (`write.rs`), which first writes the table's row store into the files.
+//!
+//! A small write takes the table's gate shared (a change through the files
+//! takes it alone) and the lock of each key it writes, then runs its plan —
+//! DataFusion's, over the table merged with its row store, read at a
+//! snapshot taken after the locks — for the new rows. Outside a transaction
+//! it then logs and applies them at once; in one they wait in the session's
+//! pending changes, which its own statements see, until COMMIT logs every
+//! table's changes as one record. The locks and the gate are held until then.
+//!
+//! Under REPEATABLE READ, a transaction that writes a key another
+//! transaction changed after its snapshot fails with 40001, as in
+//! PostgreSQL.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::datatypes::SchemaRef;
+use cirro_common::{CirroError, Result, SqlState};
+use cirro_storage::CirroTable;
+use cirro_storage::rowstore::{Key, RowLock, RowStore, TableChange};
+use datafusion::common::ScalarValue;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::provider_as_source;
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::utils::split_conjunction;
+use datafusion::logical_expr::{DmlStatement, Expr, LogicalPlan, Operator, WriteOp, col, lit};
+use datafusion::prelude::{and, or};
+
+use crate::Engine;
+use crate::statement::{Outcome, dml};
+
+/// What a transaction holds for its small writes until it ends.
+#[derive(Default)]
+pub(crate) struct PointHold {
+    /// The lock owner (0: none taken yet).
+    pub owner: u64,
+    pub locks: Vec<RowLock>,
+    pub gates: Vec<(String, tokio::sync::OwnedRwLockReadGuard<()>)>,
+    /// Tables whose gate a statement of the transaction through their
+    /// files took alone: held until the transaction ends, so that no small
+    /// write slips in before its COMMIT.
+    pub alone: Vec<(String, tokio::sync::OwnedRwLockWriteGuard<()>)>,
+}
+
+impl PointHold {
+    fn holds_gate(&self, location: &str) -> bool {
+        self.gates.iter().any(|(l, _)| l == location)
+    }
+}
+
+enum Kind {
+    Insert,
+    Update,
+    Delete,
+}
+
+/// Run `dml` as a small write if it is one (see the module docs): None
+/// where it takes the path through the files.
+pub(crate) async fn try_run(
+    engine: &Engine,
+    dml: &DmlStatement,
+    tag: &str,
+    location: &str,
+) -> Result<Option<Outcome>> {
+    let Some(service) = engine.catalog.row_service() else {
+        return Ok(None);
+    };
+    let Ok(table) = dml::target_table(dml, tag) else {
+        return Ok(None);
+    };
+    let Some(reader) = table.rows().cloned() else {
+        return Ok(None);
+    };
+    if !only_primary_key(&table) {
+        return Ok(None);
+    }
+    let store = Arc::clone(&reader.store);
+    let kind = match &dml.op {
+        WriteOp::Insert(InsertOp::Append) if !scans_a_table(&dml.input) => Kind::Insert,
+        WriteOp::Update | WriteOp::Delete => {
+            if store.key_columns().is_none() {
+                return Ok(None);
+            }
+            let Some(_) = key_values(dml, &store)? else {
+                return Ok(None);
+            };
+            if matches!(dml.op, WriteOp::Update) && !keeps_keys(&dml.input, &store) {
+                return Ok(None);
+            }
+            if matches!(dml.op, WriteOp::Update) {
+                Kind::Update
+            } else {
+                Kind::Delete
+            }
+        }
+        _ => return Ok(None),
+    };
+    let in_txn = engine.in_transaction();
+    // A transaction that changed tables through their files keeps doing so
+    // (its COMMIT is one Delta commit per table).
+    let mut hold = if in_txn {
+        let Some(mut held) = engine.hold_transaction() else {
+            return Ok(None);
+        };
+        let Some(txn) = held.txn.as_mut() else {
+            return Ok(None);
+        };
+        if !txn.written.is_empty() || txn.ddl.is_some() || !txn.points.alone.is_empty() {
+            held.put_back();
+            return Ok(None);
+        }
+        let hold = std::mem::take(&mut txn.points);
+        held.put_back();
+        hold
+    } else {
+        PointHold::default()
+    };
+    let outcome = run(engine, dml, tag, location, &table, kind, &mut hold, in_txn).await;
+    if in_txn {
+        // Put what the transaction holds back, whatever the statement did
+        // (a failed statement fails the transaction, whose end releases it).
+        if let Some(mut held) = engine.hold_transaction() {
+            if let Some(txn) = held.txn.as_mut() {
+                let mut mine = std::mem::take(&mut txn.points);
+                mine.owner = hold.owner.max(mine.owner);
+                mine.locks.append(&mut hold.locks);
+                mine.gates.append(&mut hold.gates);
+                mine.alone.append(&mut hold.alone);
+                txn.points = mine;
+            }
+            held.put_back();
+        }
+    } else if let Ok(Some((changes, _))) = &outcome {
+        service.commit(changes.clone(), true).await?;
+    }
+    let _ = service;
+    outcome.map(|o| o.map(|(_, outcome)| outcome))
+}
+
+type Ran = Option<(Vec<(String, TableChange)>, Outcome)>;
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    engine: &Engine,
+    dml: &DmlStatement,
+    tag: &str,
+    location: &str,
+    table: &CirroTable,
+    kind: Kind,
+    hold: &mut PointHold,
+    in_txn: bool,
+) -> Result<Ran> {
+    let service = engine
+        .catalog
+        .row_service()
+        .ok_or_else(|| CirroError::internal("no row stores"))?;
+    let reader = table
+        .rows()
+        .ok_or_else(|| CirroError::internal("no row store for the table"))?;
+    let store = Arc::clone(&reader.store);
+    if hold.owner == 0 {
+        hold.owner = service.owner();
+    }
+    if !hold.holds_gate(location) {
+        let gate = service.gate(location).read_owned().await;
+        hold.gates.push((location.to_string(), gate));
+    }
+    let snapshot = engine.session.rows.snapshot();
+    // The keys the statement writes, locked before anything is read.
+    let keys: Vec<Key> = match kind {
+        Kind::Insert => Vec::new(),
+        Kind::Update | Kind::Delete => {
+            let values = key_values(dml, &store)?
+                .ok_or_else(|| CirroError::internal("a small write without its key"))?;
+            store.encode_keys(&values)?
+        }
+    };
+    for key in &keys {
+        lock(engine, hold, &store, location, key, snapshot, in_txn).await?;
+    }
+    // Outside a transaction the statement reads what is committed now.
+    if !in_txn {
+        engine.session.rows.take_snapshot(service.snapshots());
+    }
+    let latest = engine.catalog.open_table(location).await?;
+    let fresh = latest.clone().with_rows(Some(reader.clone()));
+    let rows = match kind {
+        Kind::Insert => evaluate(engine, dml.input.as_ref().clone(), store.schema()).await?,
+        Kind::Update | Kind::Delete => {
+            let plan = dml::replace_target_scan(
+                &dml.input,
+                &dml.table_name,
+                &provider_as_source(Arc::new(fresh)),
+            )?;
+            evaluate(engine, plan, store.schema()).await?
+        }
+    };
+    let count = rows.num_rows() as u64;
+    let mut pending = engine.session.rows.pending(location).unwrap_or_default();
+    match kind {
+        Kind::Insert => {
+            check_not_null(&rows, store.schema(), &table_name(dml))?;
+            if store.key_columns().is_some() {
+                let keys = store.keys_of_rows(&rows)?;
+                let mut seen = std::collections::HashSet::new();
+                let mut unknown: Vec<usize> = Vec::new();
+                for (i, key) in keys.iter().enumerate() {
+                    lock(engine, hold, &store, location, key, snapshot, in_txn).await?;
+                    let taken = !seen.insert(key.clone())
+                        || match pending.keyed.get(key) {
+                            Some(row) => row.is_some(),
+                            None => match store.latest(key) {
+                                Some((_, row)) => row.is_some(),
+                                None => {
+                                    unknown.push(i);
+                                    false
+                                }
+                            },
+                        };
+                    if taken {
+                        return Err(duplicate(table, &rows, i));
+                    }
+                }
+                if let Some(i) = in_files(engine, &latest, &store, &rows, &unknown).await? {
+                    return Err(duplicate(table, &rows, i));
+                }
+                for (i, key) in keys.into_iter().enumerate() {
+                    pending.keyed.insert(key, Some(rows.slice(i, 1)));
+                }
+            } else {
+                pending.appends.push(rows.clone());
+            }
+        }
+        Kind::Update => {
+            check_not_null(&rows, store.schema(), &table_name(dml))?;
+            let keys = store.keys_of_rows(&rows)?;
+            for (i, key) in keys.into_iter().enumerate() {
+                pending.keyed.insert(key, Some(rows.slice(i, 1)));
+            }
+        }
+        Kind::Delete => {
+            for key in store.keys_of_rows(&rows)? {
+                pending.keyed.insert(key, None);
+            }
+        }
+    }
+    let outcome = Outcome::command(dml::tag_of(tag, count));
+    if in_txn {
+        engine
+            .session
+            .rows
+            .update_pending(location, |p| *p = pending)?;
+        return Ok(Some((Vec::new(), outcome)));
+    }
+    let change = pending.change(&store)?;
+    Ok(Some((vec![(location.to_string(), change)], outcome)))
+}
+
+/// Take the lock of `key` for the statement's owner; under REPEATABLE READ
+/// in a transaction, 40001 if another transaction changed the key after the
+/// transaction's snapshot.
+async fn lock(
+    engine: &Engine,
+    hold: &mut PointHold,
+    store: &RowStore,
+    location: &str,
+    key: &[u8],
+    snapshot: Option<u64>,
+    in_txn: bool,
+) -> Result<()> {
+    let service = engine
+        .catalog
+        .row_service()
+        .ok_or_else(|| CirroError::internal("no row stores"))?;
+    if let Some(lock) = service.locks().lock(location, key, hold.owner).await? {
+        hold.locks.push(lock);
+    }
+    if in_txn
+        && let Some(snapshot) = snapshot
+        && store.latest(key).is_some_and(|(lsn, _)| lsn > snapshot)
+    {
+        return Err(CirroError::new(
+            SqlState::SERIALIZATION_FAILURE,
+            "could not serialize access due to concurrent update (another transaction \
+             changed the row after this one's snapshot); retry the transaction",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the table's only constraint is its primary key (or it has none)
+/// and no unique index: the row store checks only that key.
+fn only_primary_key(table: &CirroTable) -> bool {
+    let options = table.options();
+    options.constraints.iter().all(|c| {
+        matches!(
+            c.kind,
+            cirro_storage::options::ConstraintKind::PrimaryKey(_)
+        )
+    }) && !options.indexes.iter().any(|i| i.unique)
+        && options.distribution.is_none()
+}
+
+fn scans_a_table(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        if matches!(node, LogicalPlan::TableScan(_)) || has_subquery(node) {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+fn has_subquery(node: &LogicalPlan) -> bool {
+    let mut found = false;
+    let _ = node.apply_expressions(|e| {
+        let _ = e.apply(|e| {
+            if matches!(
+                e,
+                Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_)
+            ) {
+                found = true;
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// The filter right above the target's scan, if the plan is `[Projection
+/// →] Filter → TableScan` with no other scan or subquery.
+fn target_filter(dml: &DmlStatement) -> Option<&Expr> {
+    let mut node = dml.input.as_ref();
+    if let LogicalPlan::Projection(p) = node {
+        node = p.input.as_ref();
+    }
+    let LogicalPlan::Filter(filter) = node else {
+        return None;
+    };
+    let LogicalPlan::TableScan(scan) = filter.input.as_ref() else {
+        return None;
+    };
+    if !scan.table_name.resolved_eq(&dml.table_name) || has_subquery(node) {
+        return None;
+    }
+    if let LogicalPlan::Projection(p) = dml.input.as_ref()
+        && has_subquery(&LogicalPlan::Projection(p.clone()))
+    {
+        return None;
+    }
+    Some(&filter.predicate)
+}
+
+/// The constant each key column is fixed to by the statement's WHERE
+/// (`key = constant` conjuncts), as one-row key columns; None if some key
+/// column is not fixed.
+fn key_values(dml: &DmlStatement, store: &RowStore) -> Result<Option<Vec<ArrayRef>>> {
+    let Some(predicate) = target_filter(dml) else {
+        return Ok(None);
+    };
+    let schema = store.schema();
+    let Some(key) = store.key_columns() else {
+        return Ok(None);
+    };
+    let conjuncts = split_conjunction(predicate);
+    let mut values = Vec::with_capacity(key.len());
+    for &k in key {
+        let field = schema.field(k);
+        let found = conjuncts.iter().find_map(|c| {
+            let Expr::BinaryExpr(b) = c else { return None };
+            if b.op != Operator::Eq {
+                return None;
+            }
+            let value = match (column_name(&b.left), column_name(&b.right)) {
+                (Some(name), None) if name == *field.name() => constant(&b.right),
+                (None, Some(name)) if name == *field.name() => constant(&b.left),
+                _ => None,
+            }?;
+            value.cast_to(field.data_type()).ok()
+        });
+        match found {
+            Some(value) if !value.is_null() => values.push(value.to_array()?),
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(values))
+}
+
+fn column_name(expr: &Expr) -> Option<String> {
+    match expr {
+        Expr::Column(c) => Some(c.name.clone()),
+        Expr::Cast(c) => column_name(&c.expr),
+        _ => None,
+    }
+}
+
+fn constant(expr: &Expr) -> Option<ScalarValue> {
+    match expr {
+        Expr::Literal(v, _) => Some(v.clone()),
+        Expr::Cast(c) => constant(&c.expr)?.cast_to(c.field.data_type()).ok(),
+        Expr::TryCast(c) => constant(&c.expr)?.cast_to(c.field.data_type()).ok(),
+        _ => None,
+    }
+}
+
+/// Whether an UPDATE's projection leaves every key column as it is.
+fn keeps_keys(input: &LogicalPlan, store: &RowStore) -> bool {
+    let LogicalPlan::Projection(projection) = input else {
+        return false;
+    };
+    let schema = store.schema();
+    store.key_columns().unwrap_or(&[]).iter().all(|&k| {
+        let name = schema.field(k).name();
+        projection.expr.get(k).is_some_and(|e| {
+            let inner = match e {
+                Expr::Alias(a) => a.expr.as_ref(),
+                other => other,
+            };
+            matches!(inner, Expr::Column(c) if c.name == *name)
+        })
+    })
+}
+
+/// Run `plan` and return its rows as one batch of `schema`'s columns.
+async fn evaluate(engine: &Engine, plan: LogicalPlan, schema: &SchemaRef) -> Result<RecordBatch> {
+    let frame = engine.context().execute_logical_plan(plan).await?;
+    let batches = frame.collect().await.map_err(engine.input_error())?;
+    let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); schema.fields().len()];
+    for batch in &batches {
+        if batch.num_columns() != schema.fields().len() {
+            return Err(CirroError::internal(format!(
+                "a small write produced {} columns for a table of {}",
+                batch.num_columns(),
+                schema.fields().len()
+            )));
+        }
+        for (i, column) in batch.columns().iter().enumerate() {
+            let wanted = schema.field(i).data_type();
+            let column = if column.data_type() == wanted {
+                Arc::clone(column)
+            } else {
+                arrow::compute::cast(column, wanted)?
+            };
+            columns[i].push(column);
+        }
+    }
+    let columns = columns
+        .into_iter()
+        .enumerate()
+        .map(|(i, parts)| {
+            if parts.is_empty() {
+                return Ok(arrow::array::new_empty_array(schema.field(i).data_type()));
+            }
+            let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+            Ok(arrow::compute::concat(&refs)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // The store's schema declares the table's NOT NULL columns; they are
+    // checked (with PostgreSQL's message) before the batch is made.
+    let relaxed = Arc::new(arrow::datatypes::Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ));
+    let loose = RecordBatch::try_new(relaxed, columns)?;
+    Ok(loose)
+}
+
+/// 23502 for a NULL in a NOT NULL column; the rows as `schema`'s batch.
+fn check_not_null(rows: &RecordBatch, schema: &SchemaRef, table: &str) -> Result<()> {
+    for (i, field) in schema.fields().iter().enumerate() {
+        if !field.is_nullable() && rows.column(i).null_count() > 0 {
+            return Err(CirroError::new(
+                SqlState::NOT_NULL_VIOLATION,
+                format!(
+                    "null value in column \"{}\" of relation \"{table}\" violates not-null constraint",
+                    field.name()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn table_name(dml: &DmlStatement) -> String {
+    dml.table_name.table().to_string()
+}
+
+/// The first of `rows` (by index, among `candidates`) whose key the table's
+/// files hold, at `latest` (keys the row store does not hold).
+async fn in_files(
+    engine: &Engine,
+    latest: &CirroTable,
+    store: &RowStore,
+    rows: &RecordBatch,
+    candidates: &[usize],
+) -> Result<Option<usize>> {
+    if candidates.is_empty() || latest.files().is_empty() {
+        return Ok(None);
+    }
+    let schema = store.schema();
+    let key = store.key_columns().unwrap_or(&[]);
+    let mut any: Option<Expr> = None;
+    for &i in candidates {
+        let mut all: Option<Expr> = None;
+        for &k in key {
+            let value = ScalarValue::try_from_array(rows.column(k), i)?;
+            let term = col(datafusion::common::Column::from_name(
+                schema.field(k).name(),
+            ))
+            .eq(lit(value));
+            all = Some(match all {
+                Some(a) => and(a, term),
+                None => term,
+            });
+        }
+        if let Some(all) = all {
+            any = Some(match any {
+                Some(a) => or(a, all),
+                None => all,
+            });
+        }
+    }
+    let Some(predicate) = any else {
+        return Ok(None);
+    };
+    let files_only = Arc::new(latest.clone().with_rows(None));
+    let found = engine
+        .context()
+        .read_table(files_only)?
+        .filter(predicate)?
+        .select_columns(
+            &key.iter()
+                .map(|&k| schema.field(k).name().as_str())
+                .collect::<Vec<_>>(),
+        )?
+        .limit(0, Some(1))?
+        .collect()
+        .await?;
+    let Some(batch) = found.iter().find(|b| b.num_rows() > 0) else {
+        return Ok(None);
+    };
+    let hit = store.encode_keys(batch.columns())?.remove(0);
+    let keys = store.keys_of_rows(rows)?;
+    Ok(candidates.iter().copied().find(|&i| keys[i] == hit))
+}
+
+/// 23505 for row `i` of `rows`, whose key exists.
+fn duplicate(table: &CirroTable, rows: &RecordBatch, i: usize) -> CirroError {
+    let options = table.options();
+    let (name, key) = options
+        .unique_keys()
+        .into_iter()
+        .find(|(_, _, primary)| *primary)
+        .map(|(n, k, _)| (n, k))
+        .unwrap_or_default();
+    let schema = rows.schema();
+    let values: Vec<String> = key
+        .iter()
+        .filter_map(|c| schema.index_of(c).ok())
+        .map(|k| {
+            arrow::util::display::array_value_to_string(rows.column(k), i)
+                .unwrap_or_else(|_| "?".into())
+        })
+        .collect();
+    CirroError::new(
+        SqlState::UNIQUE_VIOLATION,
+        format!(
+            "duplicate key value violates unique constraint \"{name}\": key ({})=({}) already exists",
+            key.join(", "),
+            values.join(", ")
+        ),
+    )
+}

@@ -1,0 +1,364 @@
+//! What one session reads of the row stores: the snapshot its statement
+//! (or REPEATABLE READ transaction) reads at, and its open transaction's
+//! changes, which only it sees until COMMIT; and the scan that merges a
+//! table's files with both ([`RowReader::plan`]).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use cirro_common::{CirroError, Result};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::Result as DfResult;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::union::UnionExec;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+use futures::StreamExt;
+
+use super::{Key, RowStore, Snapshot, Snapshots, StoreView, TableChange, without_hidden};
+use crate::wal::Lsn;
+
+/// A transaction's changes of one table, not yet committed.
+#[derive(Debug, Default, Clone)]
+pub struct Pending {
+    /// Key → its new row (one-row batch), or None: deleted.
+    pub keyed: BTreeMap<Key, Option<RecordBatch>>,
+    /// Rows appended to a table without a key.
+    pub appends: Vec<RecordBatch>,
+}
+
+impl Pending {
+    pub fn is_empty(&self) -> bool {
+        self.keyed.is_empty() && self.appends.is_empty()
+    }
+
+    /// The change COMMIT logs: upserts and deletes.
+    pub fn change(&self, store: &RowStore) -> Result<TableChange> {
+        let schema = Arc::clone(store.schema());
+        let mut rows: Vec<RecordBatch> = self.appends.clone();
+        let mut deleted_rows: Vec<RecordBatch> = Vec::new();
+        rows.extend(self.keyed.values().flatten().cloned());
+        // Deleted keys: their key columns, decoded from the key bytes.
+        let deleted_keys: Vec<&Key> = self
+            .keyed
+            .iter()
+            .filter(|(_, r)| r.is_none())
+            .map(|(k, _)| k)
+            .collect();
+        if !deleted_keys.is_empty() {
+            deleted_rows.push(store.decode_keys(deleted_keys.into_iter())?);
+        }
+        let concat =
+            |schema: &SchemaRef, batches: Vec<RecordBatch>| -> Result<Option<RecordBatch>> {
+                if batches.is_empty() {
+                    return Ok(None);
+                }
+                Ok(Some(arrow::compute::concat_batches(schema, &batches)?))
+            };
+        let deletes = match deleted_rows.first() {
+            Some(first) => {
+                let schema = first.schema();
+                concat(&schema, deleted_rows)?
+            }
+            None => None,
+        };
+        Ok(TableChange {
+            upserts: concat(&schema, rows)?,
+            deletes,
+        })
+    }
+}
+
+/// A session's snapshot and pending changes (see the module docs).
+#[derive(Debug, Default)]
+pub struct SessionRows {
+    snapshot: Mutex<Option<Snapshot>>,
+    pending: Mutex<HashMap<String, Pending>>,
+}
+
+impl SessionRows {
+    /// Read at a new snapshot of `snapshots` from now on (a statement
+    /// starts; a REPEATABLE READ transaction keeps its first).
+    pub fn take_snapshot(&self, snapshots: &Arc<Snapshots>) {
+        let snapshot = snapshots.take();
+        if let Ok(mut s) = self.snapshot.lock() {
+            *s = Some(snapshot);
+        }
+    }
+
+    /// Stop holding a snapshot (the statement or transaction ended).
+    pub fn release_snapshot(&self) {
+        if let Ok(mut s) = self.snapshot.lock() {
+            *s = None;
+        }
+    }
+
+    /// The snapshot read at (None: none held, read the newest).
+    pub fn snapshot(&self) -> Option<Lsn> {
+        self.snapshot.lock().ok()?.as_ref().map(|s| s.lsn())
+    }
+
+    /// The transaction's changes of `location` so far.
+    pub fn pending(&self, location: &str) -> Option<Pending> {
+        self.pending.lock().ok()?.get(location).cloned()
+    }
+
+    /// Change the transaction's pending changes of `location`.
+    pub fn update_pending<T>(
+        &self,
+        location: &str,
+        f: impl FnOnce(&mut Pending) -> T,
+    ) -> Result<T> {
+        let mut pending = self
+            .pending
+            .lock()
+            .map_err(|e| CirroError::internal(format!("pending rows: {e}")))?;
+        Ok(f(pending.entry(location.to_string()).or_default()))
+    }
+
+    /// Take every pending change (COMMIT), leaving none.
+    pub fn take_pending(&self) -> HashMap<String, Pending> {
+        self.pending
+            .lock()
+            .map(|mut p| std::mem::take(&mut *p))
+            .unwrap_or_default()
+    }
+
+    pub fn has_pending(&self) -> bool {
+        self.pending
+            .lock()
+            .map(|p| p.values().any(|t| !t.is_empty()))
+            .unwrap_or(false)
+    }
+}
+
+/// How a table's scans reach its row store: attached to a `CirroTable` by
+/// the catalog when the process keeps row stores.
+#[derive(Clone)]
+pub struct RowReader {
+    pub store: Arc<RowStore>,
+    pub session: Arc<SessionRows>,
+    pub snapshots: Arc<Snapshots>,
+    pub location: String,
+}
+
+impl fmt::Debug for RowReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RowReader")
+            .field("location", &self.location)
+            .finish()
+    }
+}
+
+impl RowReader {
+    /// What a scan of the table version `version` merges: the store's rows
+    /// after the version's flushed position, at the session's snapshot,
+    /// with the transaction's pending changes over them.
+    pub fn view(&self, version: i64) -> Result<StoreView> {
+        let snapshot = self
+            .session
+            .snapshot()
+            .unwrap_or_else(|| self.snapshots.visible());
+        let view = self.store.view(snapshot, self.store.flushed_at(version))?;
+        match self.session.pending(&self.location) {
+            Some(pending) if !pending.is_empty() => overlay(&self.store, view, &pending),
+            _ => Ok(view),
+        }
+    }
+
+    /// `files` (a scan of the table's files producing `projection` of its
+    /// columns, or all of them) merged with `view`: file rows whose key the
+    /// view hides are dropped, the view's rows added.
+    pub fn plan(
+        &self,
+        view: &StoreView,
+        files: Arc<dyn ExecutionPlan>,
+        with_keys: &[usize],
+        projection: Option<&[usize]>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let schema = Arc::clone(self.store.schema());
+        let hidden: Arc<dyn ExecutionPlan> = if view.hidden.is_empty() {
+            files
+        } else {
+            Arc::new(HideKeys::new(
+                files,
+                Arc::clone(&self.store),
+                Arc::clone(&view.hidden),
+                with_keys.to_vec(),
+            ))
+        };
+        // `files` produced `projection` plus the key columns after it: back
+        // to `projection`.
+        let wanted: Vec<usize> = match projection {
+            Some(p) => p.to_vec(),
+            None => (0..schema.fields().len()).collect(),
+        };
+        let files = if hidden.schema().fields().len() != wanted.len() {
+            let exprs = (0..wanted.len())
+                .map(|i| {
+                    let field = hidden.schema().field(i).clone();
+                    (
+                        Arc::new(datafusion::physical_expr::expressions::Column::new(
+                            field.name(),
+                            i,
+                        )) as _,
+                        field.name().clone(),
+                    )
+                })
+                .collect::<Vec<_>>();
+            Arc::new(ProjectionExec::try_new(exprs, hidden)?) as Arc<dyn ExecutionPlan>
+        } else {
+            hidden
+        };
+        let Some(rows) = &view.rows else {
+            return Ok(files);
+        };
+        let memory = MemorySourceConfig::try_new_exec(&[vec![rows.clone()]], schema, Some(wanted))?;
+        UnionExec::try_new(vec![files, memory as Arc<dyn ExecutionPlan>])
+    }
+}
+
+/// `view` with a transaction's pending changes over it.
+fn overlay(store: &RowStore, view: StoreView, pending: &Pending) -> Result<StoreView> {
+    let mut hidden: HashSet<Key> = view.hidden.as_ref().clone();
+    let mut batches: Vec<RecordBatch> = Vec::new();
+    if let Some(rows) = &view.rows {
+        match store.key_columns() {
+            Some(_) if !pending.keyed.is_empty() => {
+                let mine: HashSet<Key> = pending.keyed.keys().cloned().collect();
+                if let Some(kept) =
+                    without_hidden(store, &mine, rows, store.key_columns().unwrap_or(&[]))?
+                {
+                    batches.push(kept);
+                }
+            }
+            _ => batches.push(rows.clone()),
+        }
+    }
+    for (key, row) in &pending.keyed {
+        hidden.insert(key.clone());
+        if let Some(row) = row {
+            batches.push(row.clone());
+        }
+    }
+    batches.extend(pending.appends.iter().cloned());
+    let rows = if batches.is_empty() {
+        None
+    } else {
+        Some(arrow::compute::concat_batches(store.schema(), &batches)?)
+    };
+    Ok(StoreView {
+        rows,
+        hidden: Arc::new(hidden),
+    })
+}
+
+/// Drops the rows whose key is hidden (by the row store).
+struct HideKeys {
+    input: Arc<dyn ExecutionPlan>,
+    store: Arc<RowStore>,
+    hidden: Arc<HashSet<Key>>,
+    /// The key columns' positions in `input`'s rows.
+    key: Vec<usize>,
+    properties: Arc<PlanProperties>,
+}
+
+impl HideKeys {
+    fn new(
+        input: Arc<dyn ExecutionPlan>,
+        store: Arc<RowStore>,
+        hidden: Arc<HashSet<Key>>,
+        key: Vec<usize>,
+    ) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(input.schema()),
+            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Self {
+            input,
+            store,
+            hidden,
+            key,
+            properties,
+        }
+    }
+}
+
+impl fmt::Debug for HideKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HideKeys({} keys)", self.hidden.len())
+    }
+}
+
+impl DisplayAs for HideKeys {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "RowStoreHide: keys={}", self.hidden.len())
+    }
+}
+
+impl ExecutionPlan for HideKeys {
+    fn name(&self) -> &str {
+        "RowStoreHide"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(
+            &Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+        ) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion>,
+    ) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion> {
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::new(
+            children.swap_remove(0),
+            Arc::clone(&self.store),
+            Arc::clone(&self.hidden),
+            self.key.clone(),
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let schema = input.schema();
+        let store = Arc::clone(&self.store);
+        let hidden = Arc::clone(&self.hidden);
+        let key = self.key.clone();
+        let stream = input.filter_map(move |batch| {
+            let out = match batch {
+                Ok(batch) => without_hidden(&store, &hidden, &batch, &key)
+                    .map_err(CirroError::into_datafusion)
+                    .transpose(),
+                Err(e) => Some(Err(e)),
+            };
+            futures::future::ready(out)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
