@@ -182,6 +182,15 @@ impl SessionTables {
     }
 
     /// The pinned table at `location`, if any.
+    /// The locations of the tables pinned now.
+    pub fn pinned_locations(&self) -> Vec<String> {
+        self.pinned
+            .lock()
+            .ok()
+            .and_then(|p| p.as_ref().map(|m| m.keys().cloned().collect()))
+            .unwrap_or_default()
+    }
+
     pub fn get(&self, location: &str) -> Option<CirroTable> {
         self.pinned
             .lock()

@@ -221,7 +221,7 @@ impl RowService {
         let Some(store) = self.stores.get(location) else {
             return Ok(());
         };
-        if store.is_empty() {
+        if !store.has_unflushed() {
             return Ok(());
         }
         let gate = self.gate(location);
@@ -238,7 +238,7 @@ impl RowService {
         state: &dyn Session,
     ) -> Result<()> {
         match self.stores.get(location) {
-            Some(store) if !store.is_empty() => {
+            Some(store) if store.has_unflushed() => {
                 self.flush_locked(catalog, location, &store, state).await
             }
             _ => Ok(()),

@@ -69,13 +69,26 @@ impl Engine {
         let Some(service) = self.catalog.row_service() else {
             return Ok(());
         };
-        if self.session.rows.has_pending() || self.holds_small_write_gates() {
+        let in_txn = self.in_transaction();
+        let appends = if in_txn && self.session.rows.has_pending() {
+            crate::statement::point::take_pending_appends(self, what)?
+        } else {
+            Vec::new()
+        };
+        if self.holds_small_write_gates() {
             return Err(CirroError::unsupported(format!(
                 "this transaction made small writes, so it cannot run {what}: COMMIT first"
             )));
         }
         let state = self.context().state();
-        service.flush_all(&self.catalog, &state).await
+        service.flush_all(&self.catalog, &state).await?;
+        if in_txn {
+            for location in self.session.pinned_locations() {
+                crate::statement::point::repin_after_flush(self, &location).await?;
+            }
+            crate::statement::point::stage_appends(self, appends).await?;
+        }
+        Ok(())
     }
 
     fn holds_small_write_gates(&self) -> bool {
@@ -84,7 +97,7 @@ impl Engine {
                 let holds = held
                     .txn
                     .as_ref()
-                    .is_some_and(|t| !t.points.gates.is_empty() || !t.points.alone.is_empty());
+                    .is_some_and(|t| !t.points.gates.is_empty());
                 held.put_back();
                 holds
             }

@@ -370,6 +370,39 @@ impl RowStore {
         }
     }
 
+    /// Whether some version is newer than the newest flush.
+    pub fn has_unflushed(&self) -> bool {
+        let flushed = self.flushed();
+        let Ok(state) = self.state.read() else {
+            return true;
+        };
+        state
+            .keys
+            .values()
+            .any(|versions| versions.last().is_some_and(|v| v.lsn > flushed))
+    }
+
+    /// Whether every table version in (`from`, `to`] was written by a flush
+    /// of this store (so the two versions hold the same rows, given the
+    /// store's versions up to the flushes' positions).
+    pub fn only_flushes_between(&self, from: i64, to: i64) -> bool {
+        let Ok(state) = self.state.read() else {
+            return false;
+        };
+        (from + 1..=to).all(|v| state.flushes.iter().any(|(f, _)| *f == v))
+    }
+
+    /// Whether a version of some key has a position in (`after`, `upto`].
+    pub fn changed_between(&self, after: Lsn, upto: Lsn) -> bool {
+        let Ok(state) = self.state.read() else {
+            return true;
+        };
+        state
+            .keys
+            .values()
+            .any(|versions| versions.iter().any(|v| v.lsn > after && v.lsn <= upto))
+    }
+
     /// Drop every version at or below the newest flushed LSN, for a table
     /// no reader reads below its newest flush any more (see [`Snapshots`]).
     pub fn forget_flushed(&self) {

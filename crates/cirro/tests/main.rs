@@ -26,6 +26,7 @@ mod concurrency_invariant;
 mod console;
 mod crash;
 mod crash_dml;
+mod crash_rows;
 mod ddl_transactions;
 mod differential;
 mod differential_queries;

@@ -123,6 +123,8 @@ struct Savepoint {
     name: String,
     /// Each table written by then, in the order of `Transaction::written`.
     written: Vec<Staged>,
+    /// The small writes pending by then (see `statement/point.rs`).
+    rows: std::collections::HashMap<String, cirro_storage::rowstore::Pending>,
 }
 
 /// What a transaction had staged of a written table at a savepoint.
@@ -418,7 +420,11 @@ impl Transaction {
     }
 
     /// `SAVEPOINT name`: remember the transaction's changes so far.
-    pub fn savepoint(&mut self, name: &str) {
+    pub fn savepoint(
+        &mut self,
+        name: &str,
+        rows: std::collections::HashMap<String, cirro_storage::rowstore::Pending>,
+    ) {
         let written = self
             .written
             .iter()
@@ -432,6 +438,7 @@ impl Transaction {
         self.savepoints.push(Savepoint {
             name: name.to_string(),
             written,
+            rows,
         });
     }
 
@@ -791,6 +798,14 @@ impl Engine {
             let name = written.name.clone();
             held.put_back();
             return Err(ddl_and_writes(&name));
+        }
+        // Small writes (see point.rs) are writes of existing tables too.
+        if self.session.rows.has_pending() || !txn.points.gates.is_empty() {
+            held.put_back();
+            return Err(CirroError::unsupported(
+                "a transaction that changed existing tables cannot run DDL (the catalog and \
+                 an existing table cannot commit atomically yet): COMMIT first",
+            ));
         }
         let ddl = txn
             .ddl
@@ -1163,7 +1178,7 @@ impl Engine {
                 "the transaction ended during a statement",
             )),
             (SavepointOp::Set, Some(txn)) => {
-                txn.savepoint(name);
+                txn.savepoint(name, self.session.rows.all_pending());
                 Ok(Vec::new())
             }
             (SavepointOp::Release, Some(txn)) => txn.release(name).map(|_| Vec::new()),
@@ -1172,7 +1187,18 @@ impl Engine {
                     "ROLLBACK TO SAVEPOINT in a transaction that ran DDL is not supported: ROLLBACK the transaction",
                 ))
             }
-            (SavepointOp::RollbackTo, Some(txn)) => txn.rollback_to(name).await,
+            (SavepointOp::RollbackTo, Some(txn)) => {
+                let views = txn.rollback_to(name).await;
+                // The small writes since the savepoint are dropped (their
+                // row locks stay until the transaction ends, as in
+                // PostgreSQL).
+                if views.is_ok()
+                    && let Some(saved) = txn.savepoints.iter().rfind(|s| s.name == name)
+                {
+                    self.session.rows.set_pending(saved.rows.clone());
+                }
+                views
+            }
         };
         match result {
             Ok(views) => {

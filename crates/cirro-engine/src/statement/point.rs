@@ -205,6 +205,7 @@ async fn run(
     match kind {
         Kind::Insert => {
             check_not_null(&rows, store.schema(), &table_name(dml))?;
+            let rows = conformed(&rows, table, &store)?;
             if store.key_columns().is_some() {
                 let keys = store.keys_of_rows(&rows)?;
                 let mut seen = std::collections::HashSet::new();
@@ -238,6 +239,7 @@ async fn run(
         }
         Kind::Update => {
             check_not_null(&rows, store.schema(), &table_name(dml))?;
+            let rows = conformed(&rows, table, &store)?;
             let keys = store.keys_of_rows(&rows)?;
             for (i, key) in keys.into_iter().enumerate() {
                 pending.keyed.insert(key, Some(rows.slice(i, 1)));
@@ -259,6 +261,134 @@ async fn run(
     }
     let change = pending.change(&store)?;
     Ok(Some((vec![(location.to_string(), change)], outcome)))
+}
+
+/// Before a statement through the files in a transaction that made small
+/// writes: take its pending appends (tables without a key) out, to be
+/// staged as data files once the tables' stores are written into their
+/// files ([`stage_appends`]), and let go of those tables' gates. 0A000 if it
+/// changed rows by key (those cannot be moved to the files yet).
+pub(crate) fn take_pending_appends(
+    engine: &Engine,
+    name: &str,
+) -> Result<Vec<(String, Vec<RecordBatch>)>> {
+    let pending = engine.session.rows.all_pending();
+    if pending.values().any(|p| !p.keyed.is_empty()) {
+        return Err(CirroError::unsupported(format!(
+            "this transaction changed rows by key through the row store, so it cannot also \
+             change \"{name}\" through its files (a statement over many rows, TRUNCATE, \
+             MERGE): COMMIT first"
+        )));
+    }
+    let mut taken: Vec<(String, Vec<RecordBatch>)> = pending
+        .into_iter()
+        .filter(|(_, p)| !p.appends.is_empty())
+        .map(|(l, p)| (l, p.appends))
+        .collect();
+    taken.sort_by(|a, b| a.0.cmp(&b.0));
+    engine.session.rows.set_pending(Default::default());
+    if let Some(held) = engine.hold_transaction() {
+        let mut held = held;
+        if let Some(txn) = held.txn.as_mut() {
+            txn.points
+                .gates
+                .retain(|(l, _)| !taken.iter().any(|(t, _)| t == l));
+        }
+        held.put_back();
+    }
+    Ok(taken)
+}
+
+/// After the row store of the table at `location` was written into its
+/// files: a transaction that read the table before reads the flushed
+/// version from now on, which holds the same rows if only flushes came
+/// between and they wrote nothing after its snapshot; else 40001 (it read
+/// rows the store held, which a statement through the files cannot
+/// change).
+pub(crate) async fn repin_after_flush(engine: &Engine, location: &str) -> Result<()> {
+    let Some(pinned) = engine.session.get(location) else {
+        return Ok(());
+    };
+    let Some(service) = engine.catalog.row_service() else {
+        return Ok(());
+    };
+    let Some(store) = service.stores().get(location) else {
+        return Ok(());
+    };
+    let latest = engine.catalog.open_table(location).await?;
+    if latest.version() == pinned.version() {
+        return Ok(());
+    }
+    let snapshot = engine.session.rows.snapshot().unwrap_or(0);
+    let view = store.view(snapshot, store.flushed_at(pinned.version()))?;
+    if view.is_empty() {
+        return Ok(());
+    }
+    let staged = engine.hold_transaction().is_some_and(|held| {
+        let staged = held
+            .txn
+            .as_ref()
+            .is_some_and(|t| t.written.iter().any(|w| w.location == location));
+        held.put_back();
+        staged
+    });
+    let same = !staged
+        && store.only_flushes_between(pinned.version(), latest.version())
+        && !store.changed_between(snapshot, store.flushed_at(latest.version()));
+    if !same {
+        return Err(CirroError::new(
+            SqlState::SERIALIZATION_FAILURE,
+            "could not serialize access: the table's recent small writes were written into \
+             its files after this transaction first read it; retry the transaction",
+        ));
+    }
+    engine.session.set(location, latest);
+    Ok(())
+}
+
+/// Stage appends taken by [`take_pending_appends`] as data files in the
+/// transaction, as an INSERT through the files would have written them.
+pub(crate) async fn stage_appends(
+    engine: &Engine,
+    appends: Vec<(String, Vec<RecordBatch>)>,
+) -> Result<()> {
+    for (location, batches) in appends {
+        let table = match engine.session.get(&location) {
+            Some(pinned) => pinned,
+            None => engine.catalog.open_table(&location).await?,
+        };
+        let stored: Vec<Result<RecordBatch>> = batches
+            .iter()
+            .map(|b| cirro_storage::write::conform(b, table.stored_schema()))
+            .collect();
+        let (adds, _) =
+            cirro_storage::write::write_files(&table, futures::stream::iter(stored)).await?;
+        let change = cirro_storage::mutate::Change::append(&table, adds, false);
+        let Some(mut held) = engine.hold_transaction() else {
+            change.discard().await;
+            return Err(CirroError::internal(
+                "the transaction ended during a statement",
+            ));
+        };
+        let Some(txn) = held.txn.as_mut() else {
+            change.discard().await;
+            return Err(CirroError::internal(
+                "the transaction ended during a statement",
+            ));
+        };
+        let view = txn
+            .stage(
+                &location,
+                &location,
+                change,
+                false,
+                !engine.catalog.in_cluster(),
+            )
+            .await?;
+        held.put_back();
+        engine.session.set(&location, view);
+    }
+    Ok(())
 }
 
 /// Take the lock of `key` for the statement's owner; under REPEATABLE READ
@@ -491,6 +621,27 @@ fn check_not_null(rows: &RecordBatch, schema: &SchemaRef, table: &str) -> Result
         }
     }
     Ok(())
+}
+
+/// `rows` as the table stores them (VARCHAR(n)/CHAR(n) lengths checked and
+/// cut as every write does: `cirro_storage::write::conform`), in the row
+/// store's schema.
+fn conformed(rows: &RecordBatch, table: &CirroTable, store: &RowStore) -> Result<RecordBatch> {
+    let stored = cirro_storage::write::conform(rows, table.stored_schema())?;
+    let schema = store.schema();
+    let columns = stored
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(Arc::clone(c))
+            } else {
+                Ok(arrow::compute::cast(c, f.data_type())?)
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 fn table_name(dml: &DmlStatement) -> String {

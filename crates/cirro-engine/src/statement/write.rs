@@ -42,12 +42,11 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
         }
         // Through the files: the table's row store is written into them
         // first, and no small write lands until this statement is done.
-        if engine.session.rows.has_pending() {
-            return Err(CirroError::unsupported(format!(
-                "this transaction made small writes, so it cannot also change \"{name}\" \
-                 through its files (a statement over many rows, TRUNCATE, MERGE): COMMIT first"
-            )));
-        }
+        let appends = if engine.session.rows.has_pending() {
+            point::take_pending_appends(engine, &name)?
+        } else {
+            Vec::new()
+        };
         let already = in_txn
             && engine.hold_transaction().is_some_and(|held| {
                 let mine = held
@@ -87,6 +86,10 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
                 _alone = Some(held);
             }
         }
+        if in_txn {
+            point::stage_appends(engine, appends).await?;
+            dml = to_view(engine, dml, &location)?;
+        }
     }
     // Plain INSERTs commit in their sink, unless the table has
     // constraints to check before the commit.
@@ -124,26 +127,39 @@ async fn retarget(engine: &Engine, dml: DmlStatement, location: &str) -> Result<
     let Ok(current) = dml::target_table(&dml, "DML") else {
         return Ok(dml);
     };
-    if let Some(reader) = current.rows() {
-        let view = reader.view(current.version())?;
-        if view.is_empty() {
-            return Ok(dml);
-        }
-        if engine.in_transaction() {
-            return Err(CirroError::new(
-                SqlState::SERIALIZATION_FAILURE,
-                "could not serialize access: the table's recent small writes were written \
-                 into its files after this transaction first read it; retry the transaction",
-            ));
-        }
-    }
     let latest = engine.catalog.open_table(location).await?;
+    if engine.in_transaction() {
+        point::repin_after_flush(engine, location).await?;
+    } else if let Some(reader) = current.rows()
+        && reader.view(current.version())?.is_empty()
+    {
+        return Ok(dml);
+    }
     let reader = current.rows().cloned();
     let source = datafusion::datasource::provider_as_source(Arc::new(latest.with_rows(reader)));
     let input = dml::replace_target_scan(&dml.input, &dml.table_name, &source).or_else(|_| {
         // TRUNCATE and INSERT … VALUES do not scan their target.
         Ok::<_, CirroError>(dml.input.as_ref().clone())
     })?;
+    Ok(DmlStatement {
+        target: source,
+        input: Arc::new(input),
+        ..dml
+    })
+}
+
+/// `dml` over the transaction's view of the table at `location` (what it
+/// staged of it), if it has one.
+fn to_view(engine: &Engine, dml: DmlStatement, location: &str) -> Result<DmlStatement> {
+    let Some(view) = engine.session.get(location) else {
+        return Ok(dml);
+    };
+    let reader = dml::target_table(&dml, "DML")
+        .ok()
+        .and_then(|t| t.rows().cloned());
+    let source = datafusion::datasource::provider_as_source(Arc::new(view.with_rows(reader)));
+    let input = dml::replace_target_scan(&dml.input, &dml.table_name, &source)
+        .unwrap_or_else(|_| dml.input.as_ref().clone());
     Ok(DmlStatement {
         target: source,
         input: Arc::new(input),

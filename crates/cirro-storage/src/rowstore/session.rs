@@ -124,6 +124,18 @@ impl SessionRows {
         Ok(f(pending.entry(location.to_string()).or_default()))
     }
 
+    /// Every pending change (a SAVEPOINT keeps them).
+    pub fn all_pending(&self) -> HashMap<String, Pending> {
+        self.pending.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// Put back the pending changes a SAVEPOINT kept (ROLLBACK TO).
+    pub fn set_pending(&self, pending: HashMap<String, Pending>) {
+        if let Ok(mut p) = self.pending.lock() {
+            *p = pending;
+        }
+    }
+
     /// Take every pending change (COMMIT), leaving none.
     pub fn take_pending(&self) -> HashMap<String, Pending> {
         self.pending
