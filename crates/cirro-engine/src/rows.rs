@@ -92,16 +92,7 @@ impl Engine {
     }
 
     fn holds_small_write_gates(&self) -> bool {
-        match self.hold_transaction() {
-            Some(held) => {
-                let holds = held
-                    .txn
-                    .as_ref()
-                    .is_some_and(|t| !t.points.gates.is_empty());
-                held.put_back();
-                holds
-            }
-            None => false,
-        }
+        self.peek_transaction(|t| !t.points.gates.is_empty())
+            .unwrap_or(false)
     }
 }

@@ -53,6 +53,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("spill_join", "on"),
     ("standard_conforming_strings", "on"),
     ("statement_timeout", "0"),
+    ("synchronous_commit", "on"),
     ("timezone", "UTC"),
     ("transaction_isolation", "repeatable read"),
     ("transaction_read_only", "off"),
@@ -519,6 +520,22 @@ pub(crate) fn checked_value(
             _ => Err(CirroError::new(
                 SqlState::INVALID_PARAMETER_VALUE,
                 format!("invalid value for parameter \"{name}\": \"{value}\" (on or off)"),
+            )),
+        },
+        // With the row store: off answers a small write's COMMIT before its
+        // log record is synced (within 200 ms); PostgreSQL's other values
+        // wait for the sync, as `on` does (there are no standbys).
+        "synchronous_commit" => match value.to_ascii_lowercase().as_str() {
+            "on" | "true" | "1" | "yes" | "local" | "remote_write" | "remote_apply" => {
+                Ok(value.to_ascii_lowercase())
+            }
+            "off" | "false" | "0" | "no" => Ok("off".to_string()),
+            _ => Err(CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                format!(
+                    "invalid value for parameter \"{name}\": \"{value}\" (on, off, local, \
+                     remote_write or remote_apply)"
+                ),
             )),
         },
         "aggregation_exchange" => match value.to_ascii_lowercase().as_str() {

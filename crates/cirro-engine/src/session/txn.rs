@@ -1142,8 +1142,23 @@ impl Engine {
             })?;
             changes.push((location.clone(), table.change(&store)?));
         }
-        service.commit(changes, true).await?;
+        service.commit(changes, self.synchronous_commit()).await?;
         Ok(())
+    }
+
+    /// Whether a small write's COMMIT waits for its log record's sync
+    /// (`synchronous_commit`, on unless set off).
+    pub(crate) fn synchronous_commit(&self) -> bool {
+        self.settings.get("synchronous_commit") != "off"
+    }
+
+    /// `f` of the transaction in progress (None outside one or when it
+    /// failed), which stays in progress.
+    pub(crate) fn peek_transaction<T>(&self, f: impl FnOnce(&Transaction) -> T) -> Option<T> {
+        let held = self.hold_transaction()?;
+        let out = held.txn.as_ref().map(f);
+        held.put_back();
+        out
     }
 
     /// SAVEPOINT, RELEASE SAVEPOINT and ROLLBACK TO SAVEPOINT.

@@ -136,7 +136,9 @@ pub(crate) async fn try_run(
             held.put_back();
         }
     } else if let Ok(Some((changes, _))) = &outcome {
-        service.commit(changes.clone(), true).await?;
+        service
+            .commit(changes.clone(), engine.synchronous_commit())
+            .await?;
     }
     let _ = service;
     outcome.map(|o| o.map(|(_, outcome)| outcome))
@@ -324,14 +326,9 @@ pub(crate) async fn repin_after_flush(engine: &Engine, location: &str) -> Result
     if view.is_empty() {
         return Ok(());
     }
-    let staged = engine.hold_transaction().is_some_and(|held| {
-        let staged = held
-            .txn
-            .as_ref()
-            .is_some_and(|t| t.written.iter().any(|w| w.location == location));
-        held.put_back();
-        staged
-    });
+    let staged = engine
+        .peek_transaction(|t| t.written.iter().any(|w| w.location == location))
+        .unwrap_or(false);
     let same = !staged
         && store.only_flushes_between(pinned.version(), latest.version())
         && !store.changed_between(snapshot, store.flushed_at(latest.version()));

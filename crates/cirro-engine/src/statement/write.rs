@@ -48,14 +48,9 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
             Vec::new()
         };
         let already = in_txn
-            && engine.hold_transaction().is_some_and(|held| {
-                let mine = held
-                    .txn
-                    .as_ref()
-                    .is_some_and(|t| t.points.alone.iter().any(|(l, _)| *l == location));
-                held.put_back();
-                mine
-            });
+            && engine
+                .peek_transaction(|t| t.points.alone.iter().any(|(l, _)| *l == location))
+                .unwrap_or(false);
         if !already {
             let gate = service.gate(&location);
             let held = tokio::time::timeout(GATE_WAIT, gate.write_owned())
