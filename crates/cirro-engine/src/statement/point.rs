@@ -86,9 +86,9 @@ pub(crate) async fn try_run(
             if store.key_columns().is_none() {
                 return Ok(None);
             }
-            let Some(_) = key_values(dml, &store)? else {
+            if key_values(dml, &store)?.is_none() {
                 return Ok(None);
-            };
+            }
             if matches!(dml.op, WriteOp::Update) && !keeps_keys(&dml.input, &store) {
                 return Ok(None);
             }
@@ -140,7 +140,6 @@ pub(crate) async fn try_run(
             .commit(changes.clone(), engine.synchronous_commit())
             .await?;
     }
-    let _ = service;
     outcome.map(|o| o.map(|(_, outcome)| outcome))
 }
 
