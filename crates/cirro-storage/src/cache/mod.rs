@@ -38,6 +38,7 @@
 //! first.
 
 pub mod disk;
+pub mod lookup;
 mod routed;
 mod scan;
 

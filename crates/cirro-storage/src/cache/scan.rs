@@ -785,71 +785,93 @@ impl FileState {
             None,
             &opener.metrics,
         )?;
-        let mask = ProjectionMask::roots(self.reader_metadata.parquet_schema(), columns.to_vec());
-        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
+        decode_row_group(
             reader,
-            self.reader_metadata.clone(),
+            &self.reader_metadata,
+            &self.path,
+            (group, rows),
+            columns,
+            |column| {
+                opener
+                    .output
+                    .fields()
+                    .iter()
+                    .zip(&self.sources)
+                    .find(|(_, s)| **s == Some(column))
+                    .map(|(f, _)| f.data_type().clone())
+            },
         )
-        .with_projection(mask)
-        .with_row_groups(vec![group])
-        .with_batch_size(PIECE_ROWS)
-        .build()?;
-        let batches: Vec<RecordBatch> = stream.try_collect().await?;
-        // Pieces of PIECE_ROWS rows, the last one shorter, as the scan
-        // hands them on.
-        let expected: Vec<usize> = (0..rows.div_ceil(PIECE_ROWS))
-            .map(|i| PIECE_ROWS.min(rows - i * PIECE_ROWS))
-            .collect();
-        let lengths: Vec<usize> = batches.iter().map(|b| b.num_rows()).collect();
-        let total: usize = lengths.iter().sum();
-        if total != rows {
-            return Err(DataFusionError::Internal(format!(
-                "row group {group} of {} decoded {total} rows, its footer says {rows}",
-                self.path
-            )));
-        }
-        // The reader cuts a row group at the batch size; should it ever cut
-        // otherwise, re-cut (the pieces then share one array's buffers).
-        let batches = if lengths == expected {
-            batches
-        } else {
-            let whole = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
-            let mut offset = 0;
-            expected
-                .iter()
-                .map(|&n| {
-                    let piece = whole.slice(offset, n);
-                    offset += n;
-                    piece
-                })
-                .collect()
-        };
-        // The stream's columns are `columns` in file order.
-        let mut sorted = columns.to_vec();
-        sorted.sort_unstable();
-        let mut out = Vec::with_capacity(columns.len());
-        for (position, &column) in sorted.iter().enumerate() {
-            let table_type = opener
-                .output
-                .fields()
-                .iter()
-                .zip(&self.sources)
-                .find(|(_, s)| **s == Some(column))
-                .map(|(f, _)| f.data_type().clone());
-            let pieces = batches
-                .iter()
-                .map(|b| {
-                    let array = Arc::clone(b.column(position));
-                    match &table_type {
-                        Some(t) if t != array.data_type() => Ok(cast(&array, t)?),
-                        _ => Ok(array),
-                    }
-                })
-                .collect::<Result<Vec<ArrayRef>>>()?;
-            out.push((column, Arc::new(pieces)));
-        }
-        Ok(out)
+        .await
     }
+}
+
+/// Decode `columns` (indices in the file's schema) of row group `group`
+/// (of `rows` rows) of the file at `path`, each cast to the type
+/// `table_type` gives it (None: as decoded), in pieces of [`PIECE_ROWS`]:
+/// the hot-data tier's chunks.
+pub(super) async fn decode_row_group(
+    reader: Box<dyn AsyncFileReader>,
+    reader_metadata: &ArrowReaderMetadata,
+    path: &str,
+    (group, rows): (usize, usize),
+    columns: &[usize],
+    table_type: impl Fn(usize) -> Option<arrow::datatypes::DataType>,
+) -> Result<Vec<(usize, Chunk)>> {
+    let mask = ProjectionMask::roots(reader_metadata.parquet_schema(), columns.to_vec());
+    let stream =
+        ParquetRecordBatchStreamBuilder::new_with_metadata(reader, reader_metadata.clone())
+            .with_projection(mask)
+            .with_row_groups(vec![group])
+            .with_batch_size(PIECE_ROWS)
+            .build()?;
+    let batches: Vec<RecordBatch> = stream.try_collect().await?;
+    // Pieces of PIECE_ROWS rows, the last one shorter, as the scan
+    // hands them on.
+    let expected: Vec<usize> = (0..rows.div_ceil(PIECE_ROWS))
+        .map(|i| PIECE_ROWS.min(rows - i * PIECE_ROWS))
+        .collect();
+    let lengths: Vec<usize> = batches.iter().map(|b| b.num_rows()).collect();
+    let total: usize = lengths.iter().sum();
+    if total != rows {
+        return Err(DataFusionError::Internal(format!(
+            "row group {group} of {path} decoded {total} rows, its footer says {rows}"
+        )));
+    }
+    // The reader cuts a row group at the batch size; should it ever cut
+    // otherwise, re-cut (the pieces then share one array's buffers).
+    let batches = if lengths == expected {
+        batches
+    } else {
+        let whole = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+        let mut offset = 0;
+        expected
+            .iter()
+            .map(|&n| {
+                let piece = whole.slice(offset, n);
+                offset += n;
+                piece
+            })
+            .collect()
+    };
+    // The stream's columns are `columns` in file order.
+    let mut sorted = columns.to_vec();
+    sorted.sort_unstable();
+    let mut out = Vec::with_capacity(columns.len());
+    for (position, &column) in sorted.iter().enumerate() {
+        let wanted = table_type(column);
+        let pieces = batches
+            .iter()
+            .map(|b| {
+                let array = Arc::clone(b.column(position));
+                match &wanted {
+                    Some(t) if t != array.data_type() => Ok(cast(&array, t)?),
+                    _ => Ok(array),
+                }
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        out.push((column, Arc::new(pieces)));
+    }
+    Ok(out)
 }
 
 /// The dynamic filters of a scan's predicate applied to its rows. A hash

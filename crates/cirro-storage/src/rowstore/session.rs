@@ -111,6 +111,18 @@ impl SessionRows {
         self.pending.lock().ok()?.get(location).cloned()
     }
 
+    /// The transaction's pending change of `key` in `location`: None if it
+    /// changed nothing there; Some(None): deleted.
+    pub fn pending_row(&self, location: &str, key: &[u8]) -> Option<Option<RecordBatch>> {
+        self.pending
+            .lock()
+            .ok()?
+            .get(location)?
+            .keyed
+            .get(key)
+            .cloned()
+    }
+
     /// Change the transaction's pending changes of `location`.
     pub fn update_pending<T>(
         &self,
@@ -184,6 +196,22 @@ impl RowReader {
             Some(pending) if !pending.is_empty() => overlay(&self.store, view, &pending),
             _ => Ok(view),
         }
+    }
+
+    /// The version of `key` the session sees over the files of table
+    /// version `version`: its transaction's pending change, else the
+    /// store's version at its snapshot; None where the files answer,
+    /// Some(None): deleted.
+    pub fn lookup(&self, key: &[u8], version: i64) -> Option<Option<RecordBatch>> {
+        if let Some(mine) = self.session.pending_row(&self.location, key) {
+            return Some(mine);
+        }
+        let snapshot = self
+            .session
+            .snapshot()
+            .unwrap_or_else(|| self.snapshots.visible());
+        self.store
+            .lookup(key, snapshot, self.store.flushed_at(version))
     }
 
     /// `files` (a scan of the table's files producing `projection` of its

@@ -1,0 +1,553 @@
+//! Point reads of a table's files by key: the row whose key columns equal
+//! given values, found without a scan.
+//!
+//! A table's files are written sorted by its primary key (see the engine's
+//! `indexes.rs`), so the key's row groups have narrow min/max ranges: the
+//! footer's statistics leave the one row group that can hold the key (more
+//! where files overlap, as after several flushes of a row store). The key
+//! columns of that row group, then the rest of its columns once a row
+//! matches, come from the hot-data tier, or are decoded and kept there as
+//! a scan keeps them; the deletion vector of the file drops a deleted row.
+//! A lookup that finds the key's chunks cached touches no file: a hash
+//! probe per chunk and a comparison of the key column.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array, UInt64Array,
+};
+use arrow::compute::kernels::cmp::eq;
+use arrow::datatypes::{Schema, SchemaRef};
+use cirro_common::{CirroError, Result};
+use datafusion::common::ScalarValue;
+use datafusion::common::hash_utils::{RandomState, create_hashes};
+use datafusion::datasource::listing::ListingTableUrl;
+use datafusion::datasource::physical_plan::ParquetFileReaderFactory;
+use datafusion::datasource::physical_plan::parquet::{
+    DefaultParquetFileReaderFactory, apply_file_schema_type_coercions,
+};
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion_datasource::PartitionedFile;
+use object_store::ObjectStore;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use parquet::arrow::async_reader::AsyncFileReader;
+use parquet::errors::ParquetError;
+use parquet::file::metadata::ParquetMetaData;
+use roaring::RoaringTreemap;
+
+use super::scan::decode_row_group;
+use super::{ChunkKey, ColumnCache, PIECE_ROWS, Priority};
+use crate::CirroTable;
+
+/// Deletion vectors read by lookups, by descriptor (a descriptor names an
+/// immutable file, or holds the vector inline): a lookup of a flushed table
+/// reads its vectors once.
+static DELETED: LazyLock<Mutex<HashMap<String, Arc<RoaringTreemap>>>> =
+    LazyLock::new(Default::default);
+const DELETED_ENTRIES: usize = 4096;
+
+/// Footers as lookups read them (with the table schema they were read
+/// for), by file: a data file never changes.
+#[allow(clippy::type_complexity)]
+static FOOTERS: LazyLock<Mutex<HashMap<(Arc<str>, u64), (SchemaRef, Arc<Footer>)>>> =
+    LazyLock::new(Default::default);
+const FOOTER_ENTRIES: usize = 4096;
+
+/// The seed of the key indexes' hashes (any fixed one: they live in this
+/// process only).
+const INDEX_SEED: u64 = 0x6369_7272_6f6b_6579;
+
+/// The live row of `table`'s files whose columns `key` (index in the
+/// table's schema, value of that column's type) hold those values, as a
+/// one-row batch of the table's columns (NOT NULL relaxed: a file written
+/// before a column was added reads it as NULL); None if no file holds it.
+/// `cache`: the hot-data tier (None: decode every time).
+pub async fn find_row(
+    table: &CirroTable,
+    runtime: &RuntimeEnv,
+    cache: Option<&ColumnCache>,
+    key: &[(usize, ScalarValue)],
+) -> Result<Option<RecordBatch>> {
+    let schema = table.table_schema();
+    let relaxed: SchemaRef = Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ));
+    for (index, file) in table.files().iter().enumerate() {
+        let url = ListingTableUrl::parse(&file.url)?;
+        let store = runtime.object_store(url.object_store())?;
+        let path: Arc<str> = Arc::from(url.prefix().as_ref());
+        let lookup = FileLookup {
+            store,
+            path,
+            size: file.size,
+            cache,
+            schema,
+        };
+        let footer = lookup.footer().await?;
+        for (group, row, first_row) in lookup.find(&footer, key).await? {
+            if deleted(table, index)
+                .await?
+                .contains((first_row + row) as u64)
+            {
+                continue;
+            }
+            let columns = lookup.row_of(&footer, group, row).await?;
+            // The index finds rows by the key's hash: the row's own key decides.
+            let same = key.iter().all(|(c, value)| {
+                ScalarValue::try_from_array(&columns[*c], 0).is_ok_and(|found| {
+                    found.cast_to(&value.data_type()).ok().as_ref() == Some(value)
+                })
+            });
+            if !same {
+                continue;
+            }
+            let options = RecordBatchOptions::new().with_row_count(Some(1));
+            return Ok(Some(RecordBatch::try_new_with_options(
+                Arc::clone(&relaxed),
+                columns,
+                &options,
+            )?));
+        }
+    }
+    Ok(None)
+}
+
+fn parquet_error(e: ParquetError) -> CirroError {
+    CirroError::from(datafusion::error::DataFusionError::from(e))
+}
+
+/// The rows the deletion vector of the table's file `index` deletes.
+async fn deleted(table: &CirroTable, index: usize) -> Result<Arc<RoaringTreemap>> {
+    let Some(descriptor) = table.files()[index].deletion_vector() else {
+        return Ok(Arc::new(RoaringTreemap::new()));
+    };
+    let id = format!(
+        "{}|{:?}|{}|{:?}",
+        table.url(),
+        descriptor.storage_type,
+        descriptor.path_or_inline_dv,
+        descriptor.offset
+    );
+    if let Some(found) = DELETED.lock().ok().and_then(|d| d.get(&id).cloned()) {
+        return Ok(found);
+    }
+    let read = table
+        .deletion_vectors(&[index])
+        .await?
+        .pop()
+        .flatten()
+        .unwrap_or_default();
+    let read = Arc::new(read);
+    if let Ok(mut kept) = DELETED.lock() {
+        if kept.len() >= DELETED_ENTRIES {
+            kept.clear();
+        }
+        kept.insert(id, Arc::clone(&read));
+    }
+    Ok(read)
+}
+
+/// One data file, read for a lookup.
+struct FileLookup<'a> {
+    store: Arc<dyn ObjectStore>,
+    path: Arc<str>,
+    size: u64,
+    cache: Option<&'a ColumnCache>,
+    /// The table's columns (as scans produce them).
+    schema: &'a SchemaRef,
+}
+
+/// What a lookup needs of a file's footer.
+struct Footer {
+    reader_metadata: ArrowReaderMetadata,
+    /// For each table column, its index in the file (None: the file
+    /// predates it).
+    sources: Vec<Option<usize>>,
+}
+
+impl FileLookup<'_> {
+    /// A reader of the file, as DataFusion's scan makes one.
+    fn reader(&self) -> Result<Box<dyn AsyncFileReader>> {
+        let file = PartitionedFile::new(self.path.to_string(), self.size);
+        Ok(
+            DefaultParquetFileReaderFactory::new(Arc::clone(&self.store)).create_reader(
+                0,
+                file,
+                None,
+                &ExecutionPlanMetricsSet::new(),
+            )?,
+        )
+    }
+
+    /// The file's footer as the table reads it, kept between lookups.
+    async fn footer(&self) -> Result<Arc<Footer>> {
+        let id = (Arc::clone(&self.path), self.size);
+        if let Some((schema, footer)) = FOOTERS.lock().ok().and_then(|f| f.get(&id).cloned())
+            && (Arc::ptr_eq(&schema, self.schema) || schema == *self.schema)
+        {
+            return Ok(footer);
+        }
+        let footer = Arc::new(self.read_footer().await?);
+        if let Ok(mut kept) = FOOTERS.lock() {
+            if kept.len() >= FOOTER_ENTRIES {
+                kept.clear();
+            }
+            kept.insert(id, (Arc::clone(self.schema), Arc::clone(&footer)));
+        }
+        Ok(footer)
+    }
+
+    async fn read_footer(&self) -> Result<Footer> {
+        let cached = self.cache.and_then(|c| c.footer(&self.path, self.size));
+        let footer: Arc<ParquetMetaData> = match cached {
+            Some(footer) => footer,
+            None => {
+                let mut reader = self.reader()?;
+                let loaded =
+                    ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+                        .await
+                        .map_err(parquet_error)?
+                        .metadata()
+                        .clone();
+                if let Some(cache) = self.cache {
+                    cache.keep_footer(Arc::clone(&self.path), self.size, Arc::clone(&loaded));
+                }
+                loaded
+            }
+        };
+        // The file's columns as the table reads them (Utf8View strings, …),
+        // as the cached scan reads them.
+        let natural = ArrowReaderMetadata::try_new(Arc::clone(&footer), ArrowReaderOptions::new())
+            .map_err(parquet_error)?;
+        let mut physical = Arc::clone(natural.schema());
+        if let Some(coerced) = apply_file_schema_type_coercions(self.schema, &physical) {
+            physical = Arc::new(coerced);
+        }
+        let reader_metadata = ArrowReaderMetadata::try_new(
+            footer,
+            ArrowReaderOptions::new().with_schema(Arc::clone(&physical)),
+        )
+        .map_err(parquet_error)?;
+        let sources = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| physical.index_of(f.name()).ok())
+            .collect();
+        Ok(Footer {
+            reader_metadata,
+            sources,
+        })
+    }
+
+    /// The rows holding `key`: (row group, row in it, the group's first
+    /// row in the file), deleted or not.
+    async fn find(
+        &self,
+        footer: &Footer,
+        key: &[(usize, ScalarValue)],
+    ) -> Result<Vec<(usize, usize, usize)>> {
+        let metadata = footer.reader_metadata.metadata();
+        let groups = metadata.row_groups();
+        let mut candidates: Vec<bool> = vec![true; groups.len()];
+        for (column, value) in key {
+            if footer.sources[*column].is_none() {
+                // The file predates a key column: no row of it has the key.
+                return Ok(Vec::new());
+            }
+            let name = self.schema.field(*column).name();
+            let converter = StatisticsConverter::try_new(
+                name,
+                footer.reader_metadata.schema(),
+                footer.reader_metadata.parquet_schema(),
+            )
+            .map_err(parquet_error)?;
+            let mins = converter
+                .row_group_mins(groups.iter())
+                .map_err(parquet_error)?;
+            let maxes = converter
+                .row_group_maxes(groups.iter())
+                .map_err(parquet_error)?;
+            for (group, candidate) in candidates.iter_mut().enumerate() {
+                if *candidate {
+                    *candidate = may_hold(&mins, &maxes, group, value);
+                }
+            }
+        }
+        let columns: Vec<usize> = key.iter().map(|(c, _)| *c).collect();
+        let index_column = index_column(&columns, &footer.sources);
+        let mut found = Vec::new();
+        let mut first_row = 0usize;
+        for (group, meta) in groups.iter().enumerate() {
+            let rows = meta.num_rows().max(0) as usize;
+            if candidates[group] {
+                let rows_found = match index_column {
+                    Some(index_column) => {
+                        let index = self
+                            .key_index(footer, group, rows, &columns, index_column)
+                            .await?;
+                        probe(&index, key, self.schema)?
+                    }
+                    None => {
+                        let chunks = self.chunks(footer, group, rows, &columns).await?;
+                        matching_rows(&chunks, key)?
+                    }
+                };
+                found.extend(rows_found.into_iter().map(|row| (group, row, first_row)));
+            }
+            first_row += rows;
+        }
+        Ok(found)
+    }
+
+    /// Row group `group`'s index of the key columns `columns`: the hashes
+    /// of their values, sorted, and the rows they are in (two arrays), kept
+    /// in the hot-data tier as chunk `index_column` (evicted and forgotten
+    /// with the file's columns).
+    async fn key_index(
+        &self,
+        footer: &Footer,
+        group: usize,
+        rows: usize,
+        columns: &[usize],
+        index_column: u32,
+    ) -> Result<Arc<Vec<ArrayRef>>> {
+        let chunk_key = ChunkKey {
+            file: Arc::clone(&self.path),
+            size: self.size,
+            row_group: group as u32,
+            column: index_column,
+        };
+        let epoch = self.cache.map(|c| c.epoch()).unwrap_or(0);
+        if let Some(index) = self
+            .cache
+            .and_then(|c| c.get(&chunk_key, Priority::Normal, epoch))
+        {
+            return Ok(index);
+        }
+        let chunks = self.chunks(footer, group, rows, columns).await?;
+        let state = RandomState::with_seed(INDEX_SEED);
+        let mut pairs: Vec<(u64, u32)> = Vec::with_capacity(rows);
+        for piece in 0..chunks.first().map(|c| c.len()).unwrap_or(0) {
+            let arrays: Vec<&ArrayRef> = chunks.iter().map(|c| &c[piece]).collect();
+            let mut hashes = vec![0u64; arrays[0].len()];
+            create_hashes(arrays.iter().map(|a| a.as_ref()), &state, &mut hashes)?;
+            let base = (piece * PIECE_ROWS) as u32;
+            pairs.extend(
+                hashes
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, h)| (h, base + i as u32)),
+            );
+        }
+        pairs.sort_unstable();
+        let hashes: UInt64Array = pairs.iter().map(|(h, _)| *h).collect();
+        let positions: UInt32Array = pairs.iter().map(|(_, r)| *r).collect();
+        let index: Arc<Vec<ArrayRef>> = Arc::new(vec![Arc::new(hashes), Arc::new(positions)]);
+        if let Some(cache) = self.cache {
+            cache.insert(chunk_key, Arc::clone(&index), Priority::Normal, epoch);
+        }
+        Ok(index)
+    }
+
+    /// Every table column's value at `row` of row group `group`.
+    async fn row_of(&self, footer: &Footer, group: usize, row: usize) -> Result<Vec<ArrayRef>> {
+        let rows = footer
+            .reader_metadata
+            .metadata()
+            .row_group(group)
+            .num_rows() as usize;
+        let all: Vec<usize> = (0..self.schema.fields().len()).collect();
+        let chunks = self.chunks(footer, group, rows, &all).await?;
+        Ok(chunks
+            .iter()
+            .map(|pieces| pieces[row / PIECE_ROWS].slice(row % PIECE_ROWS, 1))
+            .collect())
+    }
+
+    /// Table columns `columns` of row group `group` (of `rows` rows) in
+    /// pieces of [`PIECE_ROWS`], from the hot-data tier or decoded (and
+    /// kept there); a column the file lacks is NULL.
+    async fn chunks(
+        &self,
+        footer: &Footer,
+        group: usize,
+        rows: usize,
+        columns: &[usize],
+    ) -> Result<Vec<Arc<Vec<ArrayRef>>>> {
+        let key = |source: usize| ChunkKey {
+            file: Arc::clone(&self.path),
+            size: self.size,
+            row_group: group as u32,
+            column: source as u32,
+        };
+        let epoch = self.cache.map(|c| c.epoch()).unwrap_or(0);
+        let mut found: HashMap<usize, Arc<Vec<ArrayRef>>> = HashMap::new();
+        let mut missing: Vec<usize> = Vec::new();
+        for &column in columns {
+            let Some(source) = footer.sources[column] else {
+                continue;
+            };
+            match self
+                .cache
+                .and_then(|c| c.get(&key(source), Priority::Normal, epoch))
+            {
+                Some(chunk) => {
+                    found.insert(source, chunk);
+                }
+                None if !missing.contains(&source) => missing.push(source),
+                None => {}
+            }
+        }
+        if !missing.is_empty() {
+            let decoded = decode_row_group(
+                self.reader()?,
+                &footer.reader_metadata,
+                &self.path,
+                (group, rows),
+                &missing,
+                |source| {
+                    footer
+                        .sources
+                        .iter()
+                        .position(|s| *s == Some(source))
+                        .map(|c| self.schema.field(c).data_type().clone())
+                },
+            )
+            .await
+            .map_err(CirroError::from)?;
+            for (source, chunk) in decoded {
+                if let Some(cache) = self.cache {
+                    cache.insert(key(source), Arc::clone(&chunk), Priority::Normal, epoch);
+                }
+                found.insert(source, chunk);
+            }
+        }
+        Ok(columns
+            .iter()
+            .map(|&column| match footer.sources[column] {
+                Some(source) => Arc::clone(&found[&source]),
+                None => {
+                    let data_type = self.schema.field(column).data_type();
+                    let pieces = (0..rows.div_ceil(PIECE_ROWS))
+                        .map(|i| {
+                            arrow::array::new_null_array(
+                                data_type,
+                                PIECE_ROWS.min(rows - i * PIECE_ROWS),
+                            )
+                        })
+                        .collect();
+                    Arc::new(pieces)
+                }
+            })
+            .collect())
+    }
+}
+
+/// The chunk id of the key index over the file's columns of `columns`
+/// (table columns): above every column's, the file's column indices
+/// packed (up to three of under 1023; otherwise None: no index, the key
+/// columns are compared).
+fn index_column(columns: &[usize], sources: &[Option<usize>]) -> Option<u32> {
+    if columns.len() > 3 {
+        return None;
+    }
+    let mut id: u32 = 0x8000_0000;
+    for (i, &column) in columns.iter().enumerate() {
+        let source = sources[column]?;
+        if source >= 1022 {
+            return None;
+        }
+        id |= ((source as u32) + 1) << (10 * i);
+    }
+    Some(id)
+}
+
+/// The rows whose key hash equals `key`'s in `index` (a row whose key only
+/// shares the hash is told apart by the caller).
+fn probe(
+    index: &[ArrayRef],
+    key: &[(usize, ScalarValue)],
+    schema: &SchemaRef,
+) -> Result<Vec<usize>> {
+    let (Some(hashes), Some(rows)) = (
+        index[0].as_any().downcast_ref::<UInt64Array>(),
+        index[1].as_any().downcast_ref::<UInt32Array>(),
+    ) else {
+        return Err(CirroError::internal("a key index of the wrong types"));
+    };
+    let arrays = key
+        .iter()
+        .map(|(c, value)| value.cast_to(schema.field(*c).data_type())?.to_array())
+        .collect::<datafusion::common::Result<Vec<ArrayRef>>>()?;
+    let mut hash = [0u64; 1];
+    create_hashes(
+        arrays.iter().map(|a| a.as_ref()),
+        &RandomState::with_seed(INDEX_SEED),
+        &mut hash,
+    )?;
+    let values = hashes.values();
+    let start = values.partition_point(|h| *h < hash[0]);
+    Ok(values[start..]
+        .iter()
+        .take_while(|h| **h == hash[0])
+        .enumerate()
+        .map(|(i, _)| rows.value(start + i) as usize)
+        .collect())
+}
+
+/// Whether row group `group`, by its min and max, may hold `value` (no
+/// statistics: it may).
+fn may_hold(mins: &ArrayRef, maxes: &ArrayRef, group: usize, value: &ScalarValue) -> bool {
+    let bound = |array: &ArrayRef| {
+        if array.is_null(group) {
+            return None;
+        }
+        ScalarValue::try_from_array(array, group).ok()
+    };
+    let below = bound(mins)
+        .is_some_and(|min| matches!(value.partial_cmp(&min), Some(std::cmp::Ordering::Less)));
+    let above = bound(maxes)
+        .is_some_and(|max| matches!(value.partial_cmp(&max), Some(std::cmp::Ordering::Greater)));
+    !below && !above
+}
+
+/// The rows where every key column (`chunks`, in `key`'s order) equals its
+/// value.
+fn matching_rows(
+    chunks: &[Arc<Vec<ArrayRef>>],
+    key: &[(usize, ScalarValue)],
+) -> Result<Vec<usize>> {
+    let pieces = chunks.first().map(|c| c.len()).unwrap_or(0);
+    let mut rows = Vec::new();
+    for piece in 0..pieces {
+        let mut all: Option<BooleanArray> = None;
+        for (chunk, (_, value)) in chunks.iter().zip(key) {
+            let array = &chunk[piece];
+            let scalar = value.cast_to(array.data_type())?.to_scalar()?;
+            let same = eq(array, &scalar)?;
+            all = Some(match all {
+                Some(a) => arrow::compute::and(&a, &same)?,
+                None => same,
+            });
+        }
+        if let Some(mask) = all
+            && mask.true_count() > 0
+        {
+            rows.extend(
+                mask.iter()
+                    .enumerate()
+                    .filter(|(_, m)| *m == Some(true))
+                    .map(|(i, _)| piece * PIECE_ROWS + i),
+            );
+        }
+    }
+    Ok(rows)
+}
