@@ -165,19 +165,6 @@ impl RowService {
         location: &str,
         table: &CirroTable,
     ) -> Result<Option<Arc<RowStore>>> {
-        if let Some(store) = self.stores.get(location) {
-            if store.schema() == table.table_schema() {
-                return Ok(Some(store));
-            }
-            // The table's columns changed (ALTER TABLE flushed it first).
-            if !store.is_empty() {
-                return Ok(None);
-            }
-            self.stores.remove(location);
-        }
-        if table.schema_staged() {
-            return Ok(None);
-        }
         let schema = std::sync::Arc::clone(table.table_schema());
         let key = match table
             .options()
@@ -197,6 +184,20 @@ impl RowService {
             }
             None => None,
         };
+        if let Some(store) = self.stores.get(location) {
+            if store.schema() == table.table_schema() && store.key_columns() == key.as_deref() {
+                return Ok(Some(store));
+            }
+            // The table's columns or primary key changed (ALTER TABLE, which
+            // flushed it first: `pgbench -i` adds the key after its load).
+            if !store.is_empty() {
+                return Ok(None);
+            }
+            self.stores.remove(location);
+        }
+        if table.schema_staged() {
+            return Ok(None);
+        }
         let flushed = rowstore::flushed_position(table).await?;
         let version = table.version();
         let store = match self
