@@ -5,17 +5,20 @@ Flight SQL (ADBC); a prepared point query is planned once for 1,000
 executions and planned again after DROP + CREATE of its table (`cirro.plans`);
 parameters go into the plan, never into SQL text (an injection attempt is
 stored verbatim); bad parameters get clear errors and leave the session
-working. Run by crates/cirro/tests/server.rs; prints "ok" when every check
+working; with the row store, reads and writes of one row by key are computed
+without the planner (`cirro.by_key`). Run by crates/cirro/tests/server.rs; prints "ok" when every check
 passed, raises otherwise.
 
     statement_path.py parse_once DSN FLIGHT_URI PASSWORD CSV_FILE
     statement_path.py prepared DSN
     statement_path.py injection DSN
     statement_path.py bad_parameters DSN
+    statement_path.py by_key DSN    (a server with --row-store on)
     statement_path.py flight_prepared FLIGHT_URI PASSWORD
 """
 
 import sys
+from decimal import Decimal
 
 import psycopg
 from psycopg import errors
@@ -122,6 +125,36 @@ def prepared(dsn):
         check(cur.fetchall(), [("recreated",)], "an int2 parameter for a BIGINT column")
         cur.execute("SELECT v FROM pt WHERE k = %t", ("1",), prepare=True)
         check(cur.fetchall(), [("recreated",)], "a text parameter for a BIGINT column")
+    print("ok")
+
+
+def by_key(dsn):
+    """A server with --row-store on: prepared reads and writes of one row by
+    its primary key are computed without the planner (SHOW cirro.by_key
+    counts them), with the answers the planner gives."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bk (k INT PRIMARY KEY, v VARCHAR, n BIGINT)")
+        conn.execute("INSERT INTO bk SELECT value, 'v' || value, value FROM generate_series(1, 3000)")
+        read = "SELECT v, n FROM bk WHERE k = %s"
+        update = "UPDATE bk SET n = n + %s WHERE k = %s"
+        insert = "INSERT INTO bk VALUES (%s, %s, %s)"
+        conn.execute(read, (1,), prepare=True)
+        conn.execute(update, (0, 1), prepare=True)
+        conn.execute(insert, (10000, "x", 0), prepare=True)
+        plans, counted = counter(conn, "plans"), counter(conn, "by_key")
+        for i in range(200):
+            key = (i * 7919) % 3000 + 1
+            conn.execute(update, (5, key), prepare=True)
+            check(conn.execute(read, (key,), prepare=True).fetchall(), [(f"v{key}", key + 5)], f"key {key}")
+            conn.execute(insert, (20000 + i, f"i{i}", i), prepare=True)
+            check(conn.execute(read, (20000 + i,), prepare=True).fetchall(), [(f"i{i}", i)], f"inserted {i}")
+        check(counter(conn, "plans") - plans, 0, "plannings of 800 executions")
+        check(counter(conn, "by_key") - counted, 800, "statements computed by key")
+        # Not by key: a condition on another column, a key no integer equals.
+        counted = counter(conn, "by_key")
+        check(conn.execute("SELECT k FROM bk WHERE v = %s", ("v7",), prepare=True).fetchall(), [(7,)], "by value")
+        check(conn.execute("SELECT v FROM bk WHERE k = %s", (Decimal("7.5"),), prepare=True).fetchall(), [], "k = 7.5")
+        check(counter(conn, "by_key") - counted, 0, "statements by key among those that are not")
     print("ok")
 
 

@@ -5,6 +5,7 @@
 //! is dropped and created anew; parameters never become SQL text; bad
 //! parameters refused with their SQLSTATE.
 
+use crate::common::DataDir;
 use crate::common::server::{PASSWORD, Server, python_ok};
 
 fn dsn(server: &Server) -> String {
@@ -47,4 +48,10 @@ fn parameters_never_become_sql_text() {
 fn bad_parameters_get_their_sqlstate_and_the_session_goes_on() {
     let server = Server::start();
     python_ok("statement_path.py", &["bad_parameters", &dsn(&server)]);
+}
+
+#[test]
+fn prepared_statements_by_key_skip_the_planner_with_the_row_store() {
+    let server = Server::start_with(DataDir::new(), &["--row-store", "on"]);
+    python_ok("statement_path.py", &["by_key", &dsn(&server)]);
 }

@@ -117,6 +117,11 @@ pub(crate) const COUNTERS: &[(&str, &str)] = &[
         "cirro.plans",
         "statements of this session planned (SQL to a logical plan)",
     ),
+    (
+        "cirro.by_key",
+        "rows of this session's statements computed without DataFusion's planner: a row \
+         found by its primary key, or VALUES (see --row-store)",
+    ),
 ];
 
 pub(crate) fn setting_name(name: &str) -> Result<&'static str> {
@@ -297,6 +302,7 @@ impl Engine {
         match name {
             "cirro.parses" => Some(self.counters.parses.load(Ordering::Relaxed).to_string()),
             "cirro.plans" => Some(self.counters.plans.load(Ordering::Relaxed).to_string()),
+            "cirro.by_key" => Some(self.counters.by_key.load(Ordering::Relaxed).to_string()),
             _ => self
                 .flags
                 .iter()

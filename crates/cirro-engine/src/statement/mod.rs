@@ -21,6 +21,7 @@
 pub(crate) mod access;
 pub(crate) mod alter;
 pub(crate) mod analyze;
+pub(crate) mod by_key;
 pub(crate) mod constraints;
 pub(crate) mod copy;
 pub(crate) mod copy_text;

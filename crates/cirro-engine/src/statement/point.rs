@@ -27,12 +27,11 @@ use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::provider_as_source;
 use datafusion::logical_expr::dml::InsertOp;
-use datafusion::logical_expr::utils::split_conjunction;
-use datafusion::logical_expr::{DmlStatement, Expr, LogicalPlan, Operator, WriteOp, col, lit};
+use datafusion::logical_expr::{DmlStatement, Expr, LogicalPlan, WriteOp, col, lit};
 use datafusion::prelude::{and, or};
 
 use crate::Engine;
-use crate::statement::{Outcome, dml};
+use crate::statement::{Outcome, by_key, dml};
 
 /// What a transaction holds for its small writes until it ends.
 #[derive(Default)]
@@ -493,49 +492,14 @@ fn key_values(dml: &DmlStatement, store: &RowStore) -> Result<Option<Vec<ArrayRe
     let Some(predicate) = target_filter(dml) else {
         return Ok(None);
     };
-    let schema = store.schema();
-    let Some(key) = store.key_columns() else {
+    let Some(key) = by_key::fixed_key(predicate, store) else {
         return Ok(None);
     };
-    let conjuncts = split_conjunction(predicate);
-    let mut values = Vec::with_capacity(key.len());
-    for &k in key {
-        let field = schema.field(k);
-        let found = conjuncts.iter().find_map(|c| {
-            let Expr::BinaryExpr(b) = c else { return None };
-            if b.op != Operator::Eq {
-                return None;
-            }
-            let value = match (column_name(&b.left), column_name(&b.right)) {
-                (Some(name), None) if name == *field.name() => constant(&b.right),
-                (None, Some(name)) if name == *field.name() => constant(&b.left),
-                _ => None,
-            }?;
-            value.cast_to(field.data_type()).ok()
-        });
-        match found {
-            Some(value) if !value.is_null() => values.push(value.to_array()?),
-            _ => return Ok(None),
-        }
-    }
-    Ok(Some(values))
-}
-
-fn column_name(expr: &Expr) -> Option<String> {
-    match expr {
-        Expr::Column(c) => Some(c.name.clone()),
-        Expr::Cast(c) => column_name(&c.expr),
-        _ => None,
-    }
-}
-
-fn constant(expr: &Expr) -> Option<ScalarValue> {
-    match expr {
-        Expr::Literal(v, _) => Some(v.clone()),
-        Expr::Cast(c) => constant(&c.expr)?.cast_to(c.field.data_type()).ok(),
-        Expr::TryCast(c) => constant(&c.expr)?.cast_to(c.field.data_type()).ok(),
-        _ => None,
-    }
+    Ok(Some(
+        key.into_iter()
+            .map(|(_, value)| value.to_array())
+            .collect::<datafusion::common::Result<Vec<_>>>()?,
+    ))
 }
 
 /// Whether an UPDATE's projection leaves every key column as it is.
@@ -558,8 +522,13 @@ fn keeps_keys(input: &LogicalPlan, store: &RowStore) -> bool {
 
 /// Run `plan` and return its rows as one batch of `schema`'s columns.
 async fn evaluate(engine: &Engine, plan: LogicalPlan, schema: &SchemaRef) -> Result<RecordBatch> {
-    let frame = engine.context().execute_logical_plan(plan).await?;
-    let batches = frame.collect().await.map_err(engine.input_error())?;
+    let batches = match by_key::evaluate(engine, &plan).await? {
+        Some(rows) => vec![rows],
+        None => {
+            let frame = engine.context().execute_logical_plan(plan).await?;
+            frame.collect().await.map_err(engine.input_error())?
+        }
+    };
     let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); schema.fields().len()];
     for batch in &batches {
         if batch.num_columns() != schema.fields().len() {
@@ -644,6 +613,9 @@ fn table_name(dml: &DmlStatement) -> String {
     dml.table_name.table().to_string()
 }
 
+/// Keys up to which [`in_files`] looks each up rather than scanning.
+const LOOKUPS: usize = 16;
+
 /// The first of `rows` (by index, among `candidates`) whose key the table's
 /// files hold, at `latest` (keys the row store does not hold).
 async fn in_files(
@@ -658,6 +630,27 @@ async fn in_files(
     }
     let schema = store.schema();
     let key = store.key_columns().unwrap_or(&[]);
+    // A few keys: looked up by key each (`cirro_storage::cache::lookup`).
+    if candidates.len() <= LOOKUPS {
+        let runtime = engine.context().runtime_env();
+        for &i in candidates {
+            let values = key
+                .iter()
+                .map(|&k| Ok((k, ScalarValue::try_from_array(rows.column(k), i)?)))
+                .collect::<Result<Vec<_>>>()?;
+            let found = cirro_storage::cache::lookup::find_row(
+                latest,
+                &runtime,
+                Some(engine.node().cache().as_ref()),
+                &values,
+            )
+            .await?;
+            if found.is_some() {
+                return Ok(Some(i));
+            }
+        }
+        return Ok(None);
+    }
     let mut any: Option<Expr> = None;
     for &i in candidates {
         let mut all: Option<Expr> = None;

@@ -12,7 +12,7 @@ use datafusion::logical_expr::{LogicalPlan, Statement as PlanStatement};
 use futures::StreamExt;
 
 use crate::Engine;
-use crate::statement::{Outcome, describe, dml, explain, prerun, time_travel, write};
+use crate::statement::{Outcome, by_key, describe, dml, explain, prerun, time_travel, write};
 
 /// 08006 for a query a node failed (see [`Engine::query`]).
 fn node_failure(e: &datafusion::error::DataFusionError) -> CirroError {
@@ -157,7 +157,12 @@ impl Engine {
                 frame.collect().await?;
                 Ok(Outcome::command(tag))
             }
-            plan => self.query(plan).await,
+            plan => {
+                if let Some(rows) = by_key::select(self, &plan).await? {
+                    return Ok(rows);
+                }
+                self.query(plan).await
+            }
         }
     }
 

@@ -306,6 +306,12 @@ fn lazy_join_filter(filter: Option<&JoinFilter>) -> Result<Option<JoinFilter>> {
     }))
 }
 
+/// `expr` with its guards lazy, as [`LazyGuards`] makes them in a plan: for
+/// expressions evaluated outside one (a point read by key).
+pub fn lazy_guards(expr: Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>> {
+    Ok(lazy(expr)?.data)
+}
+
 fn lazy(expr: Arc<dyn PhysicalExpr>) -> Result<Transformed<Arc<dyn PhysicalExpr>>> {
     expr.transform_up(|node| {
         let Some(function) = node.downcast_ref::<ScalarFunctionExpr>() else {

@@ -46,7 +46,7 @@ pub use checked::{CheckedArithmetic, PgOperators};
 pub use colocate::{CoLocatedJoinsFirst, ScanBuckets};
 pub use conjuncts::{OrderConjuncts, SelectiveConjuncts};
 pub use group_keys::JoinOnGroupKeys;
-pub use guards::{GuardFallibleConditions, LazyGuards};
+pub use guards::{GuardFallibleConditions, LazyGuards, lazy_guards};
 pub use jit::{CompileExpressions, JitOptions};
 pub use join_order::{JoinOrderOptions, ReorderJoins, ScanKeys, ScanRange, ScanRows};
 pub use lateral::InlineLateralProjections;
