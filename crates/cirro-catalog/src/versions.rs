@@ -25,6 +25,13 @@ use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
 pub trait VersionStore: Send + Sync + std::fmt::Debug {
     /// The newest version (0 when there is none yet).
     async fn latest(&self) -> Result<u64>;
+    /// The newest version, where `known` is one that exists: versions are
+    /// made one after another (`create` of the newest plus one), so a store
+    /// without `known + 1` has nothing newer. Every statement asks this.
+    async fn latest_after(&self, known: u64) -> Result<u64> {
+        let _ = known;
+        self.latest().await
+    }
     /// The bytes of `version`.
     async fn read(&self, version: u64) -> Result<Bytes>;
     /// Store `version` unless it exists: true when this call created it,
@@ -66,6 +73,23 @@ impl VersionStore for FileVersions {
             .filter_map(|o| o.location.filename().and_then(parse_version))
             .max()
             .unwrap_or(0))
+    }
+
+    /// One existence check of the next version rather than a listing of
+    /// `_catalog/` (which grows with the versions kept).
+    async fn latest_after(&self, known: u64) -> Result<u64> {
+        if known > 0 {
+            if let Some(false) =
+                cirro_storage::local_exists(self.root.url(), &version_path(known + 1))
+            {
+                return Ok(known);
+            }
+            let next = self.root.path(&version_path(known + 1));
+            if let Err(object_store::Error::NotFound { .. }) = self.root.store().head(&next).await {
+                return Ok(known);
+            }
+        }
+        self.latest().await
     }
 
     async fn read(&self, version: u64) -> Result<Bytes> {

@@ -12,6 +12,21 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
+/// Whether `relative` (a `/`-separated path) exists under the directory
+/// `base`, asked of a local file system directly: a stat of a few
+/// microseconds, where the object store's local implementation hands each
+/// call to a blocking thread and back (tens). None for other storage, or
+/// where the file system does not say (then ask the object store).
+/// Statements ask this of the catalog and of each table they read, to see
+/// what other processes committed.
+pub fn local_exists(base: &Url, relative: &str) -> Option<bool> {
+    if base.scheme() != "file" {
+        return None;
+    }
+    let dir = base.to_file_path().ok()?;
+    dir.join(relative).try_exists().ok()
+}
+
 /// The root of a data location and the object store that reaches it.
 #[derive(Clone, Debug)]
 pub struct StorageRoot {

@@ -67,6 +67,8 @@ pub struct Prepared {
     inner_placeholders: usize,
     /// The plan, for statements that keep one.
     plan: Option<Mutex<CachedPlan>>,
+    /// Whether its executions wait for admission (found at the first).
+    admission: std::sync::OnceLock<bool>,
 }
 
 struct CachedPlan {
@@ -382,6 +384,7 @@ impl Engine {
             schema,
             inner_placeholders: placeholders - own_placeholders,
             plan: None,
+            admission: std::sync::OnceLock::new(),
         };
         if let CirroStatement::Execute { name, .. } = &statement {
             // `EXECUTE name (…)` returns what the named statement returns.
@@ -414,6 +417,7 @@ impl Engine {
                 catalog_version: snapshot.version,
                 replans,
             })),
+            admission: std::sync::OnceLock::new(),
         })
     }
 
@@ -482,7 +486,9 @@ impl Engine {
         Box::pin(async move {
             let result = self
                 .tracked(
-                    crate::system::queries::needs_admission(self, &prepared.statement),
+                    *prepared.admission.get_or_init(|| {
+                        crate::system::queries::needs_admission(self, &prepared.statement)
+                    }),
                     self.execute_prepared_inner(prepared, values),
                 )
                 .await;

@@ -84,7 +84,12 @@ pub(crate) fn needs_admission(engine: &Engine, statement: &CirroStatement) -> bo
     let Some(sql) = statement.to_datafusion() else {
         return true;
     };
-    let Ok(tables) = engine.context().state().resolve_table_references(&sql) else {
+    let tables = engine
+        .context()
+        .state_ref()
+        .read()
+        .resolve_table_references(&sql);
+    let Ok(tables) = tables else {
         return true;
     };
     tables.iter().any(|t| {

@@ -152,6 +152,7 @@ async fn process_connection<H: PgWireServerHandlers>(
     use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
     use pgwire::tokio::server::{negotiate_tls, process_error, process_message};
 
+    let mut cork = Cork::new(&socket);
     let startup_timeout = tokio::time::sleep(STARTUP_TIMEOUT);
     tokio::pin!(startup_timeout);
     let negotiated = tokio::select! {
@@ -200,7 +201,17 @@ async fn process_connection<H: PgWireServerHandlers>(
             State::CopyInProgress(is_extended) => is_extended,
             _ => message.is_extended_query(),
         };
-        if let Err(mut e) = process_message(
+        // Replies up to the client's Sync (or Flush) go out together.
+        let holds = matches!(
+            message,
+            PgWireFrontendMessage::Parse(_)
+                | PgWireFrontendMessage::Bind(_)
+                | PgWireFrontendMessage::Describe(_)
+                | PgWireFrontendMessage::Execute(_)
+                | PgWireFrontendMessage::Close(_)
+        );
+        cork.set(holds);
+        let processed = process_message(
             message,
             &mut socket,
             Arc::clone(&startup),
@@ -209,8 +220,12 @@ async fn process_connection<H: PgWireServerHandlers>(
             Arc::clone(&copy),
             Arc::clone(&cancel),
         )
-        .await
-        {
+        .await;
+        // COPY waits for the client's data: what it was told goes out now.
+        if !holds || matches!(socket.state(), State::CopyInProgress(_)) {
+            cork.set(false);
+        }
+        if let Err(mut e) = processed {
             errors.on_error(&socket, &mut e);
             process_error(&mut socket, e, is_extended).await?;
             if logging_in {
@@ -220,6 +235,50 @@ async fn process_connection<H: PgWireServerHandlers>(
         }
     }
     Ok(())
+}
+
+/// The socket's TCP_CORK: pgwire flushes every reply of the extended
+/// protocol (ParseComplete, BindComplete, the rows, CommandComplete), each
+/// a packet that wakes the client; PostgreSQL buffers a round trip's replies
+/// until the client's Sync or Flush and sends them as one. Corked, the
+/// kernel holds partial packets until uncorked (full ones still go: a
+/// large result streams), at most 200 ms.
+struct Cork {
+    fd: std::os::fd::RawFd,
+    on: bool,
+}
+
+impl Cork {
+    fn new(socket: &TcpStream) -> Self {
+        use std::os::fd::AsRawFd;
+        Self {
+            fd: socket.as_raw_fd(),
+            on: false,
+        }
+    }
+
+    #[allow(unsafe_code)] // one FFI call to libc, see SAFETY below
+    fn set(&mut self, on: bool) {
+        if self.on == on {
+            return;
+        }
+        let value: libc::c_int = on.into();
+        // SAFETY: `fd` is the connection's socket, open while the
+        // connection's loop runs (the stream moved into the TLS or plain
+        // framing owns it); setsockopt reads `value` only for the call.
+        let done = unsafe {
+            libc::setsockopt(
+                self.fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_CORK,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if done == 0 {
+            self.on = on;
+        }
+    }
 }
 
 /// Watch a connection for the client going away while a statement runs (the
