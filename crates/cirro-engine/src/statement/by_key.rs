@@ -387,8 +387,12 @@ pub(crate) async fn row_by_key(
         return Ok(None);
     };
     // The files' columns in the store's types (Utf8View strings, as scans).
-    let columns = found
-        .columns()
+    Ok(Some(cast_columns(found.columns(), schema)?))
+}
+
+/// `columns` cast to `schema`'s types, as a batch of it.
+pub(crate) fn cast_columns(columns: &[ArrayRef], schema: SchemaRef) -> Result<RecordBatch> {
+    let columns = columns
         .iter()
         .zip(schema.fields())
         .map(|(c, f)| {
@@ -399,5 +403,5 @@ pub(crate) async fn row_by_key(
             }
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(Some(RecordBatch::try_new(schema, columns)?))
+    Ok(RecordBatch::try_new(schema, columns)?)
 }

@@ -593,20 +593,7 @@ fn check_not_null(rows: &RecordBatch, schema: &SchemaRef, table: &str) -> Result
 /// store's schema.
 fn conformed(rows: &RecordBatch, table: &CirroTable, store: &RowStore) -> Result<RecordBatch> {
     let stored = cirro_storage::write::conform(rows, table.stored_schema())?;
-    let schema = store.schema();
-    let columns = stored
-        .columns()
-        .iter()
-        .zip(schema.fields())
-        .map(|(c, f)| {
-            if c.data_type() == f.data_type() {
-                Ok(Arc::clone(c))
-            } else {
-                Ok(arrow::compute::cast(c, f.data_type())?)
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+    by_key::cast_columns(stored.columns(), Arc::clone(store.schema()))
 }
 
 fn table_name(dml: &DmlStatement) -> String {

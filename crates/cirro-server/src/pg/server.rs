@@ -186,6 +186,9 @@ async fn process_connection<H: PgWireServerHandlers>(
             Some(Ok(PgWireFrontendMessage::Terminate(_))) | None => break,
             Some(Ok(message)) => message,
             Some(Err(e)) => {
+                // Out before the close: closing with the client's bytes
+                // unread resets the connection, dropping what is corked.
+                cork.set(false);
                 let info = ErrorInfo::new(
                     "FATAL".to_owned(),
                     SqlState::PROTOCOL_VIOLATION.0.to_owned(),
@@ -234,6 +237,7 @@ async fn process_connection<H: PgWireServerHandlers>(
             }
         }
     }
+    cork.set(false);
     Ok(())
 }
 
