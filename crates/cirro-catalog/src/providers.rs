@@ -22,14 +22,20 @@ use cirro_storage::CirroTable;
 
 use crate::state::{Catalog, CatalogState, ViewEntry};
 
-/// The tables a session has pinned while a transaction is open. In a
-/// transaction every table is read at the version the transaction first saw
-/// (snapshot isolation), with the transaction's own uncommitted changes
-/// applied; outside one, nothing is pinned and every statement reads the
-/// latest version.
+/// The tables a session has pinned while a transaction is open. Under
+/// REPEATABLE READ every table is read at the version the transaction first
+/// saw (snapshot isolation), with the transaction's own uncommitted changes
+/// applied. Under READ COMMITTED each statement starts from the latest
+/// versions, except of the tables the transaction changed through their
+/// files (staged), which keep its own view; outside a transaction nothing
+/// is pinned and every statement reads the latest version.
 #[derive(Debug, Default)]
 pub struct SessionTables {
     pinned: Mutex<Option<HashMap<String, CirroTable>>>,
+    /// The pinned tables that hold the transaction's own staged changes.
+    staged: Mutex<std::collections::HashSet<String>>,
+    /// Whether the open transaction reads committed data per statement.
+    read_committed: std::sync::atomic::AtomicBool,
     /// Past versions of tables one statement reads (time travel), by the
     /// temporary name the statement's text was rewritten to use.
     versions: Mutex<HashMap<String, CirroTable>>,
@@ -121,13 +127,48 @@ impl SessionTables {
         self.versions.lock().ok().and_then(|v| v.get(name).cloned())
     }
 
-    /// A statement starts: outside a transaction it reads the commits
-    /// finished by now; in one, those finished by its BEGIN.
+    /// A statement starts: outside a transaction, and in a READ COMMITTED
+    /// one, it reads the commits finished by now (there, tables not staged
+    /// are pinned again as the statement first reads them); in a REPEATABLE
+    /// READ one, those finished by its BEGIN.
     pub fn start_statement(&self, catalog: &Catalog) {
         if self.active() {
+            if self.read_committed() {
+                self.unpin_unstaged();
+                self.start_reading(catalog);
+            }
             return;
         }
         self.start_reading(catalog);
+    }
+
+    /// Forget the pinned tables that hold no staged change.
+    fn unpin_unstaged(&self) {
+        let staged = self.staged.lock().map(|s| s.clone()).unwrap_or_default();
+        if let Ok(mut pinned) = self.pinned.lock()
+            && let Some(map) = pinned.as_mut()
+        {
+            map.retain(|location, _| staged.contains(location));
+        }
+    }
+
+    /// Whether a transaction is open and reads committed data per
+    /// statement (READ COMMITTED).
+    pub fn read_committed(&self) -> bool {
+        self.active()
+            && self
+                .read_committed
+                .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Change the open transaction's level before it read anything (`SET
+    /// TRANSACTION ISOLATION LEVEL`): it reads the commits finished by now.
+    pub fn set_read_committed(&self, catalog: &Catalog, read_committed: bool) {
+        self.read_committed
+            .store(read_committed, std::sync::atomic::Ordering::Relaxed);
+        if self.active() {
+            self.start_reading(catalog);
+        }
     }
 
     /// A statement ended: outside a transaction it stops reading, so that
@@ -161,11 +202,17 @@ impl SessionTables {
             .and_then(|r| r.as_ref().map(|r| r.epoch()))
     }
 
-    /// Start pinning, and reading the commits finished by now (BEGIN).
-    pub fn begin(&self, catalog: &Catalog) {
+    /// Start pinning, and reading the commits finished by now (BEGIN), at
+    /// READ COMMITTED or (`read_committed` false) REPEATABLE READ.
+    pub fn begin(&self, catalog: &Catalog, read_committed: bool) {
         if let Ok(mut pinned) = self.pinned.lock() {
             *pinned = Some(HashMap::new());
         }
+        if let Ok(mut staged) = self.staged.lock() {
+            staged.clear();
+        }
+        self.read_committed
+            .store(read_committed, std::sync::atomic::Ordering::Relaxed);
         self.start_reading(catalog);
     }
 
@@ -174,7 +221,19 @@ impl SessionTables {
         if let Ok(mut pinned) = self.pinned.lock() {
             *pinned = None;
         }
+        if let Ok(mut staged) = self.staged.lock() {
+            staged.clear();
+        }
         self.rows.release_snapshot();
+    }
+
+    /// Whether the transaction has read or written any table yet.
+    pub fn touched_tables(&self) -> bool {
+        self.pinned
+            .lock()
+            .map(|p| p.as_ref().is_some_and(|m| !m.is_empty()))
+            .unwrap_or(false)
+            || self.rows.has_pending()
     }
 
     pub fn active(&self) -> bool {
@@ -206,6 +265,19 @@ impl SessionTables {
                 map.insert(location.to_string(), table);
             }
         }
+    }
+
+    /// Pin `table`, the transaction's view of the table at `location` with
+    /// its staged changes, for the rest of the transaction (at every
+    /// isolation level).
+    pub fn stage(&self, location: &str, table: CirroTable) {
+        if !self.active() {
+            return;
+        }
+        if let Ok(mut staged) = self.staged.lock() {
+            staged.insert(location.to_string());
+        }
+        self.set(location, table);
     }
 }
 

@@ -21,7 +21,7 @@ pub use crate::parsers::copy::{
 };
 pub use crate::parsers::maintenance::Maintenance;
 pub use crate::parsers::setting::SettingStatement;
-pub use crate::parsers::transaction::TransactionStatement;
+pub use crate::parsers::transaction::{Isolation, TransactionModes, TransactionStatement};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Statement {

@@ -17,7 +17,7 @@ fn a_transaction_reads_one_snapshot_and_its_own_writes() {
     let data = setup();
     let mut a = Session::open(&data);
     let mut b = Session::open(&data);
-    a.ok("BEGIN");
+    a.ok("BEGIN ISOLATION LEVEL REPEATABLE READ");
     assert_eq!(a.rows("SELECT sum(bal) FROM acct"), vec!["300"]);
     // another session commits; the open transaction does not see it
     assert_eq!(
@@ -31,6 +31,83 @@ fn a_transaction_reads_one_snapshot_and_its_own_writes() {
     assert_eq!(b.rows("SELECT bal FROM acct WHERE id = 1"), vec!["100"]);
     a.ok("ROLLBACK");
     assert_eq!(scalar(&data, "SELECT sum(bal) FROM acct"), "301");
+}
+
+/// READ COMMITTED, the default: each statement of a transaction sees what
+/// was committed when it started, and the transaction's own changes; SET
+/// TRANSACTION picks the level before the transaction reads a table, and
+/// SERIALIZABLE is refused rather than weakened.
+#[test]
+fn read_committed_sees_what_each_statement_finds_committed() {
+    let data = setup();
+    let mut a = Session::open(&data);
+    let mut b = Session::open(&data);
+    assert_eq!(a.rows("SHOW transaction_isolation"), vec!["read committed"]);
+    a.ok("BEGIN");
+    assert_eq!(a.rows("SELECT sum(bal) FROM acct"), vec!["300"]);
+    b.ok("UPDATE acct SET bal = bal + 1 WHERE id = 3");
+    assert_eq!(a.rows("SELECT sum(bal) FROM acct"), vec!["301"]);
+    // Its own change it sees; the other session does not, until COMMIT.
+    a.ok("UPDATE acct SET bal = bal - 10 WHERE id = 1");
+    assert_eq!(a.rows("SELECT sum(bal) FROM acct"), vec!["291"]);
+    assert_eq!(b.rows("SELECT sum(bal) FROM acct"), vec!["301"]);
+    a.ok("COMMIT");
+    assert_eq!(scalar(&data, "SELECT sum(bal) FROM acct"), "291");
+    // SET TRANSACTION before the first read makes it REPEATABLE READ.
+    a.ok("BEGIN");
+    a.ok("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+    assert_eq!(
+        a.rows("SHOW transaction_isolation"),
+        vec!["repeatable read"]
+    );
+    assert_eq!(a.rows("SELECT sum(bal) FROM acct"), vec!["291"]);
+    b.ok("UPDATE acct SET bal = bal + 1 WHERE id = 3");
+    assert_eq!(a.rows("SELECT sum(bal) FROM acct"), vec!["291"]);
+    let err = a
+        .run("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .expect_err("the level cannot change after a read");
+    assert!(err.contains("SQLSTATE 25001"), "{err}");
+    drop(a);
+    // The session's default, and the level SERIALIZABLE is refused at.
+    let mut c = Session::open(&data);
+    c.ok("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ");
+    c.ok("BEGIN");
+    assert_eq!(
+        c.rows("SHOW transaction_isolation"),
+        vec!["repeatable read"]
+    );
+    assert_eq!(c.rows("SELECT sum(bal) FROM acct"), vec!["292"]);
+    b.ok("UPDATE acct SET bal = bal + 1 WHERE id = 3");
+    assert_eq!(c.rows("SELECT sum(bal) FROM acct"), vec!["292"]);
+    c.ok("COMMIT");
+    assert_eq!(c.rows("SELECT sum(bal) FROM acct"), vec!["293"]);
+    let err = c
+        .run("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        .expect_err("SERIALIZABLE is not run as snapshot isolation");
+    assert!(err.contains("SQLSTATE 0A000"), "{err}");
+}
+
+/// Outside a transaction, at READ COMMITTED, two UPDATEs of one row through
+/// the files both apply: the one that loses the race runs again over the
+/// winner's version (PostgreSQL re-applies it to the committed row).
+#[test]
+fn read_committed_statements_of_one_row_both_apply() {
+    let data = std::sync::Arc::new(setup());
+    let sessions: Vec<_> = (0..2)
+        .map(|_| {
+            let data = std::sync::Arc::clone(&data);
+            std::thread::spawn(move || {
+                let mut s = Session::open(&data);
+                for _ in 0..15 {
+                    s.ok("UPDATE acct SET bal = bal + 1 WHERE id = 2");
+                }
+            })
+        })
+        .collect();
+    for s in sessions {
+        s.join().expect("an updater failed");
+    }
+    assert_eq!(scalar(&data, "SELECT bal FROM acct WHERE id = 2"), "130");
 }
 
 #[test]
@@ -208,7 +285,9 @@ fn a_transaction_reads_every_table_as_of_its_start() {
         ] {
             b.simple_query(sql).await.expect(sql);
         }
-        a.simple_query("BEGIN").await.expect("begin");
+        a.simple_query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .expect("begin");
         let sum = first(
             a.simple_query("SELECT sum(bal) FROM acct")
                 .await

@@ -31,7 +31,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("client_min_messages", "notice"),
     ("datestyle", "ISO, MDY"),
     ("default_table_access_method", "heap"),
-    ("default_transaction_isolation", "repeatable read"),
+    ("default_transaction_isolation", "read committed"),
     ("default_transaction_read_only", "off"),
     ("extra_float_digits", "1"),
     ("gpu", "on"),
@@ -55,7 +55,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("statement_timeout", "0"),
     ("synchronous_commit", "on"),
     ("timezone", "UTC"),
-    ("transaction_isolation", "repeatable read"),
+    ("transaction_isolation", "read committed"),
     ("transaction_read_only", "off"),
 ];
 
@@ -81,6 +81,13 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// Set a known setting for the rest of the session.
+    pub(crate) fn set(&self, name: &'static str, value: String) {
+        if let Ok(mut settings) = self.session.lock() {
+            settings.insert(name, value);
+        }
+    }
+
     /// The value in force of a known setting.
     pub(crate) fn get(&self, name: &'static str) -> String {
         self.session
@@ -358,6 +365,9 @@ impl Engine {
         if name == "memory_limit" {
             return Ok(cirro_exec::resources::format_bytes(self.memory_limit()));
         }
+        if name == "transaction_isolation" {
+            return Ok(self.transaction_isolation().name().to_string());
+        }
         Ok(self.settings.get(name))
     }
 
@@ -382,6 +392,14 @@ impl Engine {
                 }
                 let name = setting_name(&name)?;
                 let value = checked_value(self.node.resources(), name, value)?;
+                if name == "transaction_isolation" {
+                    // The open transaction's level, as SET TRANSACTION.
+                    let modes = cirro_sql::TransactionModes {
+                        isolation: cirro_sql::Isolation::from_name(&value),
+                        ..Default::default()
+                    };
+                    return self.set_transaction_modes(false, modes);
+                }
                 if name == "priority" && !self.superuser_check().holds() {
                     let own = self.settings.default_of("priority");
                     if value.parse::<i32>().ok() > own.parse::<i32>().ok() {
@@ -483,7 +501,9 @@ impl Engine {
                 self.batch_rows(RecordBatch::try_new(show_all_schema(), columns)?)
                     .await
             }
-            SettingStatement::TransactionMode => Ok(command("SET", vec![])),
+            SettingStatement::TransactionModes { session, modes } => {
+                self.set_transaction_modes(session, modes)
+            }
         }
     }
 }
@@ -515,6 +535,20 @@ pub(crate) fn checked_value(
         "statement_timeout" => {
             parse_timeout(&value)?;
             Ok(value)
+        }
+        "default_transaction_isolation" | "transaction_isolation" => {
+            let level = cirro_sql::Isolation::from_name(&value).ok_or_else(|| {
+                CirroError::new(
+                    SqlState::INVALID_PARAMETER_VALUE,
+                    format!(
+                        "invalid value for parameter \"{name}\": \"{value}\" (read committed, \
+                         repeatable read; read uncommitted runs as read committed)"
+                    ),
+                )
+            })?;
+            Ok(crate::session::txn::supported_isolation(level)?
+                .name()
+                .to_string())
         }
         "memory_limit" => {
             let bytes = resources.parse_query_memory(&value)?;

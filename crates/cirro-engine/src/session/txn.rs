@@ -80,7 +80,7 @@
 //! accepted with a notice, as in PostgreSQL.
 
 use cirro_common::{CirroError, Result, SqlState};
-use cirro_sql::TransactionStatement;
+use cirro_sql::{Isolation, TransactionModes, TransactionStatement};
 use cirro_storage::CirroTable;
 use cirro_storage::mutate::{Change, difference, remove_paths};
 use cirro_storage::write::{commit_actions, commit_exclusive};
@@ -146,6 +146,9 @@ pub(crate) struct Transaction {
     /// What its small writes hold (see `statement/point.rs`); their rows
     /// wait in the session's pending changes.
     pub points: crate::statement::point::PointHold,
+    /// Its isolation level as set (READ UNCOMMITTED runs as READ
+    /// COMMITTED, as in PostgreSQL).
+    pub isolation: Option<Isolation>,
 }
 
 /// Marks the version of a transaction's own catalog (never a real one), so
@@ -178,6 +181,23 @@ impl CatalogDdl {
     pub fn created(&self, location: &str) -> bool {
         self.created.iter().any(|c| c == location)
     }
+}
+
+/// Whether a transaction at `level` reads committed data per statement.
+fn reads_committed(level: Isolation) -> bool {
+    matches!(level, Isolation::ReadCommitted | Isolation::ReadUncommitted)
+}
+
+/// `level` if Cirro runs it; SERIALIZABLE is refused (0A000) rather than
+/// run as snapshot isolation, which allows anomalies it promises away.
+pub(crate) fn supported_isolation(level: Isolation) -> Result<Isolation> {
+    if level == Isolation::Serializable {
+        return Err(CirroError::unsupported(
+            "isolation level SERIALIZABLE is not supported: REPEATABLE READ (snapshot \
+             isolation) is the strictest level, and READ COMMITTED the default",
+        ));
+    }
+    Ok(level)
 }
 
 /// Refuse a write of a pre-existing table in a transaction with DDL.
@@ -933,7 +953,7 @@ impl Engine {
         };
         let view = staged?;
         held.put_back();
-        self.session.set(location, view);
+        self.session.stage(location, view);
         Ok(())
     }
 
@@ -991,18 +1011,93 @@ impl Engine {
         Ok(())
     }
 
+    /// The level a transaction started without one runs at
+    /// (`default_transaction_isolation`).
+    fn default_isolation(&self) -> Isolation {
+        Isolation::from_name(&self.settings.get("default_transaction_isolation"))
+            .unwrap_or(Isolation::ReadCommitted)
+    }
+
+    /// The isolation level of the open transaction, else the default.
+    pub(crate) fn transaction_isolation(&self) -> Isolation {
+        self.peek_transaction(|t| t.isolation)
+            .flatten()
+            .unwrap_or_else(|| self.default_isolation())
+    }
+
+    /// `SET TRANSACTION modes`, or with `session` `SET SESSION
+    /// CHARACTERISTICS AS TRANSACTION modes` (the defaults). The level of
+    /// a transaction can change only before it reads or writes a table
+    /// (25001 after, as PostgreSQL says after its first query).
+    pub(crate) fn set_transaction_modes(
+        &self,
+        session: bool,
+        modes: TransactionModes,
+    ) -> Result<Outcome> {
+        let level = modes.isolation.map(supported_isolation).transpose()?;
+        if session {
+            if let Some(level) = level {
+                self.settings
+                    .set("default_transaction_isolation", level.name().to_string());
+            }
+            if let Some(read_only) = modes.read_only {
+                let value = if read_only { "on" } else { "off" };
+                self.settings
+                    .set("default_transaction_read_only", value.to_string());
+            }
+            return Ok(Outcome::command("SET"));
+        }
+        if !self.in_transaction() {
+            return Ok(Outcome::with_notice(
+                "SET",
+                "SET TRANSACTION can only be used in transaction blocks",
+            ));
+        }
+        let Some(level) = level else {
+            return Ok(Outcome::command("SET"));
+        };
+        let Some(mut held) = self.hold_transaction() else {
+            return Err(aborted());
+        };
+        let Some(txn) = held.txn.as_mut() else {
+            return Err(aborted());
+        };
+        if txn.isolation == Some(level) {
+            held.put_back();
+            return Ok(Outcome::command("SET"));
+        }
+        if self.session.touched_tables() || !txn.written.is_empty() || txn.ddl.is_some() {
+            held.put_back();
+            return Err(CirroError::new(
+                SqlState::ACTIVE_SQL_TRANSACTION,
+                "SET TRANSACTION ISOLATION LEVEL must be called before any query",
+            ));
+        }
+        txn.isolation = Some(level);
+        held.put_back();
+        self.session
+            .set_read_committed(&self.catalog, reads_committed(level));
+        Ok(Outcome::command("SET"))
+    }
+
     /// BEGIN, COMMIT, ROLLBACK and savepoints.
     pub(crate) async fn run_transaction(&self, statement: TransactionStatement) -> Result<Outcome> {
         match statement {
-            TransactionStatement::Begin => {
+            TransactionStatement::Begin(modes) => {
                 if self.in_transaction() {
                     return Ok(Outcome::with_notice(
                         "BEGIN",
                         "there is already a transaction in progress",
                     ));
                 }
-                self.session.begin(&self.catalog);
-                self.set_txn(TxnState::InProgress(Transaction::default()));
+                let level = supported_isolation(
+                    modes.isolation.unwrap_or_else(|| self.default_isolation()),
+                )?;
+                self.session.begin(&self.catalog, reads_committed(level));
+                self.set_txn(TxnState::InProgress(Transaction {
+                    isolation: Some(level),
+                    ..Transaction::default()
+                }));
                 Ok(Outcome::command("BEGIN"))
             }
             TransactionStatement::Commit { chain: false } => self.end_transaction(true).await,
@@ -1219,7 +1314,7 @@ impl Engine {
             Ok(views) => {
                 held.put_back();
                 for (location, view) in views {
-                    self.session.set(&location, view);
+                    self.session.stage(&location, view);
                 }
                 Ok(Outcome::command(tag))
             }

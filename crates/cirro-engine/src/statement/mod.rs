@@ -158,7 +158,7 @@ impl Engine {
     ) -> Result<Outcome> {
         let own = !self.in_transaction();
         if own {
-            self.run_transaction(cirro_sql::TransactionStatement::Begin)
+            self.run_transaction(cirro_sql::TransactionStatement::Begin(Default::default()))
                 .await?;
         }
         for target in &truncate.table_names {

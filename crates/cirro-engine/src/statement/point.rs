@@ -12,9 +12,12 @@
 //! pending changes, which its own statements see, until COMMIT logs every
 //! table's changes as one record. The locks and the gate are held until then.
 //!
-//! Under REPEATABLE READ, a transaction that writes a key another
-//! transaction changed after its snapshot fails with 40001, as in
-//! PostgreSQL.
+//! Under READ COMMITTED (the default) every statement reads at a snapshot
+//! taken after its locks: a write that waited for another transaction's
+//! lock on a row applies to the row that transaction committed, as
+//! PostgreSQL re-applies it. Under REPEATABLE READ the transaction keeps
+//! its snapshot, and writing a key another transaction changed after it
+//! fails with 40001, as in PostgreSQL.
 
 use std::sync::Arc;
 
@@ -171,6 +174,8 @@ async fn run(
         hold.gates.push((location.to_string(), gate));
     }
     let snapshot = engine.session.rows.snapshot();
+    // A transaction that keeps its snapshot (REPEATABLE READ).
+    let repeatable = in_txn && !engine.session.read_committed();
     // The keys the statement writes, locked before anything is read.
     let keys: Vec<Key> = match kind {
         Kind::Insert => Vec::new(),
@@ -181,10 +186,11 @@ async fn run(
         }
     };
     for key in &keys {
-        lock(engine, hold, &store, location, key, snapshot, in_txn).await?;
+        lock(engine, hold, &store, location, key, snapshot, repeatable).await?;
     }
-    // Outside a transaction the statement reads what is committed now.
-    if !in_txn {
+    // Outside a transaction, and under READ COMMITTED, the statement reads
+    // what is committed now that it holds its keys.
+    if !repeatable {
         engine.session.rows.take_snapshot(service.snapshots());
     }
     let latest = engine.catalog.open_table(location).await?;
@@ -211,7 +217,7 @@ async fn run(
                 let mut seen = std::collections::HashSet::new();
                 let mut unknown: Vec<usize> = Vec::new();
                 for (i, key) in keys.iter().enumerate() {
-                    lock(engine, hold, &store, location, key, snapshot, in_txn).await?;
+                    lock(engine, hold, &store, location, key, snapshot, repeatable).await?;
                     let taken = !seen.insert(key.clone())
                         || match pending.keyed.get(key) {
                             Some(row) => row.is_some(),
@@ -381,14 +387,14 @@ pub(crate) async fn stage_appends(
             )
             .await?;
         held.put_back();
-        engine.session.set(&location, view);
+        engine.session.stage(&location, view);
     }
     Ok(())
 }
 
-/// Take the lock of `key` for the statement's owner; under REPEATABLE READ
-/// in a transaction, 40001 if another transaction changed the key after the
-/// transaction's snapshot.
+/// Take the lock of `key` for the statement's owner; in a `repeatable`
+/// (REPEATABLE READ) transaction, 40001 if another transaction changed the
+/// key after the transaction's snapshot.
 async fn lock(
     engine: &Engine,
     hold: &mut PointHold,
@@ -396,7 +402,7 @@ async fn lock(
     location: &str,
     key: &[u8],
     snapshot: Option<u64>,
-    in_txn: bool,
+    repeatable: bool,
 ) -> Result<()> {
     let service = engine
         .catalog
@@ -405,7 +411,7 @@ async fn lock(
     if let Some(lock) = service.locks().lock(location, key, hold.owner).await? {
         hold.locks.push(lock);
     }
-    if in_txn
+    if repeatable
         && let Some(snapshot) = snapshot
         && store.latest(key).is_some_and(|(lsn, _)| lsn > snapshot)
     {
@@ -709,4 +715,87 @@ fn duplicate(table: &CirroTable, rows: &RecordBatch, i: usize) -> CirroError {
             values.join(", ")
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::{Engine, EngineConfig, Outcome};
+
+    async fn ok(engine: &Engine, sql: &str) {
+        if let Err(e) = engine.execute(sql).await {
+            panic!("{sql}: {e}");
+        }
+    }
+
+    async fn number(engine: &Engine, sql: &str) -> i64 {
+        use futures::TryStreamExt;
+        let Ok(Outcome::Rows(stream)) = engine.execute(sql).await else {
+            panic!("{sql}: no rows");
+        };
+        let batches: Vec<arrow::array::RecordBatch> = stream.try_collect().await.unwrap();
+        let column =
+            arrow::compute::cast(batches[0].column(0), &arrow::datatypes::DataType::Int64).unwrap();
+        arrow::array::cast::AsArray::as_primitive::<arrow::datatypes::Int64Type>(&column).value(0)
+    }
+
+    /// Two sessions of a process with row stores write one row. Under READ
+    /// COMMITTED (the default) the second waits for the first to end and
+    /// then applies to the row it committed; under REPEATABLE READ it gets
+    /// 40001, since the row changed after its snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_that_waited_applies_to_the_committed_row_under_read_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Engine::open(dir.path().to_str().unwrap(), EngineConfig::default())
+            .await
+            .unwrap();
+        a.catalog()
+            .enable_row_store(&cirro_catalog::rows::RowStoreConfig {
+                wal_dir: dir.path().join("_wal"),
+                budget: 64 << 20,
+            })
+            .await
+            .unwrap();
+        let b = Engine::with_catalog(Arc::clone(a.catalog()), EngineConfig::default(), None);
+        ok(&a, "CREATE TABLE acct (id INT PRIMARY KEY, bal BIGINT)").await;
+        ok(&a, "INSERT INTO acct VALUES (1, 100), (2, 100)").await;
+        let before = number(&a, "SHOW cirro.by_key").await;
+        for (level, fails) in [("READ COMMITTED", false), ("REPEATABLE READ", true)] {
+            ok(&a, "BEGIN").await;
+            ok(&a, "UPDATE acct SET bal = bal + 10 WHERE id = 1").await;
+            ok(&b, &format!("BEGIN ISOLATION LEVEL {level}")).await;
+            // Another row: no wait, under either level.
+            ok(&b, "UPDATE acct SET bal = bal + 1 WHERE id = 2").await;
+            let committed = AtomicBool::new(false);
+            let (_, second) = tokio::join!(
+                async {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    committed.store(true, Ordering::SeqCst);
+                    ok(&a, "COMMIT").await;
+                },
+                async {
+                    let result = b
+                        .execute("UPDATE acct SET bal = bal + 1 WHERE id = 1")
+                        .await;
+                    (result.map(|_| ()), committed.load(Ordering::SeqCst))
+                }
+            );
+            let (result, after_commit) = second;
+            assert!(after_commit, "{level}: the second writer did not wait");
+            if fails {
+                let e = result.expect_err("REPEATABLE READ must not re-apply");
+                assert_eq!(e.state, cirro_common::SqlState::SERIALIZATION_FAILURE);
+                ok(&b, "ROLLBACK").await;
+            } else {
+                result.unwrap();
+                ok(&b, "COMMIT").await;
+            }
+        }
+        // 100 + 10 + 1 (READ COMMITTED) + 10 (REPEATABLE READ: its +1 rolled back).
+        assert_eq!(number(&a, "SELECT bal FROM acct WHERE id = 1").await, 121);
+        assert_eq!(number(&a, "SELECT bal FROM acct WHERE id = 2").await, 101);
+        assert!(number(&a, "SHOW cirro.by_key").await > before);
+    }
 }

@@ -94,9 +94,34 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
             .unwrap_or(false);
     if in_txn || constrained || dml::row_change_tag(&dml.op).is_some() {
         let input = Arc::clone(&dml.input);
-        return execute_dml(engine, &dml, tag, (db, schema, name.clone()), in_txn)
-            .await
-            .map_err(|e| name_not_null_column(e, &input, &name));
+        let mut retries = 0;
+        loop {
+            let names = (db.clone(), schema.clone(), name.clone());
+            let error = match execute_dml(engine, &dml, tag, names, in_txn).await {
+                Ok(outcome) => return Ok(outcome),
+                Err(e) => e,
+            };
+            // READ COMMITTED outside a transaction: a change that lost a
+            // row to a concurrent one (40001, nothing committed) runs again
+            // over the table as that one left it, as PostgreSQL re-applies
+            // an UPDATE or DELETE to the row's committed version.
+            let again = !in_txn
+                && error.state == SqlState::SERIALIZATION_FAILURE
+                && dml::row_change_tag(&dml.op).is_some()
+                && retries < RC_RETRIES
+                && matches!(
+                    engine.transaction_isolation(),
+                    cirro_sql::Isolation::ReadCommitted | cirro_sql::Isolation::ReadUncommitted
+                );
+            if !again {
+                return Err(name_not_null_column(error, &input, &name));
+            }
+            let Some(latest) = at_latest(engine, &dml, &db, &schema, &name).await? else {
+                return Err(error);
+            };
+            retries += 1;
+            dml = latest;
+        }
     }
     let input = Arc::clone(&dml.input);
     let count = engine
@@ -107,6 +132,38 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
         tag.to_string()
     } else {
         format!("{tag} {count}")
+    }))
+}
+
+/// How many times a READ COMMITTED change through the files runs again
+/// after losing rows to concurrent changes (see [`execute`]).
+const RC_RETRIES: usize = 20;
+
+/// `dml` over the newest version of its target table, None if the table's
+/// columns changed since the statement was planned (it cannot run again).
+async fn at_latest(
+    engine: &Engine,
+    dml: &DmlStatement,
+    db: &str,
+    schema: &str,
+    name: &str,
+) -> Result<Option<DmlStatement>> {
+    let Ok(current) = dml::target_table(dml, "DML") else {
+        return Ok(None);
+    };
+    let location = time_travel::location_of(engine, db, schema, name)?;
+    let latest = engine.catalog.open_table(&location).await?;
+    use datafusion::datasource::TableProvider;
+    if latest.schema() != current.schema() {
+        return Ok(None);
+    }
+    let latest = latest.with_rows(current.rows().cloned());
+    let source = datafusion::datasource::provider_as_source(Arc::new(latest));
+    let input = dml::replace_target_scan(&dml.input, &dml.table_name, &source)?;
+    Ok(Some(DmlStatement {
+        target: source,
+        input: Arc::new(input),
+        ..dml.clone()
     }))
 }
 
@@ -276,7 +333,7 @@ async fn execute_dml(
     };
     let view = staged?;
     held.put_back();
-    engine.session.set(&location, view);
+    engine.session.stage(&location, view);
     Ok(outcome)
 }
 

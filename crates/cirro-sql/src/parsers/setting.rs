@@ -1,7 +1,7 @@
 //! `SET [SESSION|LOCAL] name {= | TO} value`, `SET TIME ZONE value`,
-//! `SHOW name | ALL`, `RESET name | ALL`, and `SET TRANSACTION …` /
-//! `SET SESSION CHARACTERISTICS …` (accepted: every transaction is
-//! snapshot-isolated).
+//! `SHOW name | ALL`, `RESET name | ALL`, and `SET TRANSACTION modes` /
+//! `SET SESSION CHARACTERISTICS AS TRANSACTION modes` (see
+//! `transaction.rs`).
 //!
 //! Cirro's own settings are named `cirro.*`. Names are not checked here: the session knows its settings (and says
 //! 42704 for an unknown one). `SET` of a dotted name (`datafusion.execution.…`)
@@ -22,7 +22,13 @@ pub enum SettingStatement {
     Reset(Option<String>),
     Show(String),
     ShowAll,
-    TransactionMode,
+    /// `SET TRANSACTION modes` (the transaction in progress) or, with
+    /// `session`, `SET SESSION CHARACTERISTICS AS TRANSACTION modes` (the
+    /// defaults of the session's transactions).
+    TransactionModes {
+        session: bool,
+        modes: super::transaction::TransactionModes,
+    },
 }
 
 /// What `SHOW` is followed by when DataFusion answers it.
@@ -48,14 +54,36 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<SettingStatement>> {
         return Ok(None);
     }
     words.at = 1;
-    if set && (words.word_at(0, "transaction") || words.keywords(&["session", "characteristics"])) {
-        return Ok(Some(SettingStatement::TransactionMode));
+    if set && words.keywords(&["session", "characteristics"]) {
+        if !words.keywords(&["as", "transaction"]) {
+            return Err(syntax(
+                "syntax error: expected SET SESSION CHARACTERISTICS AS TRANSACTION modes",
+            ));
+        }
+        let modes = super::transaction::modes(&mut words)?;
+        return Ok(Some(SettingStatement::TransactionModes {
+            session: true,
+            modes,
+        }));
     }
     if set
-        && (words.keyword("session") || words.keyword("local"))
-        && words.word_at(0, "transaction")
+        && (words.word_at(0, "transaction")
+            || ((words.word_at(0, "session") || words.word_at(0, "local"))
+                && words.word_at(1, "transaction")))
     {
-        return Ok(Some(SettingStatement::TransactionMode));
+        words.keyword("session");
+        words.keyword("local");
+        words.keyword("transaction");
+        if words.word_at(0, "snapshot") {
+            return Err(cirro_common::CirroError::unsupported(
+                "SET TRANSACTION SNAPSHOT is not supported",
+            ));
+        }
+        let modes = super::transaction::modes(&mut words)?;
+        return Ok(Some(SettingStatement::TransactionModes {
+            session: false,
+            modes,
+        }));
     }
     if show && DATAFUSION_SHOW.iter().any(|w| words.word_at(0, w)) {
         return Ok(None);
@@ -131,6 +159,7 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<SettingStatement>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::parsers::transaction::{Isolation, TransactionModes};
     use crate::tests::solid;
 
     #[test]
@@ -172,12 +201,25 @@ mod tests {
         assert_eq!(parse_sql("SET datafusion.execution.batch_size = 1"), None);
         assert_eq!(
             parse_sql("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"),
-            Some(SettingStatement::TransactionMode)
+            Some(SettingStatement::TransactionModes {
+                session: false,
+                modes: TransactionModes {
+                    isolation: Some(Isolation::Serializable),
+                    ..Default::default()
+                }
+            })
         );
         assert_eq!(
             parse_sql("SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE"),
-            Some(SettingStatement::TransactionMode)
+            Some(SettingStatement::TransactionModes {
+                session: true,
+                modes: TransactionModes {
+                    read_only: Some(false),
+                    ..Default::default()
+                }
+            })
         );
+        assert!(parse(&solid("SET TRANSACTION ISOLATION LEVEL SNAPSHOT")).is_err());
         assert_eq!(parse_sql("SET datafusion.execution.batch_size = 10"), None);
         assert_eq!(parse_sql("SHOW TABLES"), None);
         assert_eq!(
