@@ -79,6 +79,9 @@ struct CachedPlan {
     /// catalog (then it is planned at every execution: such plans hold
     /// their data).
     replans: bool,
+    /// The plan as a point read by key, compiled at its first execution
+    /// (None: not tried yet; Some(None): it does not qualify).
+    compiled: Option<Option<Arc<crate::statement::by_key::Compiled>>>,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -416,6 +419,7 @@ impl Engine {
                 plan,
                 catalog_version: snapshot.version,
                 replans,
+                compiled: None,
             })),
             admission: std::sync::OnceLock::new(),
         })
@@ -579,9 +583,29 @@ impl Engine {
             .lock()
             .ok()
             .filter(|c| c.catalog_version == snapshot.version && !c.replans)
-            .map(|c| c.plan.clone());
+            .map(|mut c| {
+                // A point read by key: compiled once, run without the plan.
+                let compiled = match &c.compiled {
+                    Some(compiled) => compiled.clone(),
+                    None => {
+                        let compiled = crate::statement::by_key::compile(self, &c.plan, &types)
+                            .ok()
+                            .flatten()
+                            .map(Arc::new);
+                        c.compiled = Some(compiled.clone());
+                        compiled
+                    }
+                };
+                (c.plan.clone(), compiled)
+            });
+        if let Some((plan, Some(compiled))) = &reuse {
+            self.check_plan(plan)?;
+            if let Some(outcome) = compiled.run(self, &values).await? {
+                return Ok(outcome);
+            }
+        }
         let plan = match reuse {
-            Some(plan) => self.with_current_tables(plan).await?,
+            Some((plan, _)) => self.with_current_tables(plan).await?,
             None => {
                 let (plan, replans) = self
                     .plan_prepared(&prepared.statement, &prepared.declared)
@@ -591,6 +615,7 @@ impl Engine {
                         plan: plan.clone(),
                         catalog_version: snapshot.version,
                         replans,
+                        compiled: None,
                     };
                 }
                 plan

@@ -19,6 +19,11 @@
 //! statement's start), and guarded conditions made lazy as in a plan
 //! (`cirro_exec::rules::lazy_guards`). Everything else, subqueries
 //! included, takes the planner.
+//!
+//! A prepared point read is analyzed and made physical once, at its first
+//! execution ([`Compiled`]): its placeholders become columns of a one-row
+//! batch of the bound values, so an execution binds no plan and runs no
+//! analyzer, only the lookup and the expressions.
 
 use std::sync::Arc;
 
@@ -404,4 +409,317 @@ pub(crate) fn cast_columns(columns: &[ArrayRef], schema: SchemaRef) -> Result<Re
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// A prepared point read (`[Projection →] Filter → TableScan` by key, see
+/// the module docs) analyzed, simplified and made physical once, with each
+/// placeholder a column of a one-row batch of the values bound: an
+/// execution evaluates the key from the values, looks the row up and
+/// evaluates the filter and the output on it. Only where every function
+/// is immutable (`now()` is the statement's, `random()` each row's).
+pub(crate) struct Compiled {
+    table: datafusion::common::TableReference,
+    /// The table's columns when compiled (another schema: not used).
+    table_schema: SchemaRef,
+    /// Each key column (in the row store) and what fixes it, over `params`.
+    key: Vec<(usize, Arc<dyn PhysicalExpr>)>,
+    params: SchemaRef,
+    /// The scan's columns of the table.
+    projection: Option<Vec<usize>>,
+    /// The scan's columns, then the parameters: what the filter and the
+    /// output read.
+    joined: SchemaRef,
+    filter: Arc<dyn PhysicalExpr>,
+    output: Vec<Arc<dyn PhysicalExpr>>,
+    output_schema: SchemaRef,
+}
+
+/// The name a placeholder's column takes in a compiled statement.
+fn param_column(id: &str) -> datafusion::common::Column {
+    datafusion::common::Column::new_unqualified(id)
+}
+
+/// Compile `plan`, a prepared query whose placeholders `$1…` have `types`
+/// (see [`Compiled`]); None where it does not qualify.
+pub(crate) fn compile(
+    engine: &Engine,
+    plan: &LogicalPlan,
+    types: &[Option<DataType>],
+) -> Result<Option<Compiled>> {
+    if !matches!(plan, LogicalPlan::Projection(_)) || !may_qualify(plan) {
+        return Ok(None);
+    }
+    let Some(types) = types.iter().cloned().collect::<Option<Vec<DataType>>>() else {
+        return Ok(None);
+    };
+    let (analyzed, props, config) = {
+        let state = engine.context().state_ref();
+        let state = state.read();
+        let Ok(analyzed) =
+            state
+                .analyzer()
+                .execute_and_check(plan.clone(), state.config_options(), |_, _| {})
+        else {
+            return Ok(None);
+        };
+        let mut props = ExecutionProps::new();
+        props.mark_start_execution(Arc::clone(state.config_options()));
+        (analyzed, props, Arc::clone(state.config_options()))
+    };
+    let LogicalPlan::Projection(projection) = &analyzed else {
+        return Ok(None);
+    };
+    let LogicalPlan::Filter(filter) = projection.input.as_ref() else {
+        return Ok(None);
+    };
+    let LogicalPlan::TableScan(scan) = filter.input.as_ref() else {
+        return Ok(None);
+    };
+    if has_subquery_beside_placeholders(&analyzed) || !only_immutable(&analyzed) {
+        return Ok(None);
+    }
+    let Some(provider) = table_of(&scan.source) else {
+        return Ok(None);
+    };
+    let Some(table) = (provider.as_ref() as &dyn std::any::Any).downcast_ref::<CirroTable>() else {
+        return Ok(None);
+    };
+    let Some(reader) = table.rows() else {
+        return Ok(None);
+    };
+    let params = Arc::new(Schema::new(
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| arrow::datatypes::Field::new(format!("${}", i + 1), t.clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let params_df = DFSchema::try_from(params.as_ref().clone())?;
+    let Ok(joined) = scan.projected_schema.join(&params_df) else {
+        return Ok(None);
+    };
+    let known = |id: &str| params.field_with_name(id).is_ok();
+    let mut unknown = false;
+    let mut to_columns = |e: &Expr| -> Expr {
+        e.clone()
+            .transform(|e| {
+                Ok(match e {
+                    Expr::Placeholder(p) => {
+                        if !known(&p.id) {
+                            unknown = true;
+                        }
+                        datafusion::common::tree_node::Transformed::yes(Expr::Column(param_column(
+                            &p.id,
+                        )))
+                    }
+                    other => datafusion::common::tree_node::Transformed::no(other),
+                })
+            })
+            .map(|t| t.data)
+            .unwrap_or_else(|_| e.clone())
+    };
+    let predicate = to_columns(&filter.predicate);
+    let exprs: Vec<Expr> = projection.expr.iter().map(&mut to_columns).collect();
+    if unknown {
+        return Ok(None);
+    }
+    let eval = Evaluator { props, config };
+    let store = &reader.store;
+    let Some(key_columns) = store.key_columns() else {
+        return Ok(None);
+    };
+    let conjuncts = split_conjunction(&predicate);
+    let mut key = Vec::with_capacity(key_columns.len());
+    for &k in key_columns {
+        let field = store.schema().field(k);
+        let value = conjuncts.iter().find_map(|c| {
+            let Expr::BinaryExpr(b) = c else { return None };
+            if b.op != Operator::Eq {
+                return None;
+            }
+            let is_key = |e: &Expr| is_column(e, field.name(), field.data_type());
+            if is_key(&b.left) && of_params(&b.right, &known) {
+                Some(b.right.as_ref().clone())
+            } else if is_key(&b.right) && of_params(&b.left, &known) {
+                Some(b.left.as_ref().clone())
+            } else {
+                None
+            }
+        });
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        key.push((k, eval.physical(&value, &params_df)?));
+    }
+    let joined = Arc::new(joined);
+    let filter = eval.physical(&predicate, &joined)?;
+    let output = exprs
+        .iter()
+        .map(|e| eval.physical(e, &joined))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(Compiled {
+        table: scan.table_name.clone(),
+        table_schema: datafusion::catalog::TableProvider::schema(table),
+        key,
+        params,
+        projection: scan.projection.clone(),
+        joined: relaxed(joined.as_arrow()),
+        filter,
+        output,
+        output_schema: relaxed(projection.schema.as_arrow()),
+    }))
+}
+
+/// Whether `expr` reads nothing but parameters (and constants).
+fn of_params(expr: &Expr, known: &impl Fn(&str) -> bool) -> bool {
+    let mut only = true;
+    let _ = expr.apply(|e| {
+        if let Expr::Column(c) = e
+            && (c.relation.is_some() || !known(&c.name))
+        {
+            only = false;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    only
+}
+
+fn has_subquery_beside_placeholders(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        let _ = node.apply_expressions(|e| {
+            let _ = e.apply(|e| {
+                if matches!(
+                    e,
+                    Expr::ScalarSubquery(_)
+                        | Expr::Exists(_)
+                        | Expr::InSubquery(_)
+                        | Expr::OuterReferenceColumn(..)
+                ) {
+                    found = true;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            });
+            Ok(TreeNodeRecursion::Continue)
+        });
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+/// Whether every function `plan`'s expressions call gives the same result
+/// for the same arguments (so evaluating it once per execution, from
+/// expressions simplified once, is right).
+fn only_immutable(plan: &LogicalPlan) -> bool {
+    let mut immutable = true;
+    let _ = plan.apply(|node| {
+        let _ = node.apply_expressions(|e| {
+            let _ = e.apply(|e| {
+                if let Expr::ScalarFunction(f) = e
+                    && f.func.signature().volatility
+                        != datafusion::logical_expr::Volatility::Immutable
+                {
+                    immutable = false;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            });
+            Ok(TreeNodeRecursion::Continue)
+        });
+        Ok(TreeNodeRecursion::Continue)
+    });
+    immutable
+}
+
+impl Compiled {
+    /// Run with `values` bound (each of its parameter's type): its rows,
+    /// or None where the general path must (a key that does not fix a
+    /// row's key, a table whose columns changed).
+    pub(crate) async fn run(
+        &self,
+        engine: &Engine,
+        values: &[ScalarValue],
+    ) -> Result<Option<Outcome>> {
+        if values.len() != self.params.fields().len() {
+            return Ok(None);
+        }
+        let mut columns = Vec::with_capacity(values.len());
+        for (value, field) in values.iter().zip(self.params.fields()) {
+            if &value.data_type() != field.data_type() {
+                return Ok(None);
+            }
+            columns.push(value.to_array()?);
+        }
+        let params = RecordBatch::try_new_with_options(
+            Arc::clone(&self.params),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(1)),
+        )?;
+        let (db, schema, name) = engine.resolve(&self.table);
+        let provider = engine
+            .context()
+            .table_provider(datafusion::common::TableReference::full(db, schema, name))
+            .await?;
+        let Some(table) = (provider.as_ref() as &dyn std::any::Any).downcast_ref::<CirroTable>()
+        else {
+            return Ok(None);
+        };
+        let current = datafusion::catalog::TableProvider::schema(table);
+        if !Arc::ptr_eq(&current, &self.table_schema) && current != self.table_schema {
+            return Ok(None);
+        }
+        let Some(reader) = table.rows() else {
+            return Ok(None);
+        };
+        let mut key = Vec::with_capacity(self.key.len());
+        for (k, expr) in &self.key {
+            let value = expr.evaluate(&params)?.into_array(1)?;
+            let value = ScalarValue::try_from_array(&value, 0)?;
+            let field = reader.store.schema().field(*k);
+            // A lossy cast (`int_key = 1.5`) would fix the wrong key.
+            let Ok(cast) = value.cast_to(field.data_type()) else {
+                return Ok(None);
+            };
+            if cast.is_null() || cast.cast_to(&value.data_type()).ok().as_ref() != Some(&value) {
+                return Ok(None);
+            }
+            key.push((*k, cast));
+        }
+        let found = match row_by_key(engine, table, &key).await? {
+            Some(row) => row,
+            None => RecordBatch::new_empty(relaxed(reader.store.schema())),
+        };
+        let found = match &self.projection {
+            Some(indices) => found.project(indices)?,
+            None => found,
+        };
+        let rows = found.num_rows();
+        let mut columns = found.columns().to_vec();
+        columns.extend(params.columns().iter().map(|c| c.slice(0, rows.min(1))));
+        let batch = RecordBatch::try_new_with_options(
+            Arc::clone(&self.joined),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )?;
+        let keep = self.filter.evaluate(&batch)?.into_array(rows)?;
+        let keep = arrow::array::AsArray::as_boolean_opt(&keep)
+            .ok_or_else(|| CirroError::internal("a filter that is not boolean"))?;
+        let batch = arrow::compute::filter_record_batch(&batch, keep)?;
+        let columns = self
+            .output
+            .iter()
+            .map(|e| Ok(e.evaluate(&batch)?.into_array(batch.num_rows())?))
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        let out =
+            RecordBatch::try_new_with_options(Arc::clone(&self.output_schema), columns, &options)?;
+        engine
+            .counters
+            .by_key
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stream = RecordBatchStreamAdapter::new(out.schema(), futures::stream::iter([Ok(out)]));
+        Ok(Some(Outcome::Rows(Box::pin(stream))))
+    }
 }
