@@ -1332,7 +1332,7 @@ enum SavepointOp {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::{Engine, EngineConfig, Outcome};
     use cirro_common::SqlState;
 
@@ -1417,7 +1417,8 @@ mod tests {
     }
 
     /// One number a query answers (run as a client's statement is).
-    async fn number(engine: &Engine, sql: &str) -> i64 {
+    /// The first value of `sql`'s rows, as a 64-bit integer.
+    pub(crate) async fn number(engine: &Engine, sql: &str) -> i64 {
         use futures::TryStreamExt;
         let Ok(Outcome::Rows(stream)) = engine.execute(sql).await else {
             panic!("{sql}: no rows");

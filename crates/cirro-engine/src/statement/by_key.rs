@@ -210,28 +210,46 @@ fn relaxed(schema: &Schema) -> SchemaRef {
 }
 
 fn has_subquery(plan: &LogicalPlan) -> bool {
-    let mut found = false;
+    any_expr(plan, |e| {
+        is_subquery(e) || matches!(e, Expr::Placeholder(_))
+    })
+}
+
+fn is_subquery(e: &Expr) -> bool {
+    matches!(
+        e,
+        Expr::ScalarSubquery(_)
+            | Expr::Exists(_)
+            | Expr::InSubquery(_)
+            | Expr::OuterReferenceColumn(..)
+    )
+}
+
+/// Whether an expression of `plan`'s nodes, or one inside it, is `found`.
+fn any_expr(plan: &LogicalPlan, found: impl Fn(&Expr) -> bool) -> bool {
+    let mut any = false;
     let _ = plan.apply(|node| {
         let _ = node.apply_expressions(|e| {
             let _ = e.apply(|e| {
-                if matches!(
-                    e,
-                    Expr::ScalarSubquery(_)
-                        | Expr::Exists(_)
-                        | Expr::InSubquery(_)
-                        | Expr::OuterReferenceColumn(..)
-                        | Expr::Placeholder(_)
-                ) {
-                    found = true;
+                if found(e) {
+                    any = true;
                     return Ok(TreeNodeRecursion::Stop);
                 }
                 Ok(TreeNodeRecursion::Continue)
             });
-            Ok(TreeNodeRecursion::Continue)
+            Ok(if any {
+                TreeNodeRecursion::Stop
+            } else {
+                TreeNodeRecursion::Continue
+            })
         });
-        Ok(TreeNodeRecursion::Continue)
+        Ok(if any {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
     });
-    found
+    any
 }
 
 /// Evaluates analyzed expressions on a few rows.
@@ -475,7 +493,7 @@ pub(crate) fn compile(
     let LogicalPlan::TableScan(scan) = filter.input.as_ref() else {
         return Ok(None);
     };
-    if has_subquery_beside_placeholders(&analyzed) || !only_immutable(&analyzed) {
+    if any_expr(&analyzed, is_subquery) || !only_immutable(&analyzed) {
         return Ok(None);
     }
     let Some(provider) = table_of(&scan.source) else {
@@ -585,52 +603,14 @@ fn of_params(expr: &Expr, known: &impl Fn(&str) -> bool) -> bool {
     only
 }
 
-fn has_subquery_beside_placeholders(plan: &LogicalPlan) -> bool {
-    let mut found = false;
-    let _ = plan.apply(|node| {
-        let _ = node.apply_expressions(|e| {
-            let _ = e.apply(|e| {
-                if matches!(
-                    e,
-                    Expr::ScalarSubquery(_)
-                        | Expr::Exists(_)
-                        | Expr::InSubquery(_)
-                        | Expr::OuterReferenceColumn(..)
-                ) {
-                    found = true;
-                    return Ok(TreeNodeRecursion::Stop);
-                }
-                Ok(TreeNodeRecursion::Continue)
-            });
-            Ok(TreeNodeRecursion::Continue)
-        });
-        Ok(TreeNodeRecursion::Continue)
-    });
-    found
-}
-
 /// Whether every function `plan`'s expressions call gives the same result
 /// for the same arguments (so evaluating it once per execution, from
 /// expressions simplified once, is right).
 fn only_immutable(plan: &LogicalPlan) -> bool {
-    let mut immutable = true;
-    let _ = plan.apply(|node| {
-        let _ = node.apply_expressions(|e| {
-            let _ = e.apply(|e| {
-                if let Expr::ScalarFunction(f) = e
-                    && f.func.signature().volatility
-                        != datafusion::logical_expr::Volatility::Immutable
-                {
-                    immutable = false;
-                    return Ok(TreeNodeRecursion::Stop);
-                }
-                Ok(TreeNodeRecursion::Continue)
-            });
-            Ok(TreeNodeRecursion::Continue)
-        });
-        Ok(TreeNodeRecursion::Continue)
-    });
-    immutable
+    !any_expr(plan, |e| {
+        matches!(e, Expr::ScalarFunction(f)
+            if f.func.signature().volatility != datafusion::logical_expr::Volatility::Immutable)
+    })
 }
 
 impl Compiled {

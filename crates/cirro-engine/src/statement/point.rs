@@ -722,23 +722,13 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use crate::{Engine, EngineConfig, Outcome};
+    use crate::session::txn::tests::number;
+    use crate::{Engine, EngineConfig};
 
     async fn ok(engine: &Engine, sql: &str) {
         if let Err(e) = engine.execute(sql).await {
             panic!("{sql}: {e}");
         }
-    }
-
-    async fn number(engine: &Engine, sql: &str) -> i64 {
-        use futures::TryStreamExt;
-        let Ok(Outcome::Rows(stream)) = engine.execute(sql).await else {
-            panic!("{sql}: no rows");
-        };
-        let batches: Vec<arrow::array::RecordBatch> = stream.try_collect().await.unwrap();
-        let column =
-            arrow::compute::cast(batches[0].column(0), &arrow::datatypes::DataType::Int64).unwrap();
-        arrow::array::cast::AsArray::as_primitive::<arrow::datatypes::Int64Type>(&column).value(0)
     }
 
     /// Two sessions of a process with row stores write one row. Under READ

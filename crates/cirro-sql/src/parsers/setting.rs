@@ -85,6 +85,10 @@ pub(crate) fn parse(tokens: &[Token]) -> Result<Option<SettingStatement>> {
             modes,
         }));
     }
+    // `SET SESSION name …` and `SET LOCAL name …`.
+    if set && !words.keyword("session") {
+        words.keyword("local");
+    }
     if show && DATAFUSION_SHOW.iter().any(|w| words.word_at(0, w)) {
         return Ok(None);
     }
