@@ -184,7 +184,7 @@ impl CatalogDdl {
 }
 
 /// Whether a transaction at `level` reads committed data per statement.
-fn reads_committed(level: Isolation) -> bool {
+pub(crate) fn reads_committed(level: Isolation) -> bool {
     matches!(level, Isolation::ReadCommitted | Isolation::ReadUncommitted)
 }
 

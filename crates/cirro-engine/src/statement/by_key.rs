@@ -306,10 +306,7 @@ pub(crate) fn fixed_key(predicate: &Expr, store: &RowStore) -> Option<Vec<(usize
             } else {
                 None
             }?;
-            // A lossy cast (`int_key = 1.5`) would fix the wrong key.
-            let cast = value.cast_to(field.data_type()).ok()?;
-            let back = cast.cast_to(&value.data_type()).ok()?;
-            (back == value).then_some(cast)
+            lossless(&value, field.data_type())
         })?;
         if found.is_null() {
             return None;
@@ -317,6 +314,14 @@ pub(crate) fn fixed_key(predicate: &Expr, store: &RowStore) -> Option<Vec<(usize
         values.push((k, found));
     }
     Some(values)
+}
+
+/// `value` as a key column of type `to`, if the cast keeps it (a lossy one,
+/// `int_key = 1.5`, would fix the wrong key).
+fn lossless(value: &ScalarValue, to: &DataType) -> Option<ScalarValue> {
+    let cast = value.cast_to(to).ok()?;
+    let back = cast.cast_to(&value.data_type()).ok()?;
+    (back == *value).then_some(cast)
 }
 
 /// Whether `expr` is the column `name` (of type `data_type`), or a cast of
@@ -658,13 +663,9 @@ impl Compiled {
             let value = expr.evaluate(&params)?.into_array(1)?;
             let value = ScalarValue::try_from_array(&value, 0)?;
             let field = reader.store.schema().field(*k);
-            // A lossy cast (`int_key = 1.5`) would fix the wrong key.
-            let Ok(cast) = value.cast_to(field.data_type()) else {
+            let Some(cast) = lossless(&value, field.data_type()).filter(|c| !c.is_null()) else {
                 return Ok(None);
             };
-            if cast.is_null() || cast.cast_to(&value.data_type()).ok().as_ref() != Some(&value) {
-                return Ok(None);
-            }
             key.push((*k, cast));
         }
         let found = match row_by_key(engine, table, &key).await? {

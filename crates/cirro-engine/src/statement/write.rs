@@ -109,10 +109,7 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
                 && error.state == SqlState::SERIALIZATION_FAILURE
                 && dml::row_change_tag(&dml.op).is_some()
                 && retries < RC_RETRIES
-                && matches!(
-                    engine.transaction_isolation(),
-                    cirro_sql::Isolation::ReadCommitted | cirro_sql::Isolation::ReadUncommitted
-                );
+                && crate::session::txn::reads_committed(engine.transaction_isolation());
             if !again {
                 return Err(name_not_null_column(error, &input, &name));
             }
@@ -157,14 +154,7 @@ async fn at_latest(
     if latest.schema() != current.schema() {
         return Ok(None);
     }
-    let latest = latest.with_rows(current.rows().cloned());
-    let source = datafusion::datasource::provider_as_source(Arc::new(latest));
-    let input = dml::replace_target_scan(&dml.input, &dml.table_name, &source)?;
-    Ok(Some(DmlStatement {
-        target: source,
-        input: Arc::new(input),
-        ..dml.clone()
-    }))
+    over_table(dml, latest.with_rows(current.rows().cloned())).map(Some)
 }
 
 /// How long a statement through a table's files waits for the open
@@ -187,16 +177,19 @@ async fn retarget(engine: &Engine, dml: DmlStatement, location: &str) -> Result<
     {
         return Ok(dml);
     }
-    let reader = current.rows().cloned();
-    let source = datafusion::datasource::provider_as_source(Arc::new(latest.with_rows(reader)));
-    let input = dml::replace_target_scan(&dml.input, &dml.table_name, &source).or_else(|_| {
-        // TRUNCATE and INSERT … VALUES do not scan their target.
-        Ok::<_, CirroError>(dml.input.as_ref().clone())
-    })?;
+    over_table(&dml, latest.with_rows(current.rows().cloned()))
+}
+
+/// `dml` with `table` as its target and the scan of it (TRUNCATE and
+/// INSERT … VALUES scan none).
+fn over_table(dml: &DmlStatement, table: cirro_storage::CirroTable) -> Result<DmlStatement> {
+    let source = datafusion::datasource::provider_as_source(Arc::new(table));
+    let input = dml::replace_target_scan(&dml.input, &dml.table_name, &source)
+        .or_else(|_| Ok::<_, CirroError>(dml.input.as_ref().clone()))?;
     Ok(DmlStatement {
         target: source,
         input: Arc::new(input),
-        ..dml
+        ..dml.clone()
     })
 }
 
