@@ -528,7 +528,6 @@ impl Catalog {
     /// Open the table stored at `location`, reusing an open snapshot while the
     /// table's Delta version is unchanged.
     pub async fn open_table(&self, location: &str) -> Result<CirroTable> {
-        let url = self.root.dir_url(location)?;
         let cached = self
             .open_tables
             .lock()
@@ -539,7 +538,7 @@ impl Catalog {
         {
             return Ok(table);
         }
-        let table = CirroTable::open(&url).await?;
+        let table = CirroTable::open(&self.root.dir_url(location)?).await?;
         if let Ok(mut map) = self.open_tables.lock() {
             map.insert(location.to_string(), table.clone());
         }
@@ -794,7 +793,7 @@ impl Catalog {
 async fn is_latest(table: &CirroTable) -> bool {
     use object_store::ObjectStoreExt;
     let relative = format!("_delta_log/{:020}.json", table.version() + 1);
-    if let Some(exists) = cirro_storage::local_exists(table.url(), &relative) {
+    if let Some(exists) = table.local_exists(&relative) {
         return !exists;
     }
     let next = object_store::path::Path::from(relative);

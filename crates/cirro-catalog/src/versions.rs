@@ -79,9 +79,7 @@ impl VersionStore for FileVersions {
     /// `_catalog/` (which grows with the versions kept).
     async fn latest_after(&self, known: u64) -> Result<u64> {
         if known > 0 {
-            if let Some(false) =
-                cirro_storage::local_exists(self.root.url(), &version_path(known + 1))
-            {
+            if let Some(false) = self.root.local_exists(&version_path(known + 1)) {
                 return Ok(known);
             }
             let next = self.root.path(&version_path(known + 1));

@@ -26,5 +26,5 @@ mod timeouts;
 pub mod wal;
 pub mod write;
 
-pub use root::{StorageRoot, local_exists};
+pub use root::StorageRoot;
 pub use table::{CirroTable, TableOptions};

@@ -12,19 +12,23 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
-/// Whether `relative` (a `/`-separated path) exists under the directory
-/// `base`, asked of a local file system directly: a stat of a few
+/// Whether `relative` (a `/`-separated path) exists under the local
+/// directory `dir`, asked of the file system directly: a stat of a few
 /// microseconds, where the object store's local implementation hands each
-/// call to a blocking thread and back (tens). None for other storage, or
-/// where the file system does not say (then ask the object store).
-/// Statements ask this of the catalog and of each table they read, to see
-/// what other processes committed.
-pub fn local_exists(base: &Url, relative: &str) -> Option<bool> {
-    if base.scheme() != "file" {
+/// call to a blocking thread and back (tens). None where the file system
+/// does not say (then ask the object store). Statements ask this of the
+/// catalog and of each table they read, to see what other processes
+/// committed.
+pub(crate) fn local_exists(dir: Option<&std::path::Path>, relative: &str) -> Option<bool> {
+    dir?.join(relative).try_exists().ok()
+}
+
+/// `url` as a local directory, for a `file:` URL.
+pub(crate) fn local_dir(url: &Url) -> Option<Arc<std::path::Path>> {
+    if url.scheme() != "file" {
         return None;
     }
-    let dir = base.to_file_path().ok()?;
-    dir.join(relative).try_exists().ok()
+    url.to_file_path().ok().map(Arc::from)
 }
 
 /// The root of a data location and the object store that reaches it.
@@ -32,6 +36,8 @@ pub fn local_exists(base: &Url, relative: &str) -> Option<bool> {
 pub struct StorageRoot {
     url: Url,
     store: Arc<dyn ObjectStore>,
+    /// The root as a local directory (a `file:` URL), found once.
+    local: Option<Arc<std::path::Path>>,
 }
 
 impl StorageRoot {
@@ -62,12 +68,19 @@ impl StorageRoot {
                 .map_err(|_| CirroError::io(format!("bad data directory {}", absolute.display())))?
         };
         let (url, store) = crate::stores::open(url, disk)?;
-        Ok(Self { url, store })
+        let local = local_dir(&url);
+        Ok(Self { url, store, local })
     }
 
     /// URL of the root, ending in `/`.
     pub fn url(&self) -> &Url {
         &self.url
+    }
+
+    /// Whether `relative` exists under the root, for a local directory
+    /// (None: ask the object store).
+    pub fn local_exists(&self, relative: &str) -> Option<bool> {
+        local_exists(self.local.as_deref(), relative)
     }
 
     /// The object store, addressed with [`StorageRoot::path`].

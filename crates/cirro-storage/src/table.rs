@@ -35,6 +35,7 @@ use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, Pa
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::table_schema::TableSchemaBuilder;
 use datafusion::error::Result as DfResult;
+use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
 use datafusion::physical_expr::{LexRequirement, Partitioning, PhysicalSortRequirement};
@@ -117,6 +118,8 @@ pub const ROW_INDEX_COLUMN: &str = "__cirro_row";
 pub struct CirroTable {
     table: DeltaTable,
     url: Url,
+    /// `url` as a local directory (a `file:` URL), found once.
+    local: Option<Arc<std::path::Path>>,
     /// The schema as stored in Delta (Utf8 strings, non-null flags).
     stored_schema: SchemaRef,
     /// The schema scans produce (Utf8View strings), without row ids.
@@ -147,6 +150,9 @@ pub struct DataFile {
     pub num_records: Option<usize>,
     /// The `add` action that made the file part of the table.
     pub add: Add,
+    /// Where `url` is: its object store and its path in it, parsed once
+    /// (lookups by key ask for it on every statement).
+    located: std::sync::OnceLock<(ObjectStoreUrl, object_store::path::Path)>,
 }
 
 impl DataFile {
@@ -161,7 +167,19 @@ impl DataFile {
             size: add.size.max(0) as u64,
             num_records,
             add,
+            located: Default::default(),
         })
+    }
+
+    /// The file's object store and its path there.
+    pub fn location(&self) -> DfResult<&(ObjectStoreUrl, object_store::path::Path)> {
+        if let Some(located) = self.located.get() {
+            return Ok(located);
+        }
+        let url = ListingTableUrl::parse(&self.url)?;
+        Ok(self
+            .located
+            .get_or_init(|| (url.object_store(), url.prefix().clone())))
     }
 
     pub fn deletion_vector(&self) -> Option<&DeletionVectorDescriptor> {
@@ -224,6 +242,7 @@ impl CirroTable {
                     size: file.size().max(0) as u64,
                     num_records: file.num_records().or_else(|| records_of(&add)),
                     add,
+                    located: Default::default(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -240,6 +259,7 @@ impl CirroTable {
             schema: scan_schema(&stored_schema),
             stored_schema,
             table,
+            local: crate::root::local_dir(&url),
             url,
             files: Arc::new(files),
             options,
@@ -420,6 +440,12 @@ impl CirroTable {
         &self.url
     }
 
+    /// Whether `relative` exists under the table's directory, for a local
+    /// one (None: ask the object store).
+    pub fn local_exists(&self, relative: &str) -> Option<bool> {
+        crate::root::local_exists(self.local.as_deref(), relative)
+    }
+
     pub fn stored_schema(&self) -> &SchemaRef {
         &self.stored_schema
     }
@@ -496,7 +522,7 @@ impl CirroTable {
         deleted: Option<RoaringTreemap>,
     ) -> DfResult<PartitionedFile> {
         let file = &self.files[index];
-        let location = ListingTableUrl::parse(&file.url)?.prefix().clone();
+        let location = file.location()?.1.clone();
         let meta = ObjectMeta {
             location,
             last_modified: chrono::DateTime::from_timestamp_millis(file.add.modification_time)
@@ -601,8 +627,7 @@ impl CirroTable {
             return Ok(Arc::new(EmptyExec::new(schema)));
         }
         let format = ParquetFormat::default().with_options(state.table_options().parquet.clone());
-        let first = ListingTableUrl::parse(&self.files[files[0].0].url)?;
-        let object_store_url = first.object_store();
+        let object_store_url = self.files[files[0].0].location()?.0.clone();
         let store = state.runtime_env().object_store(&object_store_url)?;
         let file_schema = Arc::clone(&self.schema);
         let collect_statistics = state.config().collect_statistics();

@@ -92,17 +92,18 @@ pub fn set_query_options(
 /// (128 bits, in hex).
 pub fn new_query_id() -> String {
     use std::hash::{BuildHasher, Hasher};
-    static KEYS: std::sync::LazyLock<std::collections::hash_map::RandomState> =
-        std::sync::LazyLock::new(Default::default);
+    // With the pid, asked once (each `process::id()` is a system call).
+    static KEYS: std::sync::LazyLock<(std::collections::hash_map::RandomState, u32)> =
+        std::sync::LazyLock::new(|| (Default::default(), std::process::id()));
     static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let half = |salt: u8| {
-        let mut hasher = KEYS.build_hasher();
+        let mut hasher = KEYS.0.build_hasher();
         hasher.write_u8(salt);
-        hasher.write_u32(std::process::id());
+        hasher.write_u32(KEYS.1);
         hasher.write_u128(nanos);
         hasher.write_u64(count);
         hasher.finish()

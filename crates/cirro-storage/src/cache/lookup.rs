@@ -22,15 +22,14 @@ use arrow::datatypes::{Schema, SchemaRef};
 use cirro_common::{CirroError, Result};
 use datafusion::common::ScalarValue;
 use datafusion::common::hash_utils::{RandomState, create_hashes};
-use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::datasource::physical_plan::ParquetFileReaderFactory;
 use datafusion::datasource::physical_plan::parquet::{
     DefaultParquetFileReaderFactory, apply_file_schema_type_coercions,
 };
+use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion_datasource::PartitionedFile;
-use object_store::ObjectStore;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::AsyncFileReader;
@@ -80,10 +79,10 @@ pub async fn find_row(
             .collect::<Vec<_>>(),
     ));
     for (index, file) in table.files().iter().enumerate() {
-        let url = ListingTableUrl::parse(&file.url)?;
-        let store = runtime.object_store(url.object_store())?;
-        let path: Arc<str> = Arc::from(url.prefix().as_ref());
+        let (store, path) = file.location()?;
+        let path: Arc<str> = Arc::from(path.as_ref());
         let lookup = FileLookup {
+            runtime,
             store,
             path,
             size: file.size,
@@ -156,7 +155,9 @@ async fn deleted(table: &CirroTable, index: usize) -> Result<Arc<RoaringTreemap>
 
 /// One data file, read for a lookup.
 struct FileLookup<'a> {
-    store: Arc<dyn ObjectStore>,
+    runtime: &'a RuntimeEnv,
+    /// The file's object store (asked of `runtime` only to read the file).
+    store: &'a ObjectStoreUrl,
     path: Arc<str>,
     size: u64,
     cache: Option<&'a ColumnCache>,
@@ -170,6 +171,10 @@ struct Footer {
     /// For each table column, its index in the file (None: the file
     /// predates it).
     sources: Vec<Option<usize>>,
+    /// For each table column, its row groups' minimums and maximums
+    /// (None: the file has no statistics of it), found at the first
+    /// lookup by it.
+    bounds: Vec<std::sync::OnceLock<Option<(ArrayRef, ArrayRef)>>>,
 }
 
 impl FileLookup<'_> {
@@ -177,12 +182,8 @@ impl FileLookup<'_> {
     fn reader(&self) -> Result<Box<dyn AsyncFileReader>> {
         let file = PartitionedFile::new(self.path.to_string(), self.size);
         Ok(
-            DefaultParquetFileReaderFactory::new(Arc::clone(&self.store)).create_reader(
-                0,
-                file,
-                None,
-                &ExecutionPlanMetricsSet::new(),
-            )?,
+            DefaultParquetFileReaderFactory::new(self.runtime.object_store(self.store)?)
+                .create_reader(0, file, None, &ExecutionPlanMetricsSet::new())?,
         )
     }
 
@@ -241,9 +242,16 @@ impl FileLookup<'_> {
             .iter()
             .map(|f| physical.index_of(f.name()).ok())
             .collect();
+        let bounds = self
+            .schema
+            .fields()
+            .iter()
+            .map(|_| Default::default())
+            .collect();
         Ok(Footer {
             reader_metadata,
             sources,
+            bounds,
         })
     }
 
@@ -262,22 +270,25 @@ impl FileLookup<'_> {
                 // The file predates a key column: no row of it has the key.
                 return Ok(Vec::new());
             }
-            let name = self.schema.field(*column).name();
-            let converter = StatisticsConverter::try_new(
-                name,
-                footer.reader_metadata.schema(),
-                footer.reader_metadata.parquet_schema(),
-            )
-            .map_err(parquet_error)?;
-            let mins = converter
-                .row_group_mins(groups.iter())
-                .map_err(parquet_error)?;
-            let maxes = converter
-                .row_group_maxes(groups.iter())
-                .map_err(parquet_error)?;
+            let bounds = footer.bounds[*column].get_or_init(|| {
+                let name = self.schema.field(*column).name();
+                let converter = StatisticsConverter::try_new(
+                    name,
+                    footer.reader_metadata.schema(),
+                    footer.reader_metadata.parquet_schema(),
+                )
+                .ok()?;
+                let mins = converter.row_group_mins(groups.iter()).ok()?;
+                let maxes = converter.row_group_maxes(groups.iter()).ok()?;
+                Some((mins, maxes))
+            });
+            // Without statistics every row group may hold the key.
+            let Some((mins, maxes)) = bounds else {
+                continue;
+            };
             for (group, candidate) in candidates.iter_mut().enumerate() {
                 if *candidate {
-                    *candidate = may_hold(&mins, &maxes, group, value);
+                    *candidate = may_hold(mins, maxes, group, value);
                 }
             }
         }
