@@ -6,7 +6,10 @@
 # how the figures in bench/results/micro-row-store/ are made.
 #
 #   bench/pgbench-row-store.sh CIRRO_BINARY [SECONDS] [ROUNDS] [CLIENTS...]
+#
+# SCALE (default 10, as issue 59 asks) is pgbench's -s for both.
 set -euo pipefail
+scale=${SCALE:-10}
 cirro=${1:?usage: $0 CIRRO_BINARY [SECONDS] [ROUNDS] [CLIENTS...]}
 seconds=${2:-10}
 rounds=${3:-3}
@@ -27,9 +30,9 @@ start_cirro() {
   echo "cirro did not start" >&2; exit 1
 }
 stop_cirro() { pkill -f "cirro serve --data $work/cirro"; sleep 1; }
-pgbench -q -i -s 1 -h 127.0.0.1 -p 55432 -U postgres postgres >/dev/null 2>&1
+pgbench -q -i -s "$scale" -h 127.0.0.1 -p 55432 -U postgres postgres >/dev/null 2>&1
 start_cirro
-pgbench -q -i -s 1 -h 127.0.0.1 -p 55441 -U cirro cirro >/dev/null 2>&1
+pgbench -q -i -s "$scale" -h 127.0.0.1 -p 55441 -U cirro cirro >/dev/null 2>&1
 stop_cirro
 run() { # system port user db mode clients
   local flag=""; [ "$4" = select-only ] && flag="-S"

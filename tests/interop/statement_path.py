@@ -18,6 +18,7 @@ passed, raises otherwise.
 """
 
 import sys
+import time
 from decimal import Decimal
 
 import psycopg
@@ -142,6 +143,7 @@ def by_key(dsn):
         conn.execute(update, (0, 1), prepare=True)
         conn.execute(insert, (10000, "x", 0), prepare=True)
         plans, counted = counter(conn, "plans"), counter(conn, "by_key")
+        compiled = counter(conn, "compiled")
         for i in range(200):
             key = (i * 7919) % 3000 + 1
             conn.execute(update, (5, key), prepare=True)
@@ -150,6 +152,27 @@ def by_key(dsn):
             check(conn.execute(read, (20000 + i,), prepare=True).fetchall(), [(f"i{i}", i)], f"inserted {i}")
         check(counter(conn, "plans") - plans, 0, "plannings of 800 executions")
         check(counter(conn, "by_key") - counted, 800, "statements computed by key")
+        check(counter(conn, "compiled") - compiled, 800, "executions without a plan")
+        # A DELETE by key, and an INSERT whose now() is each statement's.
+        delete = "DELETE FROM bk WHERE k = %s"
+        conn.execute("CREATE TABLE bt (k INT PRIMARY KEY, t TIMESTAMP, d BIGINT)")
+        stamp = "INSERT INTO bt (k, t, d) VALUES (%s, CURRENT_TIMESTAMP, %s * 2)"
+        conn.execute(delete, (2999,), prepare=True)
+        conn.execute(stamp, (0, 0), prepare=True)
+        # Planned again after the CREATE TABLE, then compiled.
+        conn.execute(read, (1,), prepare=True)
+        compiled = counter(conn, "compiled")
+        for i in range(1, 4):
+            conn.execute(delete, (i,), prepare=True)
+            check(conn.execute(read, (i,), prepare=True).fetchall(), [], f"deleted {i}")
+            time.sleep(0.01)
+            conn.execute(stamp, (i, i), prepare=True)
+        check(counter(conn, "compiled") - compiled, 9, "DELETEs and INSERTs without a plan")
+        stamped = conn.execute("SELECT k, t, d FROM bt ORDER BY k").fetchall()
+        check([(k, d) for k, _, d in stamped], [(i, 2 * i) for i in range(4)], "inserted with now()")
+        times = [t for _, t, _ in stamped]
+        check(times == sorted(times) and len(set(times)) == 4, True, f"now() of each statement: {times}")
+        check(conn.execute("SELECT count(*) FROM bk WHERE k <= 3 OR k = 2999").fetchone()[0], 0, "deleted rows")
         # Not by key: a condition on another column, a key no integer equals.
         counted = counter(conn, "by_key")
         check(conn.execute("SELECT k FROM bk WHERE v = %s", ("v7",), prepare=True).fetchall(), [(7,)], "by value")

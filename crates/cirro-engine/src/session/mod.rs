@@ -64,6 +64,9 @@ pub(crate) struct Counters {
     /// Rows computed by key or from VALUES without the planner
     /// (`statement/by_key.rs`).
     pub(crate) by_key: AtomicU64,
+    /// Executions of prepared statements run from their compiled form
+    /// (`by_key::Compiled`).
+    pub(crate) compiled: AtomicU64,
 }
 
 /// The engine of one session: one catalog, one DataFusion session.
@@ -94,6 +97,9 @@ pub struct Engine {
     pub(crate) memory: Arc<SessionMemory>,
     /// The record of the statement it runs (see `queries`).
     pub(crate) current_query: queries::QuerySlot,
+    /// The running statement's admission ticket, which a wait for a lock
+    /// gives up (`Engine::wait_for`).
+    pub(crate) admitted: std::sync::Mutex<Option<cirro_exec::resources::Ticket>>,
     /// The node the session runs on.
     pub(crate) node: Arc<Node>,
     /// The session's DataFusion options as it started: what `RESET` of a
@@ -198,6 +204,7 @@ impl Engine {
             backend,
             memory,
             current_query,
+            admitted: Default::default(),
             node: Arc::clone(&config.node),
             initial_options,
         };

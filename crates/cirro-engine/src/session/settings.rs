@@ -129,6 +129,11 @@ pub(crate) const COUNTERS: &[(&str, &str)] = &[
         "rows of this session's statements computed without DataFusion's planner: a row \
          found by its primary key, or VALUES (see --row-store)",
     ),
+    (
+        "cirro.compiled",
+        "executions of this session's prepared statements run from the form compiled at \
+         their first execution (a point read or small write by key), without a plan",
+    ),
 ];
 
 pub(crate) fn setting_name(name: &str) -> Result<&'static str> {
@@ -310,6 +315,7 @@ impl Engine {
             "cirro.parses" => Some(self.counters.parses.load(Ordering::Relaxed).to_string()),
             "cirro.plans" => Some(self.counters.plans.load(Ordering::Relaxed).to_string()),
             "cirro.by_key" => Some(self.counters.by_key.load(Ordering::Relaxed).to_string()),
+            "cirro.compiled" => Some(self.counters.compiled.load(Ordering::Relaxed).to_string()),
             _ => self
                 .flags
                 .iter()

@@ -34,7 +34,7 @@ use datafusion::logical_expr::{DmlStatement, Expr, LogicalPlan, WriteOp, col, li
 use datafusion::prelude::{and, or};
 
 use crate::Engine;
-use crate::statement::{Outcome, by_key, dml};
+use crate::statement::{Outcome, by_key, dml, time_travel};
 
 /// What a transaction holds for its small writes until it ends.
 #[derive(Default)]
@@ -55,10 +55,58 @@ impl PointHold {
     }
 }
 
-enum Kind {
+/// What a small write does.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Kind {
     Insert,
     Update,
     Delete,
+}
+
+impl Kind {
+    /// The command tag before its count.
+    fn tag(self) -> &'static str {
+        match self {
+            Kind::Insert => "INSERT 0",
+            Kind::Update => "UPDATE",
+            Kind::Delete => "DELETE",
+        }
+    }
+}
+
+/// Where a small write's rows come from.
+enum Source<'a> {
+    /// The statement's plan, run over the table at the statement's
+    /// snapshot.
+    Plan(&'a DmlStatement),
+    /// A prepared statement compiled once, with its values bound and the
+    /// key they fix (`by_key::Compiled`).
+    Compiled {
+        compiled: &'a by_key::Compiled,
+        params: &'a RecordBatch,
+        key: Vec<(usize, ScalarValue)>,
+    },
+}
+
+/// What small write `dml` is by its shape (see the module docs): an INSERT
+/// that reads no table, or an UPDATE or DELETE of the target filtered
+/// right above its scan, an UPDATE that leaves the key as it is; None
+/// where it takes the path through the files. Whether the filter fixes
+/// the key is the caller's to check.
+pub(crate) fn kind_of(dml: &DmlStatement, store: &RowStore) -> Option<Kind> {
+    match &dml.op {
+        WriteOp::Insert(InsertOp::Append) if !scans_a_table(&dml.input) => Some(Kind::Insert),
+        WriteOp::Update | WriteOp::Delete => {
+            store.key_columns()?;
+            target_filter(dml)?;
+            if matches!(dml.op, WriteOp::Delete) {
+                Some(Kind::Delete)
+            } else {
+                keeps_keys(&dml.input, store).then_some(Kind::Update)
+            }
+        }
+        _ => None,
+    }
 }
 
 /// Run `dml` as a small write if it is one (see the module docs): None
@@ -69,39 +117,82 @@ pub(crate) async fn try_run(
     tag: &str,
     location: &str,
 ) -> Result<Option<Outcome>> {
-    let Some(service) = engine.catalog.row_service() else {
+    if engine.catalog.row_service().is_none() {
         return Ok(None);
-    };
+    }
     let Ok(table) = dml::target_table(dml, tag) else {
         return Ok(None);
     };
-    let Some(reader) = table.rows().cloned() else {
+    let Some(reader) = table.rows() else {
         return Ok(None);
     };
     if !only_primary_key(&table) {
         return Ok(None);
     }
-    let store = Arc::clone(&reader.store);
-    let kind = match &dml.op {
-        WriteOp::Insert(InsertOp::Append) if !scans_a_table(&dml.input) => Kind::Insert,
-        WriteOp::Update | WriteOp::Delete => {
-            if store.key_columns().is_none() {
-                return Ok(None);
-            }
-            if key_values(dml, &store)?.is_none() {
-                return Ok(None);
-            }
-            if matches!(dml.op, WriteOp::Update) && !keeps_keys(&dml.input, &store) {
-                return Ok(None);
-            }
-            if matches!(dml.op, WriteOp::Update) {
-                Kind::Update
-            } else {
-                Kind::Delete
-            }
-        }
-        _ => return Ok(None),
+    let Some(kind) = kind_of(dml, &reader.store) else {
+        return Ok(None);
     };
+    if kind != Kind::Insert && key_values(dml, &reader.store)?.is_none() {
+        return Ok(None);
+    }
+    apply(engine, Source::Plan(dml), kind, &table, location).await
+}
+
+/// Run a compiled prepared write (`by_key::Compiled`) with `params`
+/// bound: None, having done nothing, where it takes the general path (the
+/// table changed, the values fix no key).
+pub(crate) async fn run_compiled(
+    engine: &Engine,
+    compiled: &by_key::Compiled,
+    kind: Kind,
+    params: &RecordBatch,
+) -> Result<Option<Outcome>> {
+    if engine.catalog.row_service().is_none() {
+        return Ok(None);
+    }
+    let (db, schema, name) = engine.resolve(compiled.table());
+    let Ok(location) = time_travel::location_of(engine, &db, &schema, &name) else {
+        return Ok(None);
+    };
+    let provider = engine
+        .context()
+        .table_provider(datafusion::common::TableReference::full(db, schema, name))
+        .await?;
+    let Some(table) = by_key::with_rows(&provider) else {
+        return Ok(None);
+    };
+    if !compiled.fits(table) || !only_primary_key(table) {
+        return Ok(None);
+    }
+    let Some(reader) = table.rows() else {
+        return Ok(None);
+    };
+    let Some(key) = compiled.key(&reader.store, params)? else {
+        return Ok(None);
+    };
+    let source = Source::Compiled {
+        compiled,
+        params,
+        key,
+    };
+    apply(engine, source, kind, &table.without_row_ids(), &location).await
+}
+
+/// Run a small write from `source` on `table` (at `location`): at once
+/// outside a transaction, else into its pending changes. None where a
+/// transaction that changed tables through their files must go on doing
+/// so.
+async fn apply(
+    engine: &Engine,
+    source: Source<'_>,
+    kind: Kind,
+    table: &CirroTable,
+    location: &str,
+) -> Result<Option<Outcome>> {
+    let service = engine
+        .catalog
+        .row_service()
+        .ok_or_else(|| CirroError::internal("no row stores"))?;
     let in_txn = engine.in_transaction();
     // A transaction that changed tables through their files keeps doing so
     // (its COMMIT is one Delta commit per table).
@@ -122,7 +213,7 @@ pub(crate) async fn try_run(
     } else {
         PointHold::default()
     };
-    let outcome = run(engine, dml, tag, location, &table, kind, &mut hold, in_txn).await;
+    let outcome = run(engine, &source, kind, table, location, &mut hold, in_txn).await;
     if in_txn {
         // Put what the transaction holds back, whatever the statement did
         // (a failed statement fails the transaction, whose end releases it).
@@ -150,11 +241,10 @@ type Ran = Option<(Vec<(String, TableChange)>, Outcome)>;
 #[allow(clippy::too_many_arguments)]
 async fn run(
     engine: &Engine,
-    dml: &DmlStatement,
-    tag: &str,
-    location: &str,
-    table: &CirroTable,
+    source: &Source<'_>,
     kind: Kind,
+    table: &CirroTable,
+    location: &str,
     hold: &mut PointHold,
     in_txn: bool,
 ) -> Result<Ran> {
@@ -170,7 +260,9 @@ async fn run(
         hold.owner = service.owner();
     }
     if !hold.holds_gate(location) {
-        let gate = service.gate(location).read_owned().await;
+        let gate = engine
+            .wait_for("relation", service.gate(location).read_owned())
+            .await;
         hold.gates.push((location.to_string(), gate));
     }
     let snapshot = engine.session.rows.snapshot();
@@ -180,8 +272,14 @@ async fn run(
     let keys: Vec<Key> = match kind {
         Kind::Insert => Vec::new(),
         Kind::Update | Kind::Delete => {
-            let values = key_values(dml, &store)?
-                .ok_or_else(|| CirroError::internal("a small write without its key"))?;
+            let values = match source {
+                Source::Plan(dml) => key_values(dml, &store)?
+                    .ok_or_else(|| CirroError::internal("a small write without its key"))?,
+                Source::Compiled { key, .. } => key
+                    .iter()
+                    .map(|(_, v)| v.to_array())
+                    .collect::<datafusion::common::Result<Vec<_>>>()?,
+            };
             store.encode_keys(&values)?
         }
     };
@@ -195,22 +293,36 @@ async fn run(
     }
     let latest = engine.catalog.open_table(location).await?;
     let fresh = latest.clone().with_rows(Some(reader.clone()));
-    let rows = match kind {
-        Kind::Insert => evaluate(engine, dml.input.as_ref().clone(), store.schema()).await?,
-        Kind::Update | Kind::Delete => {
-            let plan = dml::replace_target_scan(
-                &dml.input,
+    let (rows, name) = match source {
+        Source::Plan(dml) => {
+            let plan = match kind {
+                Kind::Insert => dml.input.as_ref().clone(),
+                Kind::Update | Kind::Delete => dml::replace_target_scan(
+                    &dml.input,
+                    &dml.table_name,
+                    &provider_as_source(Arc::new(fresh)),
+                )?,
+            };
+            (
+                evaluate(engine, plan, store.schema()).await?,
                 &dml.table_name,
-                &provider_as_source(Arc::new(fresh)),
-            )?;
-            evaluate(engine, plan, store.schema()).await?
+            )
+        }
+        Source::Compiled {
+            compiled,
+            params,
+            key,
+        } => {
+            let rows = compiled.rows(engine, &fresh, key, params).await?;
+            (table_rows(&[rows], store.schema())?, compiled.table())
         }
     };
+    let name = name.table();
     let count = rows.num_rows() as u64;
     let mut pending = engine.session.rows.pending(location).unwrap_or_default();
     match kind {
         Kind::Insert => {
-            check_not_null(&rows, store.schema(), &table_name(dml))?;
+            check_not_null(&rows, store.schema(), name)?;
             let rows = conformed(&rows, table, &store)?;
             if store.key_columns().is_some() {
                 let keys = store.keys_of_rows(&rows)?;
@@ -244,7 +356,7 @@ async fn run(
             }
         }
         Kind::Update => {
-            check_not_null(&rows, store.schema(), &table_name(dml))?;
+            check_not_null(&rows, store.schema(), name)?;
             let rows = conformed(&rows, table, &store)?;
             let keys = store.keys_of_rows(&rows)?;
             for (i, key) in keys.into_iter().enumerate() {
@@ -257,7 +369,7 @@ async fn run(
             }
         }
     }
-    let outcome = Outcome::command(dml::tag_of(tag, count));
+    let outcome = Outcome::command(dml::tag_of(kind.tag(), count));
     if in_txn {
         engine
             .session
@@ -408,7 +520,9 @@ async fn lock(
         .catalog
         .row_service()
         .ok_or_else(|| CirroError::internal("no row stores"))?;
-    if let Some(lock) = service.locks().lock(location, key, hold.owner).await? {
+    let locks = service.locks();
+    let wait = locks.lock(location, key, hold.owner);
+    if let Some(lock) = engine.wait_for("transactionid", wait).await? {
         hold.locks.push(lock);
     }
     if repeatable
@@ -426,7 +540,7 @@ async fn lock(
 
 /// Whether the table's only constraint is its primary key (or it has none)
 /// and no unique index: the row store checks only that key.
-fn only_primary_key(table: &CirroTable) -> bool {
+pub(crate) fn only_primary_key(table: &CirroTable) -> bool {
     let options = table.options();
     options.constraints.iter().all(|c| {
         matches!(
@@ -535,8 +649,13 @@ async fn evaluate(engine: &Engine, plan: LogicalPlan, schema: &SchemaRef) -> Res
             frame.collect().await.map_err(engine.input_error())?
         }
     };
+    table_rows(&batches, schema)
+}
+
+/// `batches` as one batch of `schema`'s columns (NOT NULL relaxed).
+fn table_rows(batches: &[RecordBatch], schema: &SchemaRef) -> Result<RecordBatch> {
     let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::new(); schema.fields().len()];
-    for batch in &batches {
+    for batch in batches {
         if batch.num_columns() != schema.fields().len() {
             return Err(CirroError::internal(format!(
                 "a small write produced {} columns for a table of {}",
@@ -549,7 +668,7 @@ async fn evaluate(engine: &Engine, plan: LogicalPlan, schema: &SchemaRef) -> Res
             let column = if column.data_type() == wanted {
                 Arc::clone(column)
             } else {
-                arrow::compute::cast(column, wanted)?
+                by_key::checked_cast(column, wanted)?
             };
             columns[i].push(column);
         }
@@ -600,10 +719,6 @@ fn check_not_null(rows: &RecordBatch, schema: &SchemaRef, table: &str) -> Result
 fn conformed(rows: &RecordBatch, table: &CirroTable, store: &RowStore) -> Result<RecordBatch> {
     let stored = cirro_storage::write::conform(rows, table.stored_schema())?;
     by_key::cast_columns(stored.columns(), Arc::clone(store.schema()))
-}
-
-fn table_name(dml: &DmlStatement) -> String {
-    dml.table_name.table().to_string()
 }
 
 /// Keys up to which [`in_files`] looks each up rather than scanning.
@@ -731,6 +846,26 @@ mod tests {
         }
     }
 
+    /// Two sessions of a process whose data location (`dir`) has row
+    /// stores, over a table `acct` of two rows (ids 1 and 2, balances 100).
+    async fn two_sessions(
+        dir: &std::path::Path,
+        config: impl Fn() -> EngineConfig,
+    ) -> (Engine, Engine) {
+        let a = Engine::open(dir.to_str().unwrap(), config()).await.unwrap();
+        a.catalog()
+            .enable_row_store(&cirro_catalog::rows::RowStoreConfig {
+                wal_dir: dir.join("_wal"),
+                budget: 64 << 20,
+            })
+            .await
+            .unwrap();
+        let b = Engine::with_catalog(Arc::clone(a.catalog()), config(), None);
+        ok(&a, "CREATE TABLE acct (id INT PRIMARY KEY, bal BIGINT)").await;
+        ok(&a, "INSERT INTO acct VALUES (1, 100), (2, 100)").await;
+        (a, b)
+    }
+
     /// Two sessions of a process with row stores write one row. Under READ
     /// COMMITTED (the default) the second waits for the first to end and
     /// then applies to the row it committed; under REPEATABLE READ it gets
@@ -738,19 +873,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_writer_that_waited_applies_to_the_committed_row_under_read_committed() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Engine::open(dir.path().to_str().unwrap(), EngineConfig::default())
-            .await
-            .unwrap();
-        a.catalog()
-            .enable_row_store(&cirro_catalog::rows::RowStoreConfig {
-                wal_dir: dir.path().join("_wal"),
-                budget: 64 << 20,
-            })
-            .await
-            .unwrap();
-        let b = Engine::with_catalog(Arc::clone(a.catalog()), EngineConfig::default(), None);
-        ok(&a, "CREATE TABLE acct (id INT PRIMARY KEY, bal BIGINT)").await;
-        ok(&a, "INSERT INTO acct VALUES (1, 100), (2, 100)").await;
+        let (a, b) = two_sessions(dir.path(), EngineConfig::default).await;
         let before = number(&a, "SHOW cirro.by_key").await;
         for (level, fails) in [("READ COMMITTED", false), ("REPEATABLE READ", true)] {
             ok(&a, "BEGIN").await;
@@ -787,5 +910,54 @@ mod tests {
         assert_eq!(number(&a, "SELECT bal FROM acct WHERE id = 1").await, 121);
         assert_eq!(number(&a, "SELECT bal FROM acct WHERE id = 2").await, 101);
         assert!(number(&a, "SHOW cirro.by_key").await > before);
+    }
+
+    /// With one statement admitted at a time, a writer waiting for a row
+    /// lock must not keep the place the lock's holder needs for its next
+    /// statement: before, A's second UPDATE waited for admission behind B,
+    /// which waited for A's lock, forever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_waiting_for_a_row_lock_gives_up_its_admission() {
+        let dir = tempfile::tempdir().unwrap();
+        let resources = cirro_exec::resources::ResourceConfig {
+            max_running: 1,
+            spill_dir: dir.path().join("spill"),
+            ..cirro_exec::resources::Resources::with_defaults()
+                .config()
+                .clone()
+        };
+        let node = crate::node::Node::new(crate::node::NodeConfig {
+            resources,
+            cache_policy: cirro_storage::cache::Policy::Plan,
+            disk: None,
+            gpu_memory: 0,
+            gpu_policy: "lru".into(),
+        })
+        .unwrap();
+        let node = Arc::new(node);
+        let config = || EngineConfig {
+            node: Arc::clone(&node),
+            ..EngineConfig::default()
+        };
+        let (a, b) = two_sessions(dir.path(), config).await;
+        ok(&a, "BEGIN").await;
+        ok(&a, "UPDATE acct SET bal = bal + 10 WHERE id = 1").await;
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            tokio::join!(
+                async {
+                    // B waits for A's row lock, admitted.
+                    ok(&b, "UPDATE acct SET bal = bal + 1 WHERE id = 1").await;
+                },
+                async {
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                    ok(&a, "UPDATE acct SET bal = bal + 10 WHERE id = 2").await;
+                    ok(&a, "COMMIT").await;
+                }
+            )
+        })
+        .await;
+        assert!(waited.is_ok(), "the sessions waited for each other");
+        assert_eq!(number(&a, "SELECT bal FROM acct WHERE id = 1").await, 111);
+        assert_eq!(number(&a, "SELECT bal FROM acct WHERE id = 2").await, 110);
     }
 }

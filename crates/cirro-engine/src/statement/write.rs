@@ -53,7 +53,11 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
                 .unwrap_or(false);
         if !already {
             let gate = service.gate(&location);
-            let held = tokio::time::timeout(GATE_WAIT, gate.write_owned())
+            let held = engine
+                .wait_for(
+                    "relation",
+                    tokio::time::timeout(GATE_WAIT, gate.write_owned()),
+                )
                 .await
                 .map_err(|_| {
                     CirroError::new(

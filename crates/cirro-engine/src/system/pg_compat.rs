@@ -255,7 +255,15 @@ fn pg_stat_activity(backends: &[BackendInfo]) -> DfResult<Arc<dyn TableProvider>
         ("state_change", time(&|b| Some(b.state_change))),
         (
             "wait_event_type",
-            text(&|b| b.wait_event.map(|_| "Extension".to_string())),
+            text(&|b| {
+                b.wait_event.map(|e| {
+                    match e {
+                        "transactionid" | "relation" => "Lock",
+                        _ => "Extension",
+                    }
+                    .to_string()
+                })
+            }),
         ),
         ("wait_event", text(&|b| b.wait_event.map(str::to_string))),
         ("state", text(&|b| Some(b.state.as_str().to_string()))),

@@ -148,7 +148,30 @@ impl Engine {
         } else {
             None
         };
+        // The ticket waits in the session's slot while the statement runs,
+        // so that a wait for a lock can give it up (`wait_for`).
+        let stored = match ticket {
+            Some(ticket) => {
+                let mut slot = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.is_none() {
+                    *slot = Some(ticket);
+                    None
+                } else {
+                    Some(ticket)
+                }
+            }
+            None => None,
+        };
+        let in_slot = admit && stored.is_none();
         let result = work.await;
+        let ticket = if in_slot {
+            self.admitted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+        } else {
+            stored
+        };
         let Some(handle) = handle else {
             return result.map(|outcome| hold(outcome, ticket));
         };
@@ -175,6 +198,52 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// Wait for `wait` (another transaction's lock) without holding the
+    /// statement's place in admission: the transaction holding the lock may
+    /// need a place for its next statement before it ends, and waiters that
+    /// held every place would wait for it forever. Admitted again, in the
+    /// queue, once `wait` is done. `event` is the wait pg_stat_activity
+    /// shows (PostgreSQL's names: `transactionid` for a row, `relation`).
+    pub(crate) async fn wait_for<T>(
+        &self,
+        event: &'static str,
+        wait: impl std::future::Future<Output = T>,
+    ) -> T {
+        let mut wait = std::pin::pin!(wait);
+        if let std::task::Poll::Ready(done) = futures::poll!(wait.as_mut()) {
+            return done;
+        }
+        let given_up = self
+            .admitted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .is_some();
+        let backend = self.backend();
+        if let Some(backend) = backend {
+            backend.set_waiting(Some(event));
+        }
+        let done = wait.await;
+        if given_up {
+            let on_queued = || {
+                if let Some(backend) = backend {
+                    backend.set_waiting(Some("AdmissionQueue"));
+                }
+            };
+            let ticket = self
+                .node
+                .resources()
+                .admission()
+                .admit(self.memory_limit(), self.priority(), on_queued)
+                .await;
+            *self.admitted.lock().unwrap_or_else(|e| e.into_inner()) = Some(ticket);
+        }
+        if let Some(backend) = backend {
+            backend.set_waiting(None);
+        }
+        done
     }
 
     /// The session's priority in the admission queue (`priority`).
