@@ -21,7 +21,7 @@ chown postgres:postgres "$work"
 pg=/usr/lib/postgresql/15/bin
 su postgres -c "$pg/initdb -D $work/pg -A trust -U postgres >/dev/null"
 su postgres -c "$pg/pg_ctl -D $work/pg -w -l $work/pg.log -o '-p 55432 -k $work -c listen_addresses=127.0.0.1' start >/dev/null"
-trap 'su postgres -c "$pg/pg_ctl -D $work/pg -m fast stop" >/dev/null 2>&1 || true; pkill -f "cirro serve --data $work/cirro" || true' EXIT
+trap 'su postgres -c "$pg/pg_ctl -D $work/pg -m fast stop" >/dev/null 2>&1 || true; pkill -f "serve --data $work/cirro" || true' EXIT
 export PGPASSWORD=pw
 start_cirro() {
   CIRRO_PASSWORD=pw "$cirro" serve --data "$work/cirro" --pg-port 55441 --threads 2 \
@@ -29,7 +29,7 @@ start_cirro() {
   for _ in $(seq 50); do pg_isready -q -h 127.0.0.1 -p 55441 && return; sleep 0.2; done
   echo "cirro did not start" >&2; exit 1
 }
-stop_cirro() { pkill -f "cirro serve --data $work/cirro"; sleep 1; }
+stop_cirro() { pkill -f "serve --data $work/cirro"; sleep 1; }
 pgbench -q -i -s "$scale" -h 127.0.0.1 -p 55432 -U postgres postgres >/dev/null 2>&1
 start_cirro
 pgbench -q -i -s "$scale" -h 127.0.0.1 -p 55441 -U cirro cirro >/dev/null 2>&1
