@@ -551,9 +551,14 @@ pub(crate) fn compile(
         else {
             return Ok(None);
         };
+        // A copy of the session's options that the compiled form (and the
+        // functions in its expressions) keep: holding the session's own
+        // would make each later statement copy them all when it sets its
+        // query id (`begin_query`: `Arc::make_mut` of a shared Arc).
+        let config = Arc::new(state.config_options().as_ref().clone());
         let mut props = ExecutionProps::new();
-        props.mark_start_execution(Arc::clone(state.config_options()));
-        (analyzed, props, Arc::clone(state.config_options()))
+        props.mark_start_execution(Arc::clone(&config));
+        (analyzed, props, config)
     };
     let (projection, below) = match &analyzed {
         LogicalPlan::Projection(p) => (Some(p), p.input.as_ref()),
