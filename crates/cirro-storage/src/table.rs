@@ -153,6 +153,9 @@ pub struct DataFile {
     /// Where `url` is: its object store and its path in it, parsed once
     /// (lookups by key ask for it on every statement).
     located: std::sync::OnceLock<(ObjectStoreUrl, object_store::path::Path)>,
+    /// The file's footer as point reads by key read it, kept after the
+    /// first (see `cache::lookup`).
+    pub(crate) lookup: std::sync::OnceLock<crate::cache::lookup::KeptFooter>,
 }
 
 impl DataFile {
@@ -168,6 +171,7 @@ impl DataFile {
             num_records,
             add,
             located: Default::default(),
+            lookup: Default::default(),
         })
     }
 
@@ -243,6 +247,7 @@ impl CirroTable {
                     num_records: file.num_records().or_else(|| records_of(&add)),
                     add,
                     located: Default::default(),
+                    lookup: Default::default(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;

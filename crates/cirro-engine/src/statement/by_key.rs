@@ -494,7 +494,9 @@ enum Source {
         /// The scan's columns, then the parameters: what the filter and
         /// the output read.
         joined: SchemaRef,
-        filter: Arc<dyn PhysicalExpr>,
+        /// The filter's conjuncts other than those that fix the key (None:
+        /// none, the row found is the answer).
+        filter: Option<Arc<dyn PhysicalExpr>>,
     },
     /// One row of VALUES, each over `params`.
     Values {
@@ -643,31 +645,44 @@ pub(crate) fn compile(
             };
             let conjuncts = split_conjunction(&predicate);
             let mut key = Vec::with_capacity(key_columns.len());
+            // The conjuncts that fix the key: the row found by the key
+            // satisfies them (its key equals the values, see `find_row`).
+            let mut fixing = vec![false; conjuncts.len()];
             for &k in key_columns {
                 let field = store.schema().field(k);
-                let value = conjuncts.iter().find_map(|c| {
+                let value = conjuncts.iter().enumerate().find_map(|(i, c)| {
                     let Expr::BinaryExpr(b) = c else { return None };
                     if b.op != Operator::Eq {
                         return None;
                     }
                     let is_key = |e: &Expr| is_column(e, field.name(), field.data_type());
                     if is_key(&b.left) && of_params(&b.right, &known) {
-                        Some(b.right.as_ref().clone())
+                        Some((i, b.right.as_ref().clone()))
                     } else if is_key(&b.right) && of_params(&b.left, &known) {
-                        Some(b.left.as_ref().clone())
+                        Some((i, b.left.as_ref().clone()))
                     } else {
                         None
                     }
                 });
-                let Some(value) = value else {
+                let Some((i, value)) = value else {
                     return Ok(None);
                 };
+                fixing[i] = true;
                 key.push((k, eval.physical(&value, &params_df)?));
             }
             let Ok(joined) = scan.projected_schema.join(&params_df) else {
                 return Ok(None);
             };
-            let filter = eval.physical(&predicate, &joined)?;
+            let rest = conjuncts
+                .iter()
+                .zip(&fixing)
+                .filter(|(_, fixes)| !**fixes)
+                .map(|(c, _)| (*c).clone())
+                .reduce(Expr::and);
+            let filter = match rest {
+                Some(rest) => Some(eval.physical(&rest, &joined)?),
+                None => None,
+            };
             let source = Source::Row {
                 key,
                 key_columns: key_columns.to_vec(),
@@ -980,10 +995,15 @@ impl Compiled {
                     columns,
                     &RecordBatchOptions::new().with_row_count(Some(rows)),
                 )?;
-                let keep = filter.evaluate(&batch)?.into_array(rows)?;
-                let keep = arrow::array::AsArray::as_boolean_opt(&keep)
-                    .ok_or_else(|| CirroError::internal("a filter that is not boolean"))?;
-                arrow::compute::filter_record_batch(&batch, keep)?
+                match filter {
+                    Some(filter) => {
+                        let keep = filter.evaluate(&batch)?.into_array(rows)?;
+                        let keep = arrow::array::AsArray::as_boolean_opt(&keep)
+                            .ok_or_else(|| CirroError::internal("a filter that is not boolean"))?;
+                        arrow::compute::filter_record_batch(&batch, keep)?
+                    }
+                    None => batch,
+                }
             }
             Source::Values { row, joined } => {
                 let mut columns = row

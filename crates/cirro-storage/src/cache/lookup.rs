@@ -71,26 +71,40 @@ pub async fn find_row(
     key: &[(usize, ScalarValue)],
 ) -> Result<Option<RecordBatch>> {
     let schema = table.table_schema();
-    let relaxed: SchemaRef = Arc::new(Schema::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect::<Vec<_>>(),
-    ));
+    // The key's hash as the key indexes hold it, found once for every file.
+    let hash = key_hash(key, schema)?;
+    let epoch = cache.map(|c| c.epoch()).unwrap_or(0);
     for (index, file) in table.files().iter().enumerate() {
         let (store, path) = file.location()?;
-        let path: Arc<str> = Arc::from(path.as_ref());
-        let lookup = FileLookup {
+        let kept = file
+            .lookup
+            .get()
+            .filter(|kept| same_schema(&kept.schema, schema));
+        let mut lookup = FileLookup {
             runtime,
             store,
-            path,
+            path: match kept {
+                Some(kept) => Arc::clone(&kept.footer.path),
+                None => Arc::from(path.as_ref()),
+            },
             size: file.size,
             cache,
             schema,
+            epoch,
         };
-        let footer = lookup.footer().await?;
-        for (group, row, first_row) in lookup.find(&footer, key).await? {
+        let footer = match kept {
+            Some(kept) => Arc::clone(&kept.footer),
+            None => {
+                let footer = lookup.footer().await?;
+                let _ = file.lookup.set(KeptFooter {
+                    schema: Arc::clone(schema),
+                    footer: Arc::clone(&footer),
+                });
+                footer
+            }
+        };
+        lookup.path = Arc::clone(&footer.path);
+        for (group, row, first_row) in lookup.find(&footer, key, hash).await? {
             if deleted(table, index)
                 .await?
                 .contains((first_row + row) as u64)
@@ -107,15 +121,53 @@ pub async fn find_row(
             if !same {
                 continue;
             }
+            let relaxed: SchemaRef = Arc::new(Schema::new(
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.as_ref().clone().with_nullable(true))
+                    .collect::<Vec<_>>(),
+            ));
             let options = RecordBatchOptions::new().with_row_count(Some(1));
             return Ok(Some(RecordBatch::try_new_with_options(
-                Arc::clone(&relaxed),
-                columns,
-                &options,
+                relaxed, columns, &options,
             )?));
         }
     }
     Ok(None)
+}
+
+/// The hash of `key` (table columns and their values) in the key indexes.
+fn key_hash(key: &[(usize, ScalarValue)], schema: &SchemaRef) -> Result<u64> {
+    let arrays = key
+        .iter()
+        .map(|(c, value)| value.cast_to(schema.field(*c).data_type())?.to_array())
+        .collect::<datafusion::common::Result<Vec<ArrayRef>>>()?;
+    let mut hash = [0u64; 1];
+    create_hashes(
+        arrays.iter().map(|a| a.as_ref()),
+        &RandomState::with_seed(INDEX_SEED),
+        &mut hash,
+    )?;
+    Ok(hash[0])
+}
+
+fn same_schema(a: &SchemaRef, b: &SchemaRef) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
+/// A data file's footer as lookups read it, kept with the file (see
+/// [`crate::table::DataFile`]) for the table schema it was read for.
+#[derive(Clone)]
+pub(crate) struct KeptFooter {
+    schema: SchemaRef,
+    footer: Arc<Footer>,
+}
+
+impl std::fmt::Debug for KeptFooter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeptFooter")
+    }
 }
 
 fn parquet_error(e: ParquetError) -> CirroError {
@@ -163,18 +215,21 @@ struct FileLookup<'a> {
     cache: Option<&'a ColumnCache>,
     /// The table's columns (as scans produce them).
     schema: &'a SchemaRef,
+    /// The hot-data tier's epoch of this lookup.
+    epoch: u64,
 }
 
 /// What a lookup needs of a file's footer.
 struct Footer {
+    /// The file's path in its object store.
+    path: Arc<str>,
     reader_metadata: ArrowReaderMetadata,
     /// For each table column, its index in the file (None: the file
     /// predates it).
     sources: Vec<Option<usize>>,
-    /// For each table column, its row groups' minimums and maximums
-    /// (None: the file has no statistics of it), found at the first
-    /// lookup by it.
-    bounds: Vec<std::sync::OnceLock<Option<(ArrayRef, ArrayRef)>>>,
+    /// For each table column, each row group's minimum and maximum (None:
+    /// the file has no statistics of it), found at the first lookup by it.
+    bounds: Vec<std::sync::OnceLock<Option<Vec<Bounds>>>>,
 }
 
 impl FileLookup<'_> {
@@ -191,7 +246,7 @@ impl FileLookup<'_> {
     async fn footer(&self) -> Result<Arc<Footer>> {
         let id = (Arc::clone(&self.path), self.size);
         if let Some((schema, footer)) = FOOTERS.lock().ok().and_then(|f| f.get(&id).cloned())
-            && (Arc::ptr_eq(&schema, self.schema) || schema == *self.schema)
+            && same_schema(&schema, self.schema)
         {
             return Ok(footer);
         }
@@ -249,6 +304,7 @@ impl FileLookup<'_> {
             .map(|_| Default::default())
             .collect();
         Ok(Footer {
+            path: Arc::clone(&self.path),
             reader_metadata,
             sources,
             bounds,
@@ -261,6 +317,7 @@ impl FileLookup<'_> {
         &self,
         footer: &Footer,
         key: &[(usize, ScalarValue)],
+        hash: u64,
     ) -> Result<Vec<(usize, usize, usize)>> {
         let metadata = footer.reader_metadata.metadata();
         let groups = metadata.row_groups();
@@ -280,15 +337,19 @@ impl FileLookup<'_> {
                 .ok()?;
                 let mins = converter.row_group_mins(groups.iter()).ok()?;
                 let maxes = converter.row_group_maxes(groups.iter()).ok()?;
-                Some((mins, maxes))
+                Some(
+                    (0..groups.len())
+                        .map(|group| Bounds::of(&mins, &maxes, group))
+                        .collect(),
+                )
             });
             // Without statistics every row group may hold the key.
-            let Some((mins, maxes)) = bounds else {
+            let Some(bounds) = bounds else {
                 continue;
             };
-            for (group, candidate) in candidates.iter_mut().enumerate() {
+            for (candidate, bounds) in candidates.iter_mut().zip(bounds) {
                 if *candidate {
-                    *candidate = may_hold(mins, maxes, group, value);
+                    *candidate = bounds.may_hold(value);
                 }
             }
         }
@@ -304,7 +365,7 @@ impl FileLookup<'_> {
                         let index = self
                             .key_index(footer, group, rows, &columns, index_column)
                             .await?;
-                        probe(&index, key, self.schema)?
+                        probe(&index, hash)?
                     }
                     None => {
                         let chunks = self.chunks(footer, group, rows, &columns).await?;
@@ -319,7 +380,8 @@ impl FileLookup<'_> {
     }
 
     /// Row group `group`'s index of the key columns `columns`: the hashes
-    /// of their values, sorted, and the rows they are in (two arrays), kept
+    /// of their values, sorted, the rows they are in, and the hashes'
+    /// [`directory`] (three arrays), kept
     /// in the hot-data tier as chunk `index_column` (evicted and forgotten
     /// with the file's columns).
     async fn key_index(
@@ -336,7 +398,7 @@ impl FileLookup<'_> {
             row_group: group as u32,
             column: index_column,
         };
-        let epoch = self.cache.map(|c| c.epoch()).unwrap_or(0);
+        let epoch = self.epoch;
         if let Some(index) = self
             .cache
             .and_then(|c| c.get(&chunk_key, Priority::Normal, epoch))
@@ -361,7 +423,12 @@ impl FileLookup<'_> {
         pairs.sort_unstable();
         let hashes: UInt64Array = pairs.iter().map(|(h, _)| *h).collect();
         let positions: UInt32Array = pairs.iter().map(|(_, r)| *r).collect();
-        let index: Arc<Vec<ArrayRef>> = Arc::new(vec![Arc::new(hashes), Arc::new(positions)]);
+        let directory = directory(hashes.values());
+        let index: Arc<Vec<ArrayRef>> = Arc::new(vec![
+            Arc::new(hashes),
+            Arc::new(positions),
+            Arc::new(directory),
+        ]);
         if let Some(cache) = self.cache {
             cache.insert(chunk_key, Arc::clone(&index), Priority::Normal, epoch);
         }
@@ -399,7 +466,7 @@ impl FileLookup<'_> {
             row_group: group as u32,
             column: source as u32,
         };
-        let epoch = self.cache.map(|c| c.epoch()).unwrap_or(0);
+        let epoch = self.epoch;
         let mut found: HashMap<usize, Arc<Vec<ArrayRef>>> = HashMap::new();
         let mut missing: Vec<usize> = Vec::new();
         for &column in columns {
@@ -481,53 +548,95 @@ fn index_column(columns: &[usize], sources: &[Option<usize>]) -> Option<u32> {
     Some(id)
 }
 
-/// The rows whose key hash equals `key`'s in `index` (a row whose key only
+/// The rows whose key hash equals `hash` in `index` (a row whose key only
 /// shares the hash is told apart by the caller).
-fn probe(
-    index: &[ArrayRef],
-    key: &[(usize, ScalarValue)],
-    schema: &SchemaRef,
-) -> Result<Vec<usize>> {
-    let (Some(hashes), Some(rows)) = (
+fn probe(index: &[ArrayRef], hash: u64) -> Result<Vec<usize>> {
+    let (Some(hashes), Some(rows), Some(directory)) = (
         index[0].as_any().downcast_ref::<UInt64Array>(),
         index[1].as_any().downcast_ref::<UInt32Array>(),
+        index
+            .get(2)
+            .and_then(|d| d.as_any().downcast_ref::<UInt32Array>()),
     ) else {
         return Err(CirroError::internal("a key index of the wrong types"));
     };
-    let arrays = key
+    let (from, to) = directory_range(directory.values(), hash);
+    let values = &hashes.values()[from..to];
+    let start = from + values.partition_point(|h| *h < hash);
+    Ok(hashes.values()[start..]
         .iter()
-        .map(|(c, value)| value.cast_to(schema.field(*c).data_type())?.to_array())
-        .collect::<datafusion::common::Result<Vec<ArrayRef>>>()?;
-    let mut hash = [0u64; 1];
-    create_hashes(
-        arrays.iter().map(|a| a.as_ref()),
-        &RandomState::with_seed(INDEX_SEED),
-        &mut hash,
-    )?;
-    let values = hashes.values();
-    let start = values.partition_point(|h| *h < hash[0]);
-    Ok(values[start..]
-        .iter()
-        .take_while(|h| **h == hash[0])
+        .take_while(|h| **h == hash)
         .enumerate()
         .map(|(i, _)| rows.value(start + i) as usize)
         .collect())
 }
 
-/// Whether row group `group`, by its min and max, may hold `value` (no
-/// statistics: it may).
-fn may_hold(mins: &ArrayRef, maxes: &ArrayRef, group: usize, value: &ScalarValue) -> bool {
-    let bound = |array: &ArrayRef| {
-        if array.is_null(group) {
-            return None;
+/// Rows of a key index per entry of its directory, about: a probe searches
+/// that many hashes, in a cache line or two, rather than all of them.
+const DIRECTORY_SPAN: usize = 8;
+
+/// The directory of sorted `hashes`: for each value of their top bits
+/// (2^bits of them, enough for about [`DIRECTORY_SPAN`] hashes each), the
+/// first hash with at least that value; then the count of hashes. A binary
+/// search of a large index misses the processor's caches at every step.
+fn directory(hashes: &[u64]) -> UInt32Array {
+    let bits = (hashes.len() / DIRECTORY_SPAN).max(1).ilog2().min(24);
+    let mut directory = Vec::with_capacity((1usize << bits) + 1);
+    let mut at = 0usize;
+    for bucket in 0..(1u64 << bits) {
+        while at < hashes.len() && top_bits(hashes[at], bits) < bucket {
+            at += 1;
         }
-        ScalarValue::try_from_array(array, group).ok()
-    };
-    let below = bound(mins)
-        .is_some_and(|min| matches!(value.partial_cmp(&min), Some(std::cmp::Ordering::Less)));
-    let above = bound(maxes)
-        .is_some_and(|max| matches!(value.partial_cmp(&max), Some(std::cmp::Ordering::Greater)));
-    !below && !above
+        directory.push(at as u32);
+    }
+    directory.push(hashes.len() as u32);
+    UInt32Array::from(directory)
+}
+
+/// The range of the index's hashes that may equal `hash`, by `directory`.
+fn directory_range(directory: &[u32], hash: u64) -> (usize, usize) {
+    let bits = (directory.len().saturating_sub(1)).max(1).ilog2();
+    let bucket = top_bits(hash, bits) as usize;
+    (directory[bucket] as usize, directory[bucket + 1] as usize)
+}
+
+fn top_bits(hash: u64, bits: u32) -> u64 {
+    if bits == 0 { 0 } else { hash >> (64 - bits) }
+}
+
+/// A row group's minimum and maximum of a column (None: not known).
+#[derive(Debug)]
+struct Bounds {
+    min: Option<ScalarValue>,
+    max: Option<ScalarValue>,
+}
+
+impl Bounds {
+    fn of(mins: &ArrayRef, maxes: &ArrayRef, group: usize) -> Self {
+        let bound = |array: &ArrayRef| {
+            if array.is_null(group) {
+                return None;
+            }
+            ScalarValue::try_from_array(array, group).ok()
+        };
+        Self {
+            min: bound(mins),
+            max: bound(maxes),
+        }
+    }
+
+    /// Whether the row group may hold `value` (no statistics: it may).
+    fn may_hold(&self, value: &ScalarValue) -> bool {
+        let below = self
+            .min
+            .as_ref()
+            .is_some_and(|min| matches!(value.partial_cmp(min), Some(std::cmp::Ordering::Less)));
+        let above = self
+            .max
+            .as_ref()
+            .is_some_and(|max| matches!(value.partial_cmp(max), Some(std::cmp::Ordering::Greater)));
+        !below && !above
+    }
 }
 
 /// The rows where every key column (`chunks`, in `key`'s order) equals its
@@ -561,4 +670,65 @@ fn matching_rows(
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An index of `hashes` as `key_index` builds one.
+    fn index_of(mut hashes: Vec<u64>) -> Vec<ArrayRef> {
+        let mut pairs: Vec<(u64, u32)> = hashes.drain(..).zip(0u32..).collect();
+        pairs.sort_unstable();
+        let sorted: Vec<u64> = pairs.iter().map(|(h, _)| *h).collect();
+        vec![
+            Arc::new(UInt64Array::from(sorted.clone())),
+            Arc::new(UInt32Array::from(
+                pairs.iter().map(|(_, r)| *r).collect::<Vec<_>>(),
+            )),
+            Arc::new(directory(&sorted)),
+        ]
+    }
+
+    #[test]
+    fn a_probe_finds_every_row_of_a_hash_through_the_directory() {
+        // Hashes spread over the whole range, with repeats, at sizes that
+        // give directories of 1 up to 2^10 entries; and the extremes.
+        for rows in [1usize, 7, 8, 100, 5_000, 10_000] {
+            let mut hashes: Vec<u64> = (0..rows as u64)
+                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i >> 3))
+                .collect();
+            hashes[rows / 2] = hashes[0];
+            hashes.push(0);
+            hashes.push(u64::MAX);
+            let index = index_of(hashes.clone());
+            for (row, hash) in hashes.iter().enumerate() {
+                let mut found = probe(&index, *hash).expect("probe");
+                found.sort_unstable();
+                let mut expected: Vec<usize> = hashes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, h)| *h == hash)
+                    .map(|(r, _)| r)
+                    .collect();
+                expected.sort_unstable();
+                assert_eq!(found, expected, "rows {rows}, row {row}");
+            }
+            for absent in [1u64, u64::MAX - 1, 0x8000_0000_0000_0000] {
+                if !hashes.contains(&absent) {
+                    assert!(probe(&index, absent).expect("probe").is_empty());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_directory_splits_the_hashes_by_their_top_bits() {
+        let sorted: Vec<u64> = (0..64u64).map(|i| i << 58).collect();
+        let directory = directory(&sorted);
+        // 64 hashes, 8 per entry: 8 entries (3 bits) and the count.
+        assert_eq!(directory.len(), 9);
+        assert_eq!(directory.values()[..], [0, 8, 16, 24, 32, 40, 48, 56, 64]);
+        assert_eq!(directory_range(directory.values(), 3 << 61), (24, 32));
+    }
 }

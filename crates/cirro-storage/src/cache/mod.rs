@@ -159,22 +159,27 @@ pub struct FileCounts {
     pub priority: Option<Priority>,
 }
 
+/// The tier's maps, keyed by file paths: hashed with a fast hash (every
+/// lookup and scan asks them under the tier's lock; SipHash's resistance to
+/// chosen keys buys nothing for the process's own file names).
+type Map<K, V> = HashMap<K, V, datafusion::common::hash_utils::RandomState>;
+
 #[derive(Default)]
 struct Inner {
-    entries: HashMap<ChunkKey, Entry>,
+    entries: Map<ChunkKey, Entry>,
     /// Eviction order: (priority, last use, key), the first goes first.
     order: BTreeSet<(Priority, u64, ChunkKey)>,
     used: usize,
     tick: u64,
     /// Hits and misses by file, kept while the file has entries or was
     /// looked up since (bounded: forgotten with the file's entries).
-    counts: HashMap<Arc<str>, (u64, u64)>,
+    counts: Map<Arc<str>, (u64, u64)>,
     /// Footers of the files read through the cache.
-    footers: HashMap<(Arc<str>, u64), Arc<ParquetMetaData>>,
+    footers: Map<(Arc<str>, u64), Arc<ParquetMetaData>>,
     /// Chunks turned away, with the epoch that last asked for them: asked
     /// for again by a later epoch, they come in as `Normal` (bounded by
     /// [`GHOSTS_KEPT_MAX`]).
-    ghosts: HashMap<ChunkKey, u64>,
+    ghosts: Map<ChunkKey, u64>,
     /// Bytes of the `Hot` entries (at most [`HOT_SHARE_MAX`] of the budget).
     hot_used: usize,
 }
