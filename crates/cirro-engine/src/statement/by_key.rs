@@ -679,10 +679,7 @@ pub(crate) fn compile(
                 .filter(|(_, fixes)| !**fixes)
                 .map(|(c, _)| (*c).clone())
                 .reduce(Expr::and);
-            let filter = match rest {
-                Some(rest) => Some(eval.physical(&rest, &joined)?),
-                None => None,
-            };
+            let filter = rest.map(|rest| eval.physical(&rest, &joined)).transpose()?;
             let source = Source::Row {
                 key,
                 key_columns: key_columns.to_vec(),

@@ -80,13 +80,13 @@ pub async fn find_row(
             .lookup
             .get()
             .filter(|kept| same_schema(&kept.schema, schema));
-        let mut lookup = FileLookup {
+        let lookup = FileLookup {
             runtime,
             store,
-            path: match kept {
-                Some(kept) => Arc::clone(&kept.footer.path),
-                None => Arc::from(path.as_ref()),
-            },
+            path: kept.map_or_else(
+                || Arc::from(path.as_ref()),
+                |kept| Arc::clone(&kept.footer.path),
+            ),
             size: file.size,
             cache,
             schema,
@@ -103,7 +103,6 @@ pub async fn find_row(
                 footer
             }
         };
-        lookup.path = Arc::clone(&footer.path);
         for (group, row, first_row) in lookup.find(&footer, key, hash).await? {
             if deleted(table, index)
                 .await?
