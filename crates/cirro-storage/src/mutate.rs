@@ -7,7 +7,8 @@
 //!
 //!  commit:  per touched file  remove(old DV) + add(same file, old ∪ new DV)
 //!                         or  remove (every row deleted)
-//!                         or  remove + survivors rewritten (mostly deleted)
+//!                         or  remove + survivors rewritten (mostly deleted,
+//!                                        or merged: `rewrite_file`)
 //!           + add(new data files)
 //! ```
 //!
@@ -23,7 +24,7 @@
 //! loses against a conflicting writer, the new data and DV files are removed
 //! and the table stays at the version it was read at.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{Int64Type, UInt32Type};
@@ -51,6 +52,9 @@ pub struct Mutation {
     table: CirroTable,
     /// Newly deleted rows by file index.
     deleted: BTreeMap<usize, RoaringTreemap>,
+    /// Files whose surviving rows are copied into new files whatever share
+    /// of their rows is deleted (see [`Mutation::rewrite_file`]).
+    rewritten: BTreeSet<usize>,
     writer: TableWriter,
 }
 
@@ -60,6 +64,7 @@ impl Mutation {
         Ok(Self {
             table: table.without_row_ids(),
             deleted: BTreeMap::new(),
+            rewritten: BTreeSet::new(),
             writer,
         })
     }
@@ -99,6 +104,18 @@ impl Mutation {
         Ok(count)
     }
 
+    /// Copy the surviving rows of file `index` into the change's new files
+    /// and remove it, whatever share of its rows is deleted: merges small
+    /// files into the change's own (see `rowstore::flush`).
+    pub fn rewrite_file(&mut self, index: usize) -> Result<()> {
+        if index >= self.table.files().len() {
+            return Err(CirroError::internal("rewrite: file index out of range"));
+        }
+        self.deleted.entry(index).or_default();
+        self.rewritten.insert(index);
+        Ok(())
+    }
+
     /// Add rows (new versions of updated rows, or inserted rows); their columns
     /// are, by position, the table's columns.
     pub async fn insert(&mut self, batch: RecordBatch) -> Result<()> {
@@ -111,6 +128,7 @@ impl Mutation {
         let Mutation {
             table,
             deleted,
+            rewritten,
             mut writer,
         } = self;
         let indices: Vec<usize> = deleted.keys().copied().collect();
@@ -135,6 +153,7 @@ impl Mutation {
                 continue; // no row survives: the remove alone
             }
             if !use_dvs
+                || rewritten.contains(&index)
                 || total.is_none()
                 || all.len() as f64 > REWRITE_FRACTION * total.unwrap_or(0) as f64
             {

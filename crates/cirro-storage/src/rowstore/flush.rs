@@ -4,6 +4,14 @@
 //! position as the table's `txn` action for [`FLUSH_APP_ID`] — so that a
 //! process that opens the table after a crash replays exactly the records
 //! after it, and other engines reading the Delta log see the flushed rows.
+//!
+//! Each flush adds a file, and keys written at random land in every one of
+//! them, so a point read would probe a number of files that grows with the
+//! table's age. A flush therefore also merges small files into its own,
+//! by tiers of size (as size-tiered compaction in LSM stores): when a tier
+//! holds [`MERGE_FANIN`] files, their live rows go into the flush's new
+//! file in the same commit. A table keeps a few files per tier, and a row
+//! is copied once per tier it climbs.
 
 use std::sync::Arc;
 
@@ -21,11 +29,49 @@ use super::{RowStore, StoreView};
 use crate::mutate::Mutation;
 use crate::table::{CirroTable, FILE_INDEX_COLUMN, ROW_INDEX_COLUMN};
 use crate::wal::Lsn;
-use crate::write::Committed;
+use crate::write::{Committed, data_file_bytes_target};
 
 /// The Delta application id under which a table's flushes record the log
 /// position they cover.
 pub const FLUSH_APP_ID: &str = "cirro-row-store";
+
+/// A tier's files are merged when it holds this many (the flush's own new
+/// file included, for the lowest tier).
+pub const MERGE_FANIN: usize = 4;
+
+/// Files under this size form the lowest tier; each tier above spans a
+/// factor of [`MERGE_FANIN`] in size.
+const FIRST_TIER_BYTES: u64 = 1 << 20;
+
+/// The tier of a file of `bytes`: 0 under [`FIRST_TIER_BYTES`], then one
+/// per factor of [`MERGE_FANIN`].
+fn tier(bytes: u64) -> u32 {
+    let mut tier = 0;
+    let mut bound = FIRST_TIER_BYTES;
+    while bytes >= bound {
+        tier += 1;
+        bound = bound.saturating_mul(MERGE_FANIN as u64);
+    }
+    tier
+}
+
+/// Indices of the files of `sizes` (bytes, by file index) a flush merges
+/// into its new file: those of the lowest tier that is full, counting the
+/// flush's new file in tier 0. Files of at least `large` bytes (half the
+/// target file size) are never merged.
+pub(crate) fn files_to_merge(sizes: &[u64], large: u64) -> Vec<usize> {
+    let mut tiers: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+    for (index, &bytes) in sizes.iter().enumerate() {
+        if bytes < large {
+            tiers.entry(tier(bytes)).or_default().push(index);
+        }
+    }
+    tiers
+        .into_iter()
+        .find(|(tier, files)| files.len() + usize::from(*tier == 0) >= MERGE_FANIN)
+        .map(|(_, files)| files)
+        .unwrap_or_default()
+}
 
 /// The log position the files of `table` hold the row store's rows up to
 /// (the newest flush's `txn` action; 0 if none).
@@ -52,6 +98,10 @@ pub async fn flush_view(
         return Ok(None);
     }
     let mut mutation = Mutation::new(table)?;
+    let sizes: Vec<u64> = table.files().iter().map(|f| f.size).collect();
+    for index in files_to_merge(&sizes, data_file_bytes_target() / 2) {
+        mutation.rewrite_file(index)?;
+    }
     let outcome = async {
         if !view.hidden.is_empty() {
             delete_hidden(table, state, store, view, &mut mutation).await?;

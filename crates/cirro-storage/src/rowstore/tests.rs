@@ -3,6 +3,7 @@ use std::sync::Arc;
 use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringViewArray};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 
+use super::flush::{MERGE_FANIN, files_to_merge};
 use super::*;
 
 fn schema() -> SchemaRef {
@@ -219,6 +220,29 @@ async fn visible_position_has_no_gaps() {
     assert_eq!(snapshots.visible(), 2);
 }
 
+/// The (k, v) rows of `table`, by k.
+async fn table_pairs(table: crate::table::CirroTable) -> Vec<(i64, Option<String>)> {
+    let ctx = datafusion::prelude::SessionContext::new();
+    ctx.register_table("t", Arc::new(table)).unwrap();
+    let batches = ctx
+        .sql("SELECT k, v FROM t ORDER BY k")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for b in &batches {
+        let k = b.column(0).as_primitive::<Int64Type>();
+        let v = arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
+        let v = v.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            got.push((k.value(i), (!v.is_null(i)).then(|| v.value(i).to_string())));
+        }
+    }
+    got
+}
+
 /// A flush deletes the file rows of the keys it writes, adds the store's
 /// rows, and records its log position in the table's log.
 #[tokio::test]
@@ -278,23 +302,7 @@ async fn flush_writes_rows_and_position() {
     let table = CirroTable::open(&url).await.unwrap();
     assert_eq!(table.version(), committed.version);
     assert_eq!(flushed_position(&table).await.unwrap(), 3);
-    ctx.register_table("t", Arc::new(table)).unwrap();
-    let batches = ctx
-        .sql("SELECT k, v FROM t ORDER BY k")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    let mut got = Vec::new();
-    for b in &batches {
-        let k = b.column(0).as_primitive::<Int64Type>();
-        let v = arrow::compute::cast(b.column(1), &DataType::Utf8).unwrap();
-        let v = v.as_string::<i32>();
-        for i in 0..b.num_rows() {
-            got.push((k.value(i), (!v.is_null(i)).then(|| v.value(i).to_string())));
-        }
-    }
+    let got = table_pairs(table).await;
     let mut want: Vec<(i64, Option<String>)> = (1..=10)
         .filter(|&i| i != 3)
         .map(|i| {
@@ -365,4 +373,102 @@ async fn row_locks_wait_and_detect_deadlocks() {
     assert!(cancelled.is_err());
     drop(held);
     assert!(locks.lock("t", b"9", 4).await.unwrap().is_some());
+}
+
+/// Successive flushes merge the table's small files into their own once a
+/// tier is full: the file count stays bounded, and every flush keeps the
+/// rows right (updated keys once, deleted keys gone, merged files' live
+/// rows kept).
+#[tokio::test]
+async fn flushes_merge_small_files() {
+    use crate::table::{CirroTable, create_delta_table};
+    use datafusion::prelude::SessionContext;
+    use std::collections::BTreeMap;
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = url::Url::from_directory_path(dir.path()).unwrap();
+    let stored = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Utf8, true),
+    ]));
+    create_delta_table(&url, &stored, &Default::default())
+        .await
+        .unwrap();
+    let table = CirroTable::open(&url).await.unwrap();
+    let store = RowStore::new(Arc::clone(table.table_schema()), Some(vec![0])).unwrap();
+    let ctx = SessionContext::new();
+    let state = ctx.state();
+    let mut model: BTreeMap<i64, Option<String>> = BTreeMap::new();
+    let mut lsn = 0;
+    let mut most_files = 0;
+    let mut merged = false;
+    for round in 0..12i64 {
+        // Each round: two new keys, an update of an older key, and a
+        // delete of another (from round 2 on).
+        let new_value = format!("r{round}");
+        let mut pairs_of_round = vec![
+            (100 + 2 * round, Some(new_value.as_str())),
+            (101 + 2 * round, None),
+        ];
+        if round >= 1 {
+            pairs_of_round.push((100 + round - 1, Some("updated")));
+        }
+        lsn += 1;
+        store.apply(lsn, &upsert(&pairs_of_round), 0).unwrap();
+        for (k, v) in &pairs_of_round {
+            model.insert(*k, v.map(str::to_string));
+        }
+        if round >= 2 {
+            lsn += 1;
+            store
+                .apply(lsn, &delete(&[100 + 2 * (round - 2) + 1]), 0)
+                .unwrap();
+            model.remove(&(100 + 2 * (round - 2) + 1));
+        }
+        let table = CirroTable::open(&url).await.unwrap();
+        let before = table.files().len();
+        let view = store.view(lsn, store.flushed_at(table.version())).unwrap();
+        let committed = flush_view(&table, &state, &store, &view, lsn)
+            .await
+            .unwrap()
+            .unwrap();
+        store.record_flush(committed.version, lsn);
+        store.forget_flushed();
+        let table = CirroTable::open(&url).await.unwrap();
+        assert_eq!(flushed_position(&table).await.unwrap(), lsn);
+        let files = table.files().len();
+        merged |= files <= before;
+        most_files = most_files.max(files);
+        assert!(
+            files < MERGE_FANIN,
+            "round {round}: {files} files after the flush"
+        );
+        let want: Vec<(i64, Option<String>)> = model.clone().into_iter().collect();
+        assert_eq!(table_pairs(table).await, want, "round {round}");
+    }
+    assert!(merged, "no flush merged files");
+    assert_eq!(most_files, MERGE_FANIN - 1);
+}
+
+/// Files are merged by tiers of size: the lowest full tier, the flush's
+/// new file counted in tier 0; large files never.
+#[test]
+fn merge_picks_the_lowest_full_tier() {
+    const K: u64 = 1 << 10;
+    const M: u64 = 1 << 20;
+    let large = 64 * M;
+    // Three small files and the flush's own: tier 0 is full.
+    assert_eq!(
+        files_to_merge(&[10 * K, 2 * M, 20 * K, 30 * K], large),
+        vec![0, 2, 3]
+    );
+    // Two small files: not yet.
+    assert!(files_to_merge(&[10 * K, 2 * M, 20 * K], large).is_empty());
+    // Four files of 1-4 MiB are a full tier 1; tier 0 has room.
+    assert_eq!(
+        files_to_merge(&[M, 2 * M, 10 * K, 3 * M, 3 * M + 1], large),
+        vec![0, 1, 3, 4]
+    );
+    // Files of half the target size or more stay.
+    assert!(files_to_merge(&[large, large, large, large, 10 * K], large).is_empty());
 }
