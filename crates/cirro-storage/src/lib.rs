@@ -24,6 +24,7 @@ mod stores;
 pub mod table;
 mod timeouts;
 pub mod wal;
+mod watch;
 pub mod write;
 
 pub use root::StorageRoot;

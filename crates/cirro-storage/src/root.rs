@@ -14,13 +14,18 @@ use url::Url;
 
 /// Whether `relative` (a `/`-separated path) exists under the local
 /// directory `dir`, asked of the file system directly: a stat of a few
-/// microseconds, where the object store's local implementation hands each
+/// microseconds, or none while nothing was created in its directory (see
+/// `watch.rs`), where the object store's local implementation hands each
 /// call to a blocking thread and back (tens). None where the file system
 /// does not say (then ask the object store). Statements ask this of the
 /// catalog and of each table they read, to see what other processes
 /// committed.
 pub(crate) fn local_exists(dir: Option<&std::path::Path>, relative: &str) -> Option<bool> {
-    dir?.join(relative).try_exists().ok()
+    let dir = dir?;
+    match relative.rsplit_once('/') {
+        Some((parent, name)) => crate::watch::exists(&dir.join(parent), name),
+        None => crate::watch::exists(dir, relative),
+    }
 }
 
 /// `url` as a local directory, for a `file:` URL.
