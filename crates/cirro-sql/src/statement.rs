@@ -298,6 +298,70 @@ impl Statement {
         )
     }
 
+    /// The command a read-only transaction refuses to run, named as
+    /// PostgreSQL names it in 25006 ("cannot execute INSERT in a read-only
+    /// transaction"): what changes rows, definitions or users. None for what
+    /// it runs (queries, SET, COPY TO, maintenance).
+    pub fn write_command(&self) -> Option<&'static str> {
+        Some(match self {
+            Statement::Insert(_) => "INSERT",
+            Statement::Update(_) => "UPDATE",
+            Statement::Delete(_) => "DELETE",
+            Statement::Merge(_) => "MERGE",
+            Statement::Truncate(_) => "TRUNCATE TABLE",
+            Statement::CreateTable { create, .. } if create.query.is_some() => "CREATE TABLE AS",
+            Statement::CreateTable { .. } => "CREATE TABLE",
+            Statement::CreateView(_) => "CREATE VIEW",
+            Statement::CreateIndex(_) => "CREATE INDEX",
+            Statement::AlterTable(_) => "ALTER TABLE",
+            Statement::Drop(_) => "DROP",
+            Statement::CreateDatabase { .. } => "CREATE DATABASE",
+            Statement::CreateSchema { .. } => "CREATE SCHEMA",
+            Statement::Copy(CopyStatement::FromFile(_) | CopyStatement::FromStdin(_)) => {
+                "COPY FROM"
+            }
+            Statement::Access(_) => "CREATE/ALTER/DROP USER, GRANT or REVOKE",
+            // EXPLAIN ANALYZE runs the statement it explains.
+            Statement::Explain {
+                analyze: true,
+                explain,
+            } => {
+                let explained = match explain.as_ref() {
+                    DfStatement::Explain(explain) => explain.statement.as_ref().clone(),
+                    DfStatement::Statement(inner) => match inner.as_ref() {
+                        SqlStatement::Explain { statement, .. } => {
+                            DfStatement::Statement(statement.clone())
+                        }
+                        _ => return None,
+                    },
+                    _ => return None,
+                };
+                return Statement::classify(explained).write_command();
+            }
+            _ => return None,
+        })
+    }
+
+    /// Whether it reads or writes tables, so that a transaction that runs it
+    /// has begun its work (PostgreSQL's first snapshot): after it, the
+    /// transaction's isolation level and read-write mode are fixed. SET,
+    /// SHOW, BEGIN, PREPARE and the like are not.
+    pub fn takes_snapshot(&self) -> bool {
+        match self {
+            Statement::Query(_)
+            | Statement::Explain { .. }
+            | Statement::Insert(_)
+            | Statement::Update(_)
+            | Statement::Delete(_)
+            | Statement::Merge(_)
+            | Statement::Truncate(_)
+            | Statement::Copy(_)
+            | Statement::CopyStored(_) => true,
+            Statement::CreateTable { create, .. } => create.query.is_some(),
+            _ => false,
+        }
+    }
+
     /// Whether it changes the catalog's definitions (tables, views,
     /// indexes, schemas, databases).
     pub fn is_ddl(&self) -> bool {

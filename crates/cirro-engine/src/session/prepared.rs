@@ -527,6 +527,7 @@ impl Engine {
         if self.transaction_aborted() {
             return Err(txn::aborted());
         }
+        self.check_read_only(&prepared.statement)?;
         // NUMERIC parameters take the scale of the value bound to them, as
         // a PostgreSQL NUMERIC value carries its own: planned for these
         // values (not cached).

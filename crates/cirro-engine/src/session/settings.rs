@@ -374,6 +374,10 @@ impl Engine {
         if name == "transaction_isolation" {
             return Ok(self.transaction_isolation().name().to_string());
         }
+        if name == "transaction_read_only" {
+            let on = self.transaction_read_only();
+            return Ok(if on { "on" } else { "off" }.to_string());
+        }
         Ok(self.settings.get(name))
     }
 
@@ -402,6 +406,13 @@ impl Engine {
                     // The open transaction's level, as SET TRANSACTION.
                     let modes = cirro_sql::TransactionModes {
                         isolation: cirro_sql::Isolation::from_name(&value),
+                        ..Default::default()
+                    };
+                    return self.set_transaction_modes(false, modes);
+                }
+                if name == "transaction_read_only" {
+                    let modes = cirro_sql::TransactionModes {
+                        read_only: Some(value == "on"),
                         ..Default::default()
                     };
                     return self.set_transaction_modes(false, modes);
@@ -560,7 +571,11 @@ pub(crate) fn checked_value(
             let bytes = resources.parse_query_memory(&value)?;
             Ok(cirro_exec::resources::format_bytes(bytes))
         }
-        "cache" | "join_order" | "spill_join" => match value.to_ascii_lowercase().as_str() {
+        "cache"
+        | "join_order"
+        | "spill_join"
+        | "default_transaction_read_only"
+        | "transaction_read_only" => match value.to_ascii_lowercase().as_str() {
             "on" | "true" | "1" | "yes" => Ok("on".to_string()),
             "off" | "false" | "0" | "no" => Ok("off".to_string()),
             _ => Err(CirroError::new(

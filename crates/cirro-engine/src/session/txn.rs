@@ -149,6 +149,11 @@ pub(crate) struct Transaction {
     /// Its isolation level as set (READ UNCOMMITTED runs as READ
     /// COMMITTED, as in PostgreSQL).
     pub isolation: Option<Isolation>,
+    /// READ ONLY: statements that write get 25006.
+    pub read_only: bool,
+    /// Whether a statement that reads or writes tables ran in it (then its
+    /// level and read-write mode are fixed).
+    pub queried: bool,
 }
 
 /// Marks the version of a transaction's own catalog (never a real one), so
@@ -1018,6 +1023,54 @@ impl Engine {
             .unwrap_or(Isolation::ReadCommitted)
     }
 
+    /// Whether a transaction started without saying is read-only
+    /// (`default_transaction_read_only`).
+    fn default_read_only(&self) -> bool {
+        matches!(
+            self.settings
+                .get("default_transaction_read_only")
+                .to_ascii_lowercase()
+                .as_str(),
+            "on" | "true" | "1" | "yes"
+        )
+    }
+
+    /// Whether the open transaction is read-only; outside one, whether the
+    /// statement's own transaction is (the default).
+    pub(crate) fn transaction_read_only(&self) -> bool {
+        self.peek_transaction(|t| t.read_only)
+            .unwrap_or_else(|| self.default_read_only())
+    }
+
+    /// At the start of `statement`: 25006 if it writes in a read-only
+    /// transaction; in a transaction, notes that it began its work if the
+    /// statement reads or writes tables.
+    pub(crate) fn check_read_only(&self, statement: &cirro_sql::Statement) -> Result<()> {
+        let write = statement.write_command();
+        let queries = statement.takes_snapshot();
+        if write.is_none() && !queries {
+            return Ok(());
+        }
+        let read_only = match self.hold_transaction() {
+            Some(mut held) => {
+                let read_only = held.txn.as_mut().map(|txn| {
+                    txn.queried |= queries;
+                    txn.read_only
+                });
+                held.put_back();
+                read_only.unwrap_or(false)
+            }
+            None => write.is_some() && self.default_read_only(),
+        };
+        match write {
+            Some(command) if read_only => Err(CirroError::new(
+                SqlState::READ_ONLY_SQL_TRANSACTION,
+                format!("cannot execute {command} in a read-only transaction"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The isolation level of the open transaction, else the default.
     pub(crate) fn transaction_isolation(&self) -> Isolation {
         self.peek_transaction(|t| t.isolation)
@@ -1053,30 +1106,41 @@ impl Engine {
                 "SET TRANSACTION can only be used in transaction blocks",
             ));
         }
-        let Some(level) = level else {
-            return Ok(Outcome::command("SET"));
-        };
         let Some(mut held) = self.hold_transaction() else {
             return Err(aborted());
         };
         let Some(txn) = held.txn.as_mut() else {
             return Err(aborted());
         };
-        if txn.isolation == Some(level) {
+        // As PostgreSQL: the level, and a turn from read-only to
+        // read-write, only before the transaction's first query.
+        let started = txn.queried
+            || self.session.touched_tables()
+            || !txn.written.is_empty()
+            || txn.ddl.is_some();
+        let refused = if started && level.is_some_and(|level| txn.isolation != Some(level)) {
+            Some("SET TRANSACTION ISOLATION LEVEL must be called before any query")
+        } else if started && txn.read_only && modes.read_only == Some(false) {
+            Some("transaction read-write mode must be set before any query")
+        } else {
+            None
+        };
+        if let Some(refused) = refused {
             held.put_back();
-            return Ok(Outcome::command("SET"));
+            return Err(CirroError::new(SqlState::ACTIVE_SQL_TRANSACTION, refused));
         }
-        if self.session.touched_tables() || !txn.written.is_empty() || txn.ddl.is_some() {
-            held.put_back();
-            return Err(CirroError::new(
-                SqlState::ACTIVE_SQL_TRANSACTION,
-                "SET TRANSACTION ISOLATION LEVEL must be called before any query",
-            ));
+        if let Some(read_only) = modes.read_only {
+            txn.read_only = read_only;
         }
-        txn.isolation = Some(level);
+        let changed = level.filter(|level| txn.isolation != Some(*level));
+        if let Some(level) = changed {
+            txn.isolation = Some(level);
+        }
         held.put_back();
-        self.session
-            .set_read_committed(&self.catalog, reads_committed(level));
+        if let Some(level) = changed {
+            self.session
+                .set_read_committed(&self.catalog, reads_committed(level));
+        }
         Ok(Outcome::command("SET"))
     }
 
@@ -1094,8 +1158,10 @@ impl Engine {
                     modes.isolation.unwrap_or_else(|| self.default_isolation()),
                 )?;
                 self.session.begin(&self.catalog, reads_committed(level));
+                let read_only = modes.read_only.unwrap_or_else(|| self.default_read_only());
                 self.set_txn(TxnState::InProgress(Transaction {
                     isolation: Some(level),
+                    read_only,
                     ..Transaction::default()
                 }));
                 Ok(Outcome::command("BEGIN"))

@@ -188,6 +188,7 @@ impl Engine {
         if placeholders > 0 && !matches!(statement, Statement::Prepare { .. }) {
             return Err(no_parameter(1));
         }
+        self.check_read_only(&statement)?;
         self.catalog.refresh().await?;
         self.session.start_statement(&self.catalog);
         match statement {
