@@ -3,8 +3,9 @@
 //! without a file-system lookup while nothing was created there.
 //!
 //! Each directory asked about gets an inotify watch. An "absent" answer is
-//! kept with the directory's event count and given again while no event
-//! arrived for it since. The pending events are read at each question, on
+//! kept with the directory's generation (a number that changes with every
+//! event for it, and differs for a directory made again) and given again
+//! while the generation is the same. The pending events are read at each question, on
 //! the asking thread, with a non-blocking read of the inotify descriptor
 //! (about half a microsecond, against one to two for a stat of the path): the
 //! kernel queues an event before the call that created the file returns, so
@@ -41,9 +42,10 @@ const LOCAL_FILE_SYSTEMS: &[u64] = &[
 struct Watched {
     /// None: not watchable (another file system, or no watch to be had).
     wd: Option<WatchDescriptor>,
-    /// Events seen for the directory.
-    events: u64,
-    /// A name found absent, and `events` when it was.
+    /// Changes with every event for the directory; never the same for two
+    /// entries of one directory (a directory made again gets a new entry).
+    generation: u64,
+    /// A name found absent, and `generation` when it was.
     absent: Option<(String, u64)>,
     /// Answers given from `absent` (for tests).
     kept: u64,
@@ -53,6 +55,8 @@ struct Watcher {
     inotify: Inotify,
     dirs: HashMap<PathBuf, Watched>,
     by_wd: HashMap<WatchDescriptor, PathBuf>,
+    /// The last generation handed out.
+    clock: u64,
 }
 
 static WATCHER: LazyLock<Option<Mutex<Watcher>>> = LazyLock::new(|| {
@@ -61,6 +65,7 @@ static WATCHER: LazyLock<Option<Mutex<Watcher>>> = LazyLock::new(|| {
         inotify,
         dirs: HashMap::new(),
         by_wd: HashMap::new(),
+        clock: 0,
     }))
 });
 
@@ -90,8 +95,9 @@ impl Watcher {
                 let Some(dir) = self.by_wd.get(&event.wd) else {
                     continue;
                 };
+                self.clock += 1;
                 if let Some(watched) = self.dirs.get_mut(dir) {
-                    watched.events += 1;
+                    watched.generation = self.clock;
                 }
                 if event
                     .mask
@@ -118,7 +124,8 @@ impl Watcher {
     /// Drop every kept answer (events may have been lost).
     fn forget_all(&mut self) {
         for watched in self.dirs.values_mut() {
-            watched.events += 1;
+            self.clock += 1;
+            watched.generation = self.clock;
         }
     }
 
@@ -141,11 +148,12 @@ impl Watcher {
             } else {
                 None
             };
+            self.clock += 1;
             self.dirs.insert(
                 dir.to_path_buf(),
                 Watched {
                     wd,
-                    events: 0,
+                    generation: self.clock,
                     absent: None,
                     kept: 0,
                 },
@@ -184,12 +192,12 @@ pub(crate) fn exists(dir: &Path, name: &str) -> Option<bool> {
         watcher.drain();
         match watcher.entry(dir) {
             Some(watched) if watched.wd.is_some() => {
-                if matches!(&watched.absent, Some((absent, at)) if absent == name && *at == watched.events)
+                if matches!(&watched.absent, Some((absent, at)) if absent == name && *at == watched.generation)
                 {
                     watched.kept += 1;
                     return Some(false);
                 }
-                Some(watched.events)
+                Some(watched.generation)
             }
             _ => None,
         }
@@ -197,11 +205,14 @@ pub(crate) fn exists(dir: &Path, name: &str) -> Option<bool> {
     // The watch is in place before the stat: a file created after it is
     // reported, and then the answer below is not kept.
     let found = stat();
-    if let (Some(events), Some(false)) = (seen, found)
+    // Kept only if no event (and no new watch of the directory) came
+    // since the generation was read: then it is still that generation.
+    if let (Some(generation), Some(false)) = (seen, found)
         && let Ok(mut watcher) = watcher.lock()
         && let Some(watched) = watcher.dirs.get_mut(dir)
+        && watched.generation == generation
     {
-        watched.absent = Some((name.to_string(), events));
+        watched.absent = Some((name.to_string(), generation));
     }
     found
 }

@@ -243,22 +243,29 @@ async fn table_pairs(table: crate::table::CirroTable) -> Vec<(i64, Option<String
     got
 }
 
-/// A flush deletes the file rows of the keys it writes, adds the store's
-/// rows, and records its log position in the table's log.
-#[tokio::test]
-async fn flush_writes_rows_and_position() {
-    use crate::table::{CirroTable, create_delta_table};
-    use datafusion::prelude::SessionContext;
-
+/// An empty Delta table of (k BIGINT NOT NULL, v TEXT) in a new directory
+/// (kept while the returned guard lives), its URL and schema.
+async fn kv_table() -> (tempfile::TempDir, url::Url, SchemaRef) {
     let dir = tempfile::tempdir().unwrap();
     let url = url::Url::from_directory_path(dir.path()).unwrap();
     let stored = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, false),
         Field::new("v", DataType::Utf8, true),
     ]));
-    create_delta_table(&url, &stored, &Default::default())
+    crate::table::create_delta_table(&url, &stored, &Default::default())
         .await
         .unwrap();
+    (dir, url, stored)
+}
+
+/// A flush deletes the file rows of the keys it writes, adds the store's
+/// rows, and records its log position in the table's log.
+#[tokio::test]
+async fn flush_writes_rows_and_position() {
+    use crate::table::CirroTable;
+    use datafusion::prelude::SessionContext;
+
+    let (_dir, url, stored) = kv_table().await;
     let first = RecordBatch::try_new(
         Arc::clone(&stored),
         vec![
@@ -381,19 +388,11 @@ async fn row_locks_wait_and_detect_deadlocks() {
 /// rows kept).
 #[tokio::test]
 async fn flushes_merge_small_files() {
-    use crate::table::{CirroTable, create_delta_table};
+    use crate::table::CirroTable;
     use datafusion::prelude::SessionContext;
     use std::collections::BTreeMap;
 
-    let dir = tempfile::tempdir().unwrap();
-    let url = url::Url::from_directory_path(dir.path()).unwrap();
-    let stored = Arc::new(Schema::new(vec![
-        Field::new("k", DataType::Int64, false),
-        Field::new("v", DataType::Utf8, true),
-    ]));
-    create_delta_table(&url, &stored, &Default::default())
-        .await
-        .unwrap();
+    let (_dir, url, _) = kv_table().await;
     let table = CirroTable::open(&url).await.unwrap();
     let store = RowStore::new(Arc::clone(table.table_schema()), Some(vec![0])).unwrap();
     let ctx = SessionContext::new();
