@@ -42,12 +42,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_cirro(binary, work, threads):
+def start_cirro(binary, work, threads, flags=()):
+    """`cirro serve` on `work`/cirro (made if new; an existing location is
+    served again), with `flags` after `serve`."""
     port = free_port()
     env = dict(os.environ, CIRRO_PASSWORD=PASSWORD)
     env.pop("CIRRO_USER", None)
     proc = subprocess.Popen(
-        [binary, "--data", str(work / "cirro"), "--threads", str(threads), "serve", "--pg-port", str(port), "--flight-port", "0", "--http-port", "0"],
+        [binary, "--data", str(work / "cirro"), "--threads", str(threads), "serve", "--pg-port", str(port),
+         "--flight-port", "0", "--http-port", "0", *flags],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     proc.stdout.readline()  # "cirro: PostgreSQL protocol on …"
@@ -67,16 +70,19 @@ def as_postgres(args, **kw):
 
 
 def start_postgres(work):
+    """A PostgreSQL cluster in `work`/pg (made by initdb if new; an existing
+    one is started again)."""
     port = free_port()
     data = work / "pg"
-    data.mkdir()
-    shutil.chown(data, "postgres", "postgres")
-    pwfile = work / "pg-password"
-    pwfile.write_text(PASSWORD)
-    shutil.chown(pwfile, "postgres", "postgres")
     binary = pg_bin()
-    as_postgres([str(binary / "initdb"), "-D", str(data), "-A", "scram-sha-256", "-U", "postgres",
-                 f"--pwfile={pwfile}"], stdout=subprocess.DEVNULL)
+    if not data.exists():
+        data.mkdir()
+        shutil.chown(data, "postgres", "postgres")
+        pwfile = work / "pg-password"
+        pwfile.write_text(PASSWORD)
+        shutil.chown(pwfile, "postgres", "postgres")
+        as_postgres([str(binary / "initdb"), "-D", str(data), "-A", "scram-sha-256", "-U", "postgres",
+                     f"--pwfile={pwfile}"], stdout=subprocess.DEVNULL)
     as_postgres([str(binary / "pg_ctl"), "-D", str(data), "-w", "-l", str(data / "log"),
                  "-o", f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start"], stdout=subprocess.DEVNULL)
     dsn = f"host=127.0.0.1 port={port} user=postgres password={PASSWORD} dbname=postgres sslmode=disable"

@@ -2,8 +2,9 @@
 # pgbench's select-only (-S) and TPC-B-like scripts against `cirro serve
 # --row-store on` and PostgreSQL 15 on the same machine, alternating, each
 # run on a fresh server process, then the TPC-B balance invariant checked
-# on both. Until `cirro bench micro` runs pgbench itself (issue 59), this is
-# how the figures in bench/results/micro-row-store/ are made.
+# on both: the figures in bench/results/micro-row-store/. `cirro bench
+# micro` runs the same scripts beside its other operations (a fresh server
+# per start rather than per run).
 #
 #   bench/pgbench-row-store.sh CIRRO_BINARY [SECONDS] [ROUNDS] [CLIENTS...]
 #

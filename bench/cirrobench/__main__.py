@@ -80,13 +80,18 @@ def parse(argv):
                     help="how the harness queries Cirro: Arrow Flight SQL (default) or the PostgreSQL protocol")
     ap.add_argument("--runs", type=int, default=3, help="hot runs per query and engine (default 3)")
     ap.add_argument("--starts", type=int, default=3,
-                    help="tpch, ssb, joins, aggregation, cluster: fresh processes of every engine (Cirro's server among "
+                    help="tpch, ssb, joins, aggregation, cluster, micro: fresh processes of every engine (Cirro's server among "
                          "them), each running every query; a figure is the median over the starts of each "
                          "start's median, shown with their range (default 3)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per query run (default 300)")
     ap.add_argument("--duration", type=float, default=5, help="micro: seconds per operation and client count")
     ap.add_argument("--baseline", help="micro: another cirro binary (an older build) measured in the same run")
-    ap.add_argument("--ops", help="micro: comma-separated subset of operations (insert-1, insert-1000, update, select, point)")
+    ap.add_argument("--ops", help="micro: comma-separated subset of operations (insert-1, insert-1000, update, "
+                                  "select, point, pgbench-tpcb, pgbench-select)")
+    ap.add_argument("--pgbench-scale", type=int, default=10,
+                    help="micro: pgbench's scale (-s) for its TPC-B-like and select-only scripts (default 10)")
+    ap.add_argument("--no-wal-tmpfs", action="store_true",
+                    help="micro: leave out cirro-wal-tmpfs (the write-ahead log on tmpfs, beside the disk)")
     ap.add_argument("--queries", help="comma-separated subset of query ids (e.g. q01,q06)")
     ap.add_argument("--out", type=Path,
                     help="results directory (default bench/results/<suite>-sf<N>/<date>-<commit>/: a folder per "

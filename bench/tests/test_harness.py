@@ -501,3 +501,51 @@ class SettingsTest(unittest.TestCase):
                 cli.parse(["tpch", "--set", bad])
         self.assertNotIn("settings", runner._config(cli.parse(["tpch"]), ["cirro"]))
 
+
+
+PGBENCH_OUT = """pgbench (15.18 (Debian 15.18-0+deb12u1))
+transaction type: <builtin: TPC-B (sort of)>
+scaling factor: 10
+query mode: prepared
+number of clients: 4
+number of threads: 4
+maximum number of tries: 10
+duration: 10 s
+number of transactions actually processed: 10820
+number of failed transactions: 3 (0.028%)
+number of transactions retried: 41 (0.379%)
+total number of retries: 44
+latency average = 3.312 ms
+initial connection time = 9.410 ms
+tps = 1207.706756 (without initial connection time)
+"""
+
+
+class MicroTest(unittest.TestCase):
+    def test_pgbench_summary_is_read(self):
+        from cirrobench import wire
+
+        r = wire.parse_pgbench(PGBENCH_OUT)
+        self.assertEqual(r, {"ops_per_s": 1207.706756, "latency_avg_ms": 3.312, "ops": 10820, "failed": 3})
+        self.assertIsNone(wire.parse_pgbench("connection refused\n")["ops_per_s"])
+
+    def test_report_gives_the_median_over_starts_with_its_range(self):
+        from cirrobench import wire
+
+        def run(ops, p50=None, avg=None, errors=0):
+            return {"ops_per_s": ops, "p50_ms": p50, "p99_ms": None, "latency_avg_ms": avg, "errors": errors,
+                    "first_error": "1 failed transactions" if errors else None}
+
+        doc = {"results": {
+            "insert-1/1": {"cirro": [run(900, 1.1), run(1000, 1.0), run(5000, 0.2)],
+                           "postgresql": [run(2000, 0.5), run(2000, 0.5), run(2000, 0.5)]},
+            "pgbench-tpcb/4": {"cirro": [run(600, avg=6.0, errors=1), run(700, avg=5.0)],
+                               "postgresql": [run(1400, avg=3.0), run(1400, avg=3.0)]}},
+            "versions": {"postgresql": "15", "psycopg": "3"}, "machine": {"cpu": "x", "cpus": 2},
+            "threads": 2, "preload_rows": 10, "pgbench_scale": 1, "duration_s": 1, "starts": 3,
+            "engines": ["cirro", "postgresql"], "failures": ["cirro pgbench-tpcb x4, start 1: 1 failed"]}
+        with tempfile.TemporaryDirectory() as d:
+            text = Path(wire.micro_report(doc, Path(d))).read_text()
+        self.assertIn("| insert-1 | 1 | cirro | 1.00 | — | 1,000 (900–5,000) | 0 | 0.500 |", text)
+        self.assertIn("| pgbench-tpcb | 4 | cirro | 5.50 | — | 650 (600–700) | 1 | 0.464 |", text)
+        self.assertIn("FAILURES", text)
