@@ -199,6 +199,10 @@ impl RowService {
             return Ok(None);
         }
         let flushed = rowstore::flushed_position(table).await?;
+        let next = self.wal.stats().next_lsn;
+        if flushed >= next {
+            return Err(behind_the_log(self.wal.dir(), next, location, flushed));
+        }
         let version = table.version();
         let store = match self
             .stores
@@ -303,15 +307,59 @@ impl RowService {
 
     /// Open the log in `config.wal_dir` and apply its records after each
     /// table's flushed position.
+    ///
+    /// The tables' flushed positions must lie inside the log: a log made
+    /// again (its directory deleted, or another `--wal-dir`) starts after the
+    /// highest of them, since a record numbered at or below a table's
+    /// flushed position would never be seen there; a log that ends before
+    /// one (an older copy, another location's) is refused.
     pub async fn open(catalog: &Catalog, config: &RowStoreConfig) -> Result<Arc<Self>> {
+        let locations = location_index(catalog);
+        let mut highest: Option<(Lsn, String)> = None;
+        for location in &locations {
+            // A table that does not open now is checked when its store is
+            // first made (`store_for`).
+            let flushed = match catalog.open_table(location).await {
+                Ok(table) => rowstore::flushed_position(&table).await,
+                Err(e) => Err(e),
+            };
+            let flushed = match flushed {
+                Ok(flushed) => flushed,
+                Err(e) => {
+                    log::warn!("row store: table {location}: {e}");
+                    continue;
+                }
+            };
+            if flushed > highest.as_ref().map_or(0, |(lsn, _)| *lsn) {
+                highest = Some((flushed, location.clone()));
+            }
+        }
+        let flushed = highest.as_ref().map_or(0, |(lsn, _)| *lsn);
         let dir = config.wal_dir.clone();
         let opened = tokio::task::spawn_blocking(move || {
-            Wal::open(Path::new(&dir), 1, WalOptions::default())
+            let options = WalOptions {
+                start: flushed + 1,
+                ..WalOptions::default()
+            };
+            Wal::open(Path::new(&dir), 1, options)
         })
         .await
         .map_err(|e| CirroError::internal(format!("write-ahead log: {e}")))??;
         let last = opened.records.last().map_or(0, |r| r.lsn);
         let next = opened.wal.stats().next_lsn;
+        if let Some((position, location)) = &highest {
+            if next <= *position {
+                return Err(behind_the_log(&config.wal_dir, next, location, *position));
+            }
+            if opened.new {
+                log::warn!(
+                    "row store: the write-ahead log in {} is new; the tables' files hold \
+                     the row stores' changes up to position {position}, and the log goes \
+                     on from there",
+                    config.wal_dir.display()
+                );
+            }
+        }
         let service = Arc::new(Self {
             wal: opened.wal,
             stores: RowStores::default(),
@@ -323,7 +371,6 @@ impl RowService {
             flushed: tokio::sync::Notify::new(),
         });
         let mut replayed = 0usize;
-        let locations = location_index(catalog);
         for record in opened.records {
             for (location, change) in rowstore::decode(&record.payload)? {
                 if !locations.contains(&location) {
@@ -354,6 +401,21 @@ impl RowService {
         }
         Ok(service)
     }
+}
+
+/// A table whose files hold the row store's changes up to `flushed`, past
+/// the log's end (the next record would be `next`).
+fn behind_the_log(dir: &Path, next: Lsn, location: &str, flushed: Lsn) -> CirroError {
+    CirroError::new(
+        SqlState::DATA_CORRUPTED,
+        format!(
+            "the write-ahead log in {} ends at position {}, but table {location} holds the \
+             row store's changes up to position {flushed}: the log is not this data \
+             location's (or an older copy of it); move it away to start a new one",
+            dir.display(),
+            next - 1
+        ),
+    )
 }
 
 /// Every table location of the catalog now.

@@ -80,12 +80,17 @@ pub struct WalOptions {
     /// A segment takes records until it holds this many bytes; the next
     /// record starts a new one. Only whole segments are removed.
     pub segment_bytes: u64,
+    /// The LSN of a new log's first record (a directory with no segment):
+    /// past every position the log's user has already consumed, so that a
+    /// log made again never reuses one.
+    pub start: Lsn,
 }
 
 impl Default for WalOptions {
     fn default() -> Self {
         Self {
             segment_bytes: 64 << 20,
+            start: 1,
         }
     }
 }
@@ -149,6 +154,8 @@ pub struct Wal {
 pub struct Opened {
     pub wal: Wal,
     pub records: Vec<Record>,
+    /// Whether the log was made now (its directory held no segment).
+    pub new: bool,
 }
 
 impl std::fmt::Debug for Wal {
@@ -210,7 +217,8 @@ impl Wal {
             }
         }
         segments.retain(|s| s.end > 0);
-        let next = expected.unwrap_or(1);
+        let new = segments.is_empty();
+        let next = expected.unwrap_or(options.start.max(1));
         let open = match segments.pop() {
             Some(s) => OpenSegment {
                 file: OpenOptions::new()
@@ -250,6 +258,7 @@ impl Wal {
                 _lock: lock,
             },
             records,
+            new,
         })
     }
 
@@ -706,7 +715,7 @@ impl Writer {
     }
 
     fn sync(&mut self) {
-        match self.open.file.sync_data() {
+        match self.open.file.sync_data().and_then(|_| self.still_linked()) {
             Ok(()) => {
                 self.unsynced = false;
                 self.counters.syncs.fetch_add(1, Ordering::SeqCst);
@@ -722,6 +731,20 @@ impl Writer {
                 ));
             }
         }
+    }
+
+    /// Whether the open segment still has a name: a segment deleted under
+    /// the log (its directory removed) takes writes and syncs them into a
+    /// file no restart can read, so its records are not durable.
+    fn still_linked(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        if self.open.file.metadata()?.nlink() == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the segment was deleted (was the log's directory removed?)",
+            ));
+        }
+        Ok(())
     }
 
     /// Close the open segment (synced) and start the next.

@@ -10,7 +10,10 @@ fn open(dir: &Path, from: Lsn) -> Result<Opened> {
 
 fn small_segments(dir: &Path, from: Lsn) -> Opened {
     // Each record of a few bytes fills a segment.
-    let options = WalOptions { segment_bytes: 40 };
+    let options = WalOptions {
+        segment_bytes: 40,
+        ..WalOptions::default()
+    };
     Wal::open(dir, from, options).expect("open")
 }
 
@@ -252,4 +255,46 @@ fn a_full_disk_fails_the_write_and_keeps_the_log_whole() {
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);
     }
+}
+
+/// A log made in an empty directory starts at `start` (past the positions
+/// the row stores' flushes recorded); one that has segments goes on from
+/// its own last record whatever `start` says.
+#[test]
+fn a_new_log_starts_at_the_given_position() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = WalOptions {
+        start: 42,
+        ..WalOptions::default()
+    };
+    let opened = Wal::open(dir.path(), 1, options).expect("open");
+    assert_eq!(append_all(&opened.wal, &["a", "b"]), vec![42, 43]);
+    drop(opened);
+    let options = WalOptions {
+        start: 7,
+        ..WalOptions::default()
+    };
+    let again = Wal::open(dir.path(), 1, options).expect("reopen");
+    assert_eq!(
+        payloads(&again.records),
+        vec![(42, "a".into()), (43, "b".into())]
+    );
+    assert_eq!(append_all(&again.wal, &["c"]), vec![44]);
+}
+
+/// A log whose directory is deleted while it is open refuses the next
+/// synced append (and every later one) rather than acknowledging records
+/// that only an unnamed file holds.
+#[test]
+fn a_log_whose_directory_was_deleted_refuses_appends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opened = open(dir.path(), 1).expect("open");
+    append_all(&opened.wal, &["kept"]);
+    std::fs::remove_dir_all(dir.path()).expect("remove the log's directory");
+    let error = opened
+        .wal
+        .append_blocking(b"lost".to_vec(), true)
+        .expect_err("an append after the directory went");
+    assert!(error.to_string().contains("deleted"), "{error}");
+    assert!(opened.wal.append_blocking(b"later".to_vec(), true).is_err());
 }
