@@ -462,20 +462,6 @@ fn backslash_commands_in_scripts() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("| 1"));
 }
 
-/// Copy the tree at `from` into `to` (which exists).
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
-    for entry in std::fs::read_dir(from).expect("read fixture") {
-        let entry = entry.expect("fixture entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("file type").is_dir() {
-            std::fs::create_dir_all(&target).expect("create dir");
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy fixture file");
-        }
-    }
-}
-
 /// A data location written by an earlier release (tests/fixtures/
 /// location-4aa7edb, its README says how) opens: the same rows, the rows
 /// its deletion vectors remove stay removed, its view and primary key hold,
@@ -485,7 +471,7 @@ fn a_location_written_by_an_earlier_release_opens_and_takes_writes() {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/location-4aa7edb");
     let data = DataDir::new();
-    copy_tree(&fixture, data.path());
+    crate::common::copy_tree(&fixture, data.path());
     assert_eq!(
         data.query_csv("SELECT id, name, price, added FROM items ORDER BY id"),
         "id|name|price|added\n1|apple|1.25|2026-01-02\n3|||\n4|fig|11.00|2026-03-04\n5|plum|0.75|2026-04-05\n"
