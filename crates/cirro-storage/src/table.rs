@@ -156,6 +156,9 @@ pub struct DataFile {
     /// The file's footer as point reads by key read it, kept after the
     /// first (see `cache::lookup`).
     pub(crate) lookup: std::sync::OnceLock<crate::cache::lookup::KeptFooter>,
+    /// The rows the file's deletion vector deletes, as point reads by key
+    /// read them, kept after the first.
+    pub(crate) deleted: std::sync::OnceLock<Arc<roaring::RoaringTreemap>>,
 }
 
 impl DataFile {
@@ -172,6 +175,7 @@ impl DataFile {
             add,
             located: Default::default(),
             lookup: Default::default(),
+            deleted: Default::default(),
         })
     }
 
@@ -248,6 +252,7 @@ impl CirroTable {
                     add,
                     located: Default::default(),
                     lookup: Default::default(),
+                    deleted: Default::default(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;

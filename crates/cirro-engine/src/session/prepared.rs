@@ -504,6 +504,9 @@ impl Engine {
         })
     }
 
+    /// The paths other than a compiled statement's are boxed: the future
+    /// stays small, so that boxing it (`execute_prepared`) copies little on
+    /// each execution of a point read.
     async fn execute_prepared_inner(
         &self,
         prepared: &Prepared,
@@ -520,9 +523,10 @@ impl Engine {
             ));
         }
         let Some(cached) = &prepared.plan else {
-            return self
-                .run_statement(prepared.statement.clone(), prepared.inner_placeholders)
-                .await;
+            return Box::pin(
+                self.run_statement(prepared.statement.clone(), prepared.inner_placeholders),
+            )
+            .await;
         };
         if self.transaction_aborted() {
             return Err(txn::aborted());
@@ -569,12 +573,11 @@ impl Engine {
             .collect::<Result<Vec<_>>>()?;
         if at_bind {
             self.session.start_statement(&self.catalog);
-            let (plan, _) = self
-                .plan_prepared(&prepared.statement, &bind_declared)
-                .await?;
+            let (plan, _) =
+                Box::pin(self.plan_prepared(&prepared.statement, &bind_declared)).await?;
             let plan = plan.with_param_values(values)?;
             self.check_plan(&plan)?;
-            return self.execute_plan(plan).await;
+            return Box::pin(self.execute_plan(plan)).await;
         }
         self.catalog.refresh().await?;
         self.session.start_statement(&self.catalog);
@@ -606,11 +609,10 @@ impl Engine {
             }
         }
         let plan = match reuse {
-            Some((plan, _)) => self.with_current_tables(plan).await?,
+            Some((plan, _)) => Box::pin(self.with_current_tables(plan)).await?,
             None => {
-                let (plan, replans) = self
-                    .plan_prepared(&prepared.statement, &prepared.declared)
-                    .await?;
+                let (plan, replans) =
+                    Box::pin(self.plan_prepared(&prepared.statement, &prepared.declared)).await?;
                 if let Ok(mut c) = cached.lock() {
                     *c = CachedPlan {
                         plan: plan.clone(),
@@ -624,7 +626,7 @@ impl Engine {
         };
         let plan = plan.with_param_values(values)?;
         self.check_plan(&plan)?;
-        self.execute_plan(plan).await
+        Box::pin(self.execute_plan(plan)).await
     }
 
     fn sql_prepared(&self, name: &str) -> Result<Arc<Prepared>> {

@@ -175,6 +175,17 @@ fn parquet_error(e: ParquetError) -> CirroError {
 
 /// The rows the deletion vector of the table's file `index` deletes.
 async fn deleted(table: &CirroTable, index: usize) -> Result<Arc<RoaringTreemap>> {
+    let file = &table.files()[index];
+    if let Some(kept) = file.deleted.get() {
+        return Ok(Arc::clone(kept));
+    }
+    let found = deleted_by_id(table, index).await?;
+    Ok(Arc::clone(file.deleted.get_or_init(|| found)))
+}
+
+/// [`deleted`] through the process's map by the vector's id (a table
+/// version read again has new `DataFile`s with the same vectors).
+async fn deleted_by_id(table: &CirroTable, index: usize) -> Result<Arc<RoaringTreemap>> {
     let Some(descriptor) = table.files()[index].deletion_vector() else {
         return Ok(Arc::new(RoaringTreemap::new()));
     };
