@@ -70,7 +70,7 @@ def run_dir(base, fresh=False, latest=False, day=None, commit=None):
 
 def parse(argv):
     ap = argparse.ArgumentParser(prog="cirro bench", description="Benchmark Cirro beside its peers.")
-    ap.add_argument("suite", help="tpch, ssb, joins, aggregation, dml, micro, cluster, cache or gpu")
+    ap.add_argument("suite", help="tpch, ssb, joins, aggregation, dml, micro, pending, cluster, cache or gpu")
     ap.add_argument("--sf", type=float, default=1.0,
                     help="scale factor (tpch, ssb); joins and aggregation: a multiplier of the paper's sizes")
     ap.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
@@ -88,6 +88,8 @@ def parse(argv):
     ap.add_argument("--baseline", help="micro: another cirro binary (an older build) measured in the same run")
     ap.add_argument("--ops", help="micro: comma-separated subset of operations (insert-1, insert-1000, update, "
                                   "select, point, pgbench-tpcb, pgbench-select)")
+    ap.add_argument("--changes", type=int, default=100_000,
+                    help="pending: small writes left waiting in the row stores of lineitem and orders (default 100000)")
     ap.add_argument("--pgbench-scale", type=int, default=10,
                     help="micro: pgbench's scale (-s) for its TPC-B-like and select-only scripts (default 10)")
     ap.add_argument("--no-wal-tmpfs", action="store_true",
@@ -148,7 +150,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     sf_label = f"{args.sf:g}"
-    if args.suite not in ("dml", "micro", "cluster", "cache", "gpu"):
+    if args.suite not in ("dml", "micro", "pending", "cluster", "cache", "gpu"):
         suites.get(args.suite)  # refuses an unknown suite before anything is written
     name = args.suite
     if args.suite == "cluster" and args.scaling:
@@ -177,6 +179,12 @@ def main(argv=None):
         from . import gpu
 
         return gpu.main(args, out)
+    if args.suite == "pending":
+        from . import pending
+
+        if not args.cirro or not Path(args.cirro).exists():
+            sys.exit("cirro bench: the cirro binary is unknown: run through `cirro bench` or pass --cirro")
+        return pending.run(args, out)
     if args.suite in ("dml", "micro"):
         from . import wire
 

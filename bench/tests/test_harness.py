@@ -549,3 +549,44 @@ class MicroTest(unittest.TestCase):
         self.assertIn("| insert-1 | 1 | cirro | 1.00 | — | 1,000 (900–5,000) | 0 | 0.500 |", text)
         self.assertIn("| pgbench-tpcb | 4 | cirro | 5.50 | — | 650 (600–700) | 1 | 0.464 |", text)
         self.assertIn("FAILURES", text)
+
+
+class PendingTest(unittest.TestCase):
+    def test_changes_commute_and_insert_new_keys(self):
+        from cirrobench import engines, pending
+
+        duckdb = engines.import_duckdb(False)
+        con = duckdb.connect()
+        con.execute("CREATE TABLE orders AS SELECT i AS o_orderkey, i % 7 AS o_custkey, 'O' AS o_orderstatus, "
+                    "CAST(i * 1.5 AS DECIMAL(15,2)) AS o_totalprice, DATE '2026-01-01' AS o_orderdate, "
+                    "'1-URGENT' AS o_orderpriority, 'c' AS o_clerk, 0 AS o_shippriority, 'x' AS o_comment "
+                    "FROM range(1, 201) t(i)")
+        con.execute("CREATE TABLE lineitem AS SELECT o_orderkey AS l_orderkey, 1 AS l_partkey, 2 AS l_suppkey, "
+                    "n AS l_linenumber, CAST(n AS DECIMAL(15,2)) AS l_quantity, "
+                    "CAST(10 * n AS DECIMAL(15,2)) AS l_extendedprice, CAST(0.05 AS DECIMAL(15,2)) AS l_discount, "
+                    "CAST(0.01 AS DECIMAL(15,2)) AS l_tax, 'N' AS l_returnflag, 'O' AS l_linestatus, "
+                    "DATE '2026-01-02' AS l_shipdate, DATE '2026-01-03' AS l_commitdate, "
+                    "DATE '2026-01-04' AS l_receiptdate, 'NONE' AS l_shipinstruct, 'AIR' AS l_shipmode, "
+                    "'y' AS l_comment FROM orders, range(1, 4) t(n)")
+        changes = pending.make_changes(con, 120)
+        self.assertEqual(len(changes), 120)
+        kinds = {sql.split()[0] for sql, _ in changes}
+        self.assertEqual(kinds, {"INSERT", "UPDATE", "DELETE"})
+        new_orders = [p[0] for sql, p in changes if sql.startswith("INSERT INTO orders")]
+        self.assertTrue(new_orders and min(new_orders) > 200 and len(set(new_orders)) == len(new_orders))
+
+        def state(order, apply=pending.apply_one_by_one):
+            c = duckdb.connect()
+            for t in ("orders", "lineitem"):
+                c.register(f"src_{t}", con.sql(f"SELECT * FROM {t}").to_arrow_table())
+                c.execute(f"CREATE TABLE {t} AS SELECT * FROM src_{t}")
+            apply(c, order)
+            return [c.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in ("orders", "lineitem")]
+
+        forward = state(changes)
+        self.assertNotEqual(forward, state([]))
+        # As the clients' statements interleave: each client's in order.
+        interleaved = [c for i in range(pending.CLIENTS) for c in changes[i::pending.CLIENTS]]
+        self.assertEqual(forward, state(list(reversed(interleaved))))
+        # The reference answers' bulk application leaves the same.
+        self.assertEqual(forward, state(changes, pending.apply_duckdb))

@@ -31,7 +31,8 @@ use datafusion::catalog::Session;
 
 use crate::Catalog;
 
-/// How often the background flush writes the stores into their tables.
+/// How often the background flush writes the stores into their tables, by
+/// default.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(10);
 
 /// How a process keeps row stores.
@@ -41,6 +42,8 @@ pub struct RowStoreConfig {
     pub wal_dir: std::path::PathBuf,
     /// Bytes the stores may hold together before writers wait for a flush.
     pub budget: usize,
+    /// How often the background flush runs (`--row-store-flush`).
+    pub flush_every: Duration,
 }
 
 /// The row stores of one data location (see the module docs).
@@ -51,6 +54,7 @@ pub struct RowService {
     locks: Arc<RowLocks>,
     next_owner: AtomicU64,
     budget: usize,
+    flush_every: Duration,
     /// Tables' gates: small writers hold one shared until they commit, a
     /// change through the table's files (a flush, UPDATE of many rows,
     /// ALTER TABLE) holds it alone.
@@ -119,6 +123,11 @@ impl RowService {
         }
         self.snapshots.applied(lsn).await;
         Ok(lsn)
+    }
+
+    /// How often the background flush runs.
+    pub fn flush_every(&self) -> Duration {
+        self.flush_every
     }
 
     /// Whether the stores hold more than their budget.
@@ -367,6 +376,7 @@ impl RowService {
             locks: Arc::default(),
             next_owner: AtomicU64::new(1),
             budget: config.budget,
+            flush_every: config.flush_every,
             gates: Default::default(),
             flushed: tokio::sync::Notify::new(),
         });

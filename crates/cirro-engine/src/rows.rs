@@ -5,7 +5,6 @@
 use std::sync::{Arc, Weak};
 
 use cirro_catalog::Catalog;
-use cirro_catalog::rows::FLUSH_EVERY;
 use cirro_common::{CirroError, Result};
 use datafusion::execution::SessionState;
 use datafusion::prelude::SessionContext;
@@ -22,7 +21,8 @@ fn flush_state(catalog: &Catalog) -> SessionState {
     ctx.state()
 }
 
-/// Flush `catalog`'s row stores every [`FLUSH_EVERY`] (sooner when they
+/// Flush `catalog`'s row stores every `flush_every` of its row service
+/// ([`cirro_catalog::rows::FLUSH_EVERY`] by default; sooner when they
 /// pass their budget) until the catalog is dropped.
 pub fn spawn_flusher(catalog: Weak<Catalog>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -36,7 +36,7 @@ pub fn spawn_flusher(catalog: Weak<Catalog>) -> tokio::task::JoinHandle<()> {
                 let Some(service) = catalog.row_service() else {
                     return;
                 };
-                if waited.elapsed() >= FLUSH_EVERY || service.over_budget() {
+                if waited.elapsed() >= service.flush_every() || service.over_budget() {
                     break;
                 }
             }

@@ -147,6 +147,10 @@ pub struct ServeArgs {
     /// the tables' files in the background (see docs/architecture.md).
     #[arg(long, env = "CIRRO_ROW_STORE", default_value = "off", value_parser = ["on", "off"])]
     row_store: String,
+    /// How often, in seconds, the background flush writes the row stores
+    /// into the tables' files (sooner past their memory budget).
+    #[arg(long, env = "CIRRO_ROW_STORE_FLUSH", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    row_store_flush: u64,
     /// The write-ahead log's directory (default: `_cirro_wal` in a local
     /// data directory; required with --row-store on for remote storage).
     #[arg(long, env = "CIRRO_WAL_DIR")]
@@ -387,6 +391,7 @@ fn row_store_config(
     Ok(Some(cirro_catalog::rows::RowStoreConfig {
         wal_dir,
         budget: 256 << 20,
+        flush_every: std::time::Duration::from_secs(args.row_store_flush),
     }))
 }
 

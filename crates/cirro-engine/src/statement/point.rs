@@ -857,6 +857,7 @@ mod tests {
             .enable_row_store(&cirro_catalog::rows::RowStoreConfig {
                 wal_dir: dir.join("_wal"),
                 budget: 64 << 20,
+                flush_every: cirro_catalog::rows::FLUSH_EVERY,
             })
             .await
             .unwrap();
