@@ -46,8 +46,15 @@ LINE_COLUMNS = ["l_orderkey", "l_partkey", "l_suppkey", "l_linenumber", "l_quant
                 "l_receiptdate", "l_shipinstruct", "l_shipmode", "l_comment"]
 
 
-def _placeholders(n, style):
-    return ", ".join(["%s" if style == "pg" else "?"] * n)
+def _placeholders(n):
+    return ", ".join(["%s"] * n)
+
+
+def _sample(duck, table, columns, rows, seed):
+    """`rows` rows of `columns` of `table`, drawn by DuckDB's reservoir
+    sample with `seed` (the same rows every run)."""
+    return duck.execute(f"SELECT {', '.join(columns)} FROM {table} USING SAMPLE reservoir({rows} ROWS) "
+                        f"REPEATABLE ({seed})").fetchall()
 
 
 def make_changes(duck, count, seed=59):
@@ -62,27 +69,19 @@ def make_changes(duck, count, seed=59):
     deletes = count - inserts - updates
     orders_new = max(1, -(-inserts // (1 + LINES_PER_ORDER)))
     top = duck.execute("SELECT max(o_orderkey) FROM orders").fetchone()[0]
-    templates = duck.execute(
-        f"SELECT {', '.join(ORDER_COLUMNS)} FROM orders USING SAMPLE reservoir({orders_new} ROWS) "
-        f"REPEATABLE ({seed})").fetchall()
-    lines = duck.execute(
-        f"SELECT {', '.join(LINE_COLUMNS)} FROM lineitem USING SAMPLE reservoir({LINES_PER_ORDER * orders_new} "
-        f"ROWS) REPEATABLE ({seed})").fetchall()
+    templates = _sample(duck, "orders", ORDER_COLUMNS, orders_new, seed)
+    lines = _sample(duck, "lineitem", LINE_COLUMNS, LINES_PER_ORDER * orders_new, seed)
     changes = []
     for i, order in enumerate(templates):
         key = top + 1 + i
-        changes.append((f"INSERT INTO orders VALUES ({_placeholders(len(ORDER_COLUMNS), 'pg')})",
+        changes.append((f"INSERT INTO orders VALUES ({_placeholders(len(ORDER_COLUMNS))})",
                         (key, *order[1:])))
         for n in range(LINES_PER_ORDER):
             line = lines[(i * LINES_PER_ORDER + n) % len(lines)]
-            changes.append((f"INSERT INTO lineitem VALUES ({_placeholders(len(LINE_COLUMNS), 'pg')})",
+            changes.append((f"INSERT INTO lineitem VALUES ({_placeholders(len(LINE_COLUMNS))})",
                             (key, line[1], line[2], n + 1, *line[4:])))
-    keys = duck.execute(
-        f"SELECT l_orderkey, l_linenumber FROM lineitem USING SAMPLE reservoir({updates + deletes} ROWS) "
-        f"REPEATABLE ({seed + 1})").fetchall()
-    order_keys = duck.execute(
-        f"SELECT o_orderkey FROM orders USING SAMPLE reservoir({updates + deletes} ROWS) "
-        f"REPEATABLE ({seed + 2})").fetchall()
+    keys = _sample(duck, "lineitem", ["l_orderkey", "l_linenumber"], updates + deletes, seed + 1)
+    order_keys = _sample(duck, "orders", ["o_orderkey"], updates + deletes, seed + 2)
     for i in range(updates):
         if i % 4 == 3:
             changes.append(("UPDATE orders SET o_totalprice = o_totalprice + 1 WHERE o_orderkey = %s",
