@@ -43,9 +43,11 @@ use cirro_common::{CirroError, Result, SqlState};
 use crate::wal::Lsn;
 
 mod flush;
+mod located;
 mod locks;
 mod session;
 pub use flush::{FLUSH_APP_ID, flush_view, flushed_position, without_hidden};
+pub use located::{Hidden, RowAt, by_index, hidden_positions};
 pub use locks::{Owner, RowLock, RowLocks};
 pub use session::{Pending, RowReader, SessionRows};
 
@@ -87,6 +89,10 @@ struct State {
     flushes: Vec<(i64, Lsn)>,
     /// The next id of an appended row (tables without a key).
     next_append: u64,
+    /// Counts changes of `keys` (a kept view is good while it holds).
+    generation: u64,
+    /// The highest LSN applied.
+    newest: Lsn,
 }
 
 /// Bytes a version costs beyond its row.
@@ -100,6 +106,23 @@ pub struct RowStore {
     rows: RowConverter,
     keys: Option<RowConverter>,
     state: RwLock<State>,
+    /// Where the files hold the keys (see `located.rs`).
+    notes: Mutex<located::Notes>,
+    /// The last view made for a snapshot that sees every version (see
+    /// [`RowStore::view`]).
+    kept: Mutex<Option<KeptView>>,
+    /// Scans of the key columns run to find hidden rows nobody noted.
+    located_by_scan: std::sync::atomic::AtomicU64,
+}
+
+/// A view kept for the scans after it: good while the store's keys have
+/// not changed (`generation`) for readers of the same files (`after`) at a
+/// snapshot that sees every version.
+#[derive(Debug)]
+struct KeptView {
+    after: Lsn,
+    generation: u64,
+    view: StoreView,
 }
 
 impl std::fmt::Debug for RowStore {
@@ -118,11 +141,38 @@ pub struct StoreView {
     pub rows: Option<RecordBatch>,
     /// Keys whose file rows are replaced (by a row in `rows` or by nothing).
     pub hidden: Arc<HashSet<Key>>,
+    /// Where those file rows are in a table version, once found (shared by
+    /// the clones of a kept view).
+    positions: Arc<Mutex<Option<(i64, Arc<Hidden>)>>>,
 }
 
 impl StoreView {
+    pub fn new(rows: Option<RecordBatch>, hidden: Arc<HashSet<Key>>) -> Self {
+        Self {
+            rows,
+            hidden,
+            positions: Arc::default(),
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.hidden.is_empty() && self.rows.as_ref().is_none_or(|r| r.num_rows() == 0)
+    }
+
+    /// The hidden rows' positions in table version `version`, if found.
+    fn positions(&self, version: i64) -> Option<Arc<Hidden>> {
+        let kept = self.positions.lock().ok()?;
+        kept.as_ref()
+            .filter(|(v, _)| *v == version)
+            .map(|(_, p)| Arc::clone(p))
+    }
+
+    /// Keep `positions` as the hidden rows' in table version `version`.
+    fn keep_positions(&self, version: i64, positions: Arc<Hidden>) -> Arc<Hidden> {
+        if let Ok(mut kept) = self.positions.lock() {
+            *kept = Some((version, Arc::clone(&positions)));
+        }
+        positions
     }
 }
 
@@ -154,6 +204,9 @@ impl RowStore {
             rows,
             keys,
             state: RwLock::default(),
+            notes: Mutex::default(),
+            kept: Mutex::default(),
+            located_by_scan: Default::default(),
         })
     }
 
@@ -168,7 +221,8 @@ impl RowStore {
 
     /// Bytes the store holds (approximately).
     pub fn bytes(&self) -> usize {
-        self.state.read().map(|s| s.bytes).unwrap_or(0)
+        let notes = self.notes.lock().map(|n| n.bytes()).unwrap_or(0);
+        self.state.read().map(|s| s.bytes).unwrap_or(0) + notes
     }
 
     /// Keys held (with at least one version).
@@ -248,6 +302,8 @@ impl RowStore {
             }
         }
         let mut state = self.state.write().map_err(|e| internal("lock", e))?;
+        state.generation += 1;
+        state.newest = state.newest.max(lsn);
         if let Some(upserts) = change.upserts.as_ref().filter(|b| b.num_rows() > 0) {
             let rows = self.encode_rows(upserts)?;
             let keys = match &self.key {
@@ -304,8 +360,22 @@ impl RowStore {
 
     /// What a reader at `snapshot` of a table version whose files hold
     /// everything up to `after` merges with those files.
+    ///
+    /// A view for a snapshot that sees every version applied is kept, and
+    /// given again while no version is applied or dropped: scans between
+    /// writes share it (and the positions found for it) instead of
+    /// decoding the store each.
     pub fn view(&self, snapshot: Lsn, after: Lsn) -> Result<StoreView> {
         let state = self.state.read().map_err(|e| internal("lock", e))?;
+        let sees_all = snapshot >= state.newest;
+        if sees_all
+            && let Ok(kept) = self.kept.lock()
+            && let Some(kept) = kept
+                .as_ref()
+                .filter(|k| k.after == after && k.generation == state.generation)
+        {
+            return Ok(kept.view.clone());
+        }
         let mut hidden = HashSet::new();
         let mut rows: Vec<&[u8]> = Vec::new();
         for (key, versions) in &state.keys {
@@ -327,10 +397,15 @@ impl RowStore {
         } else {
             Some(self.decode_rows(rows.into_iter())?)
         };
-        Ok(StoreView {
-            rows,
-            hidden: Arc::new(hidden),
-        })
+        let view = StoreView::new(rows, Arc::new(hidden));
+        if sees_all && let Ok(mut kept) = self.kept.lock() {
+            *kept = Some(KeptView {
+                after,
+                generation: state.generation,
+                view: view.clone(),
+            });
+        }
+        Ok(view)
     }
 
     /// The LSN up to which the files of table version `version` hold the
@@ -413,6 +488,7 @@ impl RowStore {
             return;
         };
         let mut freed = 0;
+        state.generation += 1;
         state.keys.retain(|key, versions| {
             let before = versions.len();
             let bytes: usize = versions

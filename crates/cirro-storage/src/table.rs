@@ -790,9 +790,9 @@ fn row_index_field() -> FieldRef {
 }
 
 impl CirroTable {
-    /// A scan of `files` merged with the row store's `view`: the files are
-    /// read with the key columns too (to hide the keys the store holds),
-    /// without a limit (hidden rows do not count).
+    /// A scan of `files` merged with the row store's `view`: the file rows
+    /// the view hides are dropped by position, with the deletion vectors
+    /// (see `rowstore/located.rs`), and the view's rows added.
     async fn merged_scan(
         &self,
         state: &dyn Session,
@@ -800,23 +800,22 @@ impl CirroTable {
         reader: &crate::rowstore::RowReader,
         view: &crate::rowstore::StoreView,
         projection: Option<&[usize]>,
+        limit: Option<usize>,
     ) -> DfResult<ScanResult> {
-        let mut read: Vec<usize> = match projection {
-            Some(p) => p.to_vec(),
-            None => (0..self.schema.fields().len()).collect(),
-        };
-        let mut keys = Vec::new();
-        for &k in reader.store.key_columns().unwrap_or(&[]) {
-            match read.iter().position(|&c| c == k) {
-                Some(at) => keys.push(at),
-                None => {
-                    keys.push(read.len());
-                    read.push(k);
-                }
-            }
-        }
-        let plan = self.scan_files(state, files, Some(&read), None).await?;
-        let plan = reader.plan(view, plan, &keys, projection)?;
+        let hidden = crate::rowstore::hidden_positions(self, state, &reader.store, view)
+            .await
+            .map_err(CirroError::into_datafusion)?;
+        let mut hidden = crate::rowstore::by_index(self, &hidden);
+        let files = files
+            .into_iter()
+            .map(|(index, deleted)| match (hidden.remove(&index), deleted) {
+                (Some(more), Some(deleted)) => (index, Some(deleted | more)),
+                (Some(more), None) => (index, Some(more)),
+                (None, deleted) => (index, deleted),
+            })
+            .collect();
+        let plan = self.scan_files(state, files, projection, limit).await?;
+        let plan = reader.plan(view, plan, projection)?;
         Ok(ScanResult::new(plan))
     }
 }
@@ -862,7 +861,7 @@ impl TableProvider for CirroTable {
                 .map_err(CirroError::into_datafusion)?;
             if !view.is_empty() {
                 return self
-                    .merged_scan(state, files, reader, &view, args.projection())
+                    .merged_scan(state, files, reader, &view, args.projection(), args.limit())
                     .await;
             }
         }

@@ -419,11 +419,18 @@ pub(crate) async fn row_by_key(
         key,
     )
     .await?;
+    // Where the files hold the key: scans drop that row while the store
+    // holds the key (`cirro_storage::rowstore::RowAt`).
+    store.note(
+        table.version(),
+        encoded,
+        found.as_ref().map(|f| f.at.clone()),
+    );
     let Some(found) = found else {
         return Ok(None);
     };
     // The files' columns in the store's types (Utf8View strings, as scans).
-    Ok(Some(cast_columns(found.columns(), schema)?))
+    Ok(Some(cast_columns(found.row.columns(), schema)?))
 }
 
 /// `column` cast to `to`, failing where a value does not fit (22003, "integer

@@ -40,6 +40,7 @@ use roaring::RoaringTreemap;
 use super::scan::decode_row_group;
 use super::{ChunkKey, ColumnCache, PIECE_ROWS, Priority};
 use crate::CirroTable;
+use crate::rowstore::RowAt;
 
 /// Deletion vectors read by lookups, by descriptor (a descriptor names an
 /// immutable file, or holds the vector inline): a lookup of a flushed table
@@ -69,7 +70,7 @@ pub async fn find_row(
     runtime: &RuntimeEnv,
     cache: Option<&ColumnCache>,
     key: &[(usize, ScalarValue)],
-) -> Result<Option<RecordBatch>> {
+) -> Result<Option<Found>> {
     let schema = table.table_schema();
     // The key's hash as the key indexes hold it, found once for every file.
     let hash = key_hash(key, schema)?;
@@ -128,12 +129,23 @@ pub async fn find_row(
                     .collect::<Vec<_>>(),
             ));
             let options = RecordBatchOptions::new().with_row_count(Some(1));
-            return Ok(Some(RecordBatch::try_new_with_options(
-                relaxed, columns, &options,
-            )?));
+            return Ok(Some(Found {
+                row: RecordBatch::try_new_with_options(relaxed, columns, &options)?,
+                at: RowAt {
+                    file: Arc::from(file.url.as_str()),
+                    row: (first_row + row) as u64,
+                },
+            }));
         }
     }
     Ok(None)
+}
+
+/// A row [`find_row`] found, and where.
+#[derive(Debug)]
+pub struct Found {
+    pub row: RecordBatch,
+    pub at: RowAt,
 }
 
 /// The hash of `key` (table columns and their values) in the key indexes.

@@ -16,18 +16,14 @@
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, BooleanArray};
-use arrow::compute::filter;
 use cirro_common::{CirroError, Result};
 use datafusion::catalog::Session;
-use datafusion::datasource::TableProvider;
-use datafusion::physical_plan::execute_stream;
 use deltalake::kernel::{Action, Transaction};
 use deltalake::protocol::DeltaOperation;
-use futures::StreamExt;
 
 use super::{RowStore, StoreView};
 use crate::mutate::Mutation;
-use crate::table::{CirroTable, FILE_INDEX_COLUMN, ROW_INDEX_COLUMN};
+use crate::table::CirroTable;
 use crate::wal::Lsn;
 use crate::write::{Committed, data_file_bytes_target};
 
@@ -130,7 +126,8 @@ pub async fn flush_view(
     Ok(Some(committed))
 }
 
-/// Mark the file rows whose key `view` hides as deleted.
+/// Mark the file rows whose key `view` hides as deleted (their positions,
+/// as scans of the view found or writers noted them).
 async fn delete_hidden(
     table: &CirroTable,
     state: &dyn Session,
@@ -138,40 +135,18 @@ async fn delete_hidden(
     view: &StoreView,
     mutation: &mut Mutation,
 ) -> Result<()> {
-    let key = store
-        .key_columns()
-        .ok_or_else(|| CirroError::internal("row store: hidden keys without a key"))?;
-    let scanned = table.with_row_ids();
-    let schema = scanned.schema();
-    let position = |name: &str| {
-        schema
-            .index_of(name)
-            .map_err(|e| CirroError::internal(format!("row store flush: {e}")))
-    };
-    let mut projection: Vec<usize> = key.to_vec();
-    projection.push(position(FILE_INDEX_COLUMN)?);
-    projection.push(position(ROW_INDEX_COLUMN)?);
-    let plan = scanned.scan(state, Some(&projection), &[], None).await?;
-    let mut stream = execute_stream(plan, state.task_ctx())?;
-    let keys = key.len();
-    while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        if batch.num_rows() == 0 {
-            continue;
+    let hidden = super::hidden_positions(table, state, store, view).await?;
+    let mut files: Vec<u32> = Vec::new();
+    let mut rows: Vec<i64> = Vec::new();
+    for (index, positions) in super::by_index(table, &hidden) {
+        for row in positions.iter() {
+            files.push(index as u32);
+            rows.push(row as i64);
         }
-        let columns: Vec<ArrayRef> = batch.columns()[..keys].to_vec();
-        let encoded = store.encode_keys(&columns)?;
-        let hit: BooleanArray = encoded
-            .iter()
-            .map(|k| Some(view.hidden.contains(k)))
-            .collect();
-        if hit.true_count() == 0 {
-            continue;
-        }
-        let files = filter(batch.column(keys), &hit)?;
-        let rows = filter(batch.column(keys + 1), &hit)?;
-        mutation.delete_rows(files.as_ref(), rows.as_ref())?;
     }
+    let files = arrow::array::UInt32Array::from(files);
+    let rows = arrow::array::Int64Array::from(rows);
+    mutation.delete_rows(&files, &rows)?;
     Ok(())
 }
 

@@ -12,16 +12,8 @@ use arrow::datatypes::SchemaRef;
 use cirro_common::{CirroError, Result};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::Result as DfResult;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::union::UnionExec;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
-};
-use futures::StreamExt;
 
 use super::{Key, RowStore, Snapshot, Snapshots, StoreView, TableChange, without_hidden};
 use crate::wal::Lsn;
@@ -215,51 +207,21 @@ impl RowReader {
     }
 
     /// `files` (a scan of the table's files producing `projection` of its
-    /// columns, or all of them) merged with `view`: file rows whose key the
-    /// view hides are dropped, the view's rows added.
+    /// columns, or all of them, without the rows `view` hides) merged with
+    /// `view`'s rows.
     pub fn plan(
         &self,
         view: &StoreView,
         files: Arc<dyn ExecutionPlan>,
-        with_keys: &[usize],
         projection: Option<&[usize]>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let schema = Arc::clone(self.store.schema());
-        let hidden: Arc<dyn ExecutionPlan> = if view.hidden.is_empty() {
-            files
-        } else {
-            Arc::new(HideKeys::new(
-                files,
-                Arc::clone(&self.store),
-                Arc::clone(&view.hidden),
-                with_keys.to_vec(),
-            ))
+        let Some(rows) = &view.rows else {
+            return Ok(files);
         };
-        // `files` produced `projection` plus the key columns after it: back
-        // to `projection`.
+        let schema = Arc::clone(self.store.schema());
         let wanted: Vec<usize> = match projection {
             Some(p) => p.to_vec(),
             None => (0..schema.fields().len()).collect(),
-        };
-        let files = if hidden.schema().fields().len() != wanted.len() {
-            let exprs = (0..wanted.len())
-                .map(|i| {
-                    let field = hidden.schema().field(i).clone();
-                    (
-                        Arc::new(datafusion::physical_expr::expressions::Column::new(
-                            field.name(),
-                            i,
-                        )) as _,
-                        field.name().clone(),
-                    )
-                })
-                .collect::<Vec<_>>();
-            Arc::new(ProjectionExec::try_new(exprs, hidden)?) as Arc<dyn ExecutionPlan>
-        } else {
-            hidden
-        };
-        let Some(rows) = &view.rows else {
-            return Ok(files);
         };
         let memory = MemorySourceConfig::try_new_exec(&[vec![rows.clone()]], schema, Some(wanted))?;
         UnionExec::try_new(vec![files, memory as Arc<dyn ExecutionPlan>])
@@ -295,110 +257,5 @@ fn overlay(store: &RowStore, view: StoreView, pending: &Pending) -> Result<Store
     } else {
         Some(arrow::compute::concat_batches(store.schema(), &batches)?)
     };
-    Ok(StoreView {
-        rows,
-        hidden: Arc::new(hidden),
-    })
-}
-
-/// Drops the rows whose key is hidden (by the row store).
-struct HideKeys {
-    input: Arc<dyn ExecutionPlan>,
-    store: Arc<RowStore>,
-    hidden: Arc<HashSet<Key>>,
-    /// The key columns' positions in `input`'s rows.
-    key: Vec<usize>,
-    properties: Arc<PlanProperties>,
-}
-
-impl HideKeys {
-    fn new(
-        input: Arc<dyn ExecutionPlan>,
-        store: Arc<RowStore>,
-        hidden: Arc<HashSet<Key>>,
-        key: Vec<usize>,
-    ) -> Self {
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(input.schema()),
-            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
-        Self {
-            input,
-            store,
-            hidden,
-            key,
-            properties,
-        }
-    }
-}
-
-impl fmt::Debug for HideKeys {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "HideKeys({} keys)", self.hidden.len())
-    }
-}
-
-impl DisplayAs for HideKeys {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "RowStoreHide: keys={}", self.hidden.len())
-    }
-}
-
-impl ExecutionPlan for HideKeys {
-    fn name(&self) -> &str {
-        "RowStoreHide"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(
-            &Arc<dyn datafusion::physical_expr::PhysicalExpr>,
-        ) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion>,
-    ) -> DfResult<datafusion::common::tree_node::TreeNodeRecursion> {
-        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::new(
-            children.swap_remove(0),
-            Arc::clone(&self.store),
-            Arc::clone(&self.hidden),
-            self.key.clone(),
-        )))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> DfResult<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, context)?;
-        let schema = input.schema();
-        let store = Arc::clone(&self.store);
-        let hidden = Arc::clone(&self.hidden);
-        let key = self.key.clone();
-        let stream = input.filter_map(move |batch| {
-            let out = match batch {
-                Ok(batch) => without_hidden(&store, &hidden, &batch, &key)
-                    .map_err(CirroError::into_datafusion)
-                    .transpose(),
-                Err(e) => Some(Err(e)),
-            };
-            futures::future::ready(out)
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
-    }
+    Ok(StoreView::new(rows, Arc::new(hidden)))
 }

@@ -471,3 +471,91 @@ fn merge_picks_the_lowest_full_tier() {
     // Files of half the target size or more stay.
     assert!(files_to_merge(&[large, large, large, large, 10 * K], large).is_empty());
 }
+
+/// A view for a snapshot that sees every version is made once and given
+/// again (its positions with it) until a write or a flush's clean-up
+/// changes the store; an older snapshot gets its own.
+#[test]
+fn a_view_of_everything_is_kept_until_the_store_changes() {
+    let store = RowStore::new(schema(), Some(vec![0])).unwrap();
+    store
+        .apply(1, &upsert(&[(1, Some("a")), (2, Some("b"))]), 0)
+        .unwrap();
+    store.apply(2, &delete(&[2]), 0).unwrap();
+    let first = store.view(5, 0).unwrap();
+    let again = store.view(7, 0).unwrap();
+    assert!(Arc::ptr_eq(&first.hidden, &again.hidden));
+    let positions = Arc::new(Hidden::from([(
+        Arc::<str>::from("file:///t/a.parquet"),
+        roaring::RoaringTreemap::from_iter([3u64]),
+    )]));
+    first.keep_positions(9, Arc::clone(&positions));
+    assert!(Arc::ptr_eq(&again.positions(9).unwrap(), &positions));
+    assert!(again.positions(8).is_none());
+    // Another flushed position, or a snapshot that misses a version: made
+    // again.
+    assert!(!Arc::ptr_eq(
+        &store.view(7, 1).unwrap().hidden,
+        &first.hidden
+    ));
+    let older = store.view(1, 0).unwrap();
+    assert!(!Arc::ptr_eq(&older.hidden, &first.hidden));
+    assert_eq!(
+        pairs(&older),
+        vec![(1, Some("a".into())), (2, Some("b".into()))]
+    );
+    // A write makes a new one, which sees it.
+    store.apply(3, &upsert(&[(3, Some("c"))]), 0).unwrap();
+    let after = store.view(7, 0).unwrap();
+    assert!(!Arc::ptr_eq(&after.hidden, &first.hidden));
+    assert!(after.positions(9).is_none());
+    assert_eq!(
+        pairs(&after),
+        vec![(1, Some("a".into())), (3, Some("c".into()))]
+    );
+    // So does a flush's clean-up.
+    store.record_flush(4, 3);
+    store.forget_flushed();
+    assert!(store.view(7, 3).unwrap().is_empty());
+}
+
+/// Positions are noted per table version: a version's notes answer only
+/// for it, keys nobody noted are missing, and the oldest of more than two
+/// versions is forgotten.
+#[test]
+fn positions_are_noted_per_table_version() {
+    let store = RowStore::new(schema(), Some(vec![0])).unwrap();
+    let at = |file: &str, row| RowAt {
+        file: Arc::from(file),
+        row,
+    };
+    store.note(5, key(&store, 1), Some(at("f1", 10)));
+    store.note(5, key(&store, 2), None);
+    store.note(5, key(&store, 3), Some(at("f1", 12)));
+    store.note(6, key(&store, 1), Some(at("f2", 0)));
+    let wanted = [
+        key(&store, 1),
+        key(&store, 2),
+        key(&store, 3),
+        key(&store, 4),
+    ];
+    let (hidden, missing) = store.noted(5, wanted.iter());
+    assert_eq!(hidden.len(), 1);
+    assert_eq!(
+        hidden[&Arc::<str>::from("f1")].iter().collect::<Vec<_>>(),
+        vec![10, 12]
+    );
+    assert_eq!(missing, vec![key(&store, 4)]);
+    let (hidden, missing) = store.noted(6, wanted.iter());
+    assert_eq!(
+        hidden[&Arc::<str>::from("f2")].iter().collect::<Vec<_>>(),
+        vec![0]
+    );
+    assert_eq!(missing.len(), 3);
+    // A third version: version 5's notes go.
+    store.note(7, key(&store, 1), None);
+    let (hidden, missing) = store.noted(5, wanted.iter());
+    assert!(hidden.is_empty());
+    assert_eq!(missing.len(), 4);
+    assert_eq!(store.noted(6, wanted.iter()).1.len(), 3);
+}
