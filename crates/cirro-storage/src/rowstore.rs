@@ -144,6 +144,8 @@ pub struct StoreView {
     /// Where those file rows are in a table version, once found (shared by
     /// the clones of a kept view).
     positions: Arc<Mutex<Option<(i64, Arc<Hidden>)>>>,
+    /// The range of each column of `rows`, once asked for.
+    ranges: Arc<std::sync::OnceLock<Arc<[session::ColumnRange]>>>,
 }
 
 impl StoreView {
@@ -152,7 +154,16 @@ impl StoreView {
             rows,
             hidden,
             positions: Arc::default(),
+            ranges: Arc::default(),
         }
+    }
+
+    /// The range of each column of `rows` (computed once per view).
+    fn ranges(&self) -> Arc<[session::ColumnRange]> {
+        Arc::clone(self.ranges.get_or_init(|| match &self.rows {
+            Some(rows) => session::ColumnRange::of(rows).into(),
+            None => Arc::from(Vec::new()),
+        }))
     }
 
     pub fn is_empty(&self) -> bool {
