@@ -419,6 +419,7 @@ impl FileLookup<'_> {
             size: self.size,
             row_group: group as u32,
             column: index_column,
+            live: 0,
         };
         let epoch = self.epoch;
         if let Some(index) = self
@@ -487,6 +488,7 @@ impl FileLookup<'_> {
             size: self.size,
             row_group: group as u32,
             column: source as u32,
+            live: 0,
         };
         let epoch = self.epoch;
         let mut found: HashMap<usize, Arc<Vec<ArrayRef>>> = HashMap::new();

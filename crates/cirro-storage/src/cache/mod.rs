@@ -103,13 +103,17 @@ impl std::str::FromStr for Policy {
 }
 
 /// One decoded column chunk: a file (its path in the object store and its
-/// size), a row group, a column (its index in the file's Arrow schema).
+/// size), a row group, a column (its index in the file's Arrow schema),
+/// and which of its rows: all (`live` 0), or those a deletion vector keeps
+/// (`live`: a fingerprint of the rows it deletes in the row group, see
+/// `scan.rs`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ChunkKey {
     pub file: Arc<str>,
     pub size: u64,
     pub row_group: u32,
     pub column: u32,
+    pub live: u64,
 }
 
 /// A cached column chunk: the column of one row group, in pieces of
@@ -561,6 +565,7 @@ mod tests {
             size: 1,
             row_group: rg,
             column: 0,
+            live: 0,
         }
     }
 

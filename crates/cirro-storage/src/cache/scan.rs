@@ -183,13 +183,6 @@ impl FileSource for CachedParquetSource {
         };
         let file_schema = Arc::clone(self.inner.table_schema().file_schema());
         let output = Arc::new(file_schema.project(&columns)?);
-        let relaxed = Arc::new(arrow::datatypes::Schema::new(
-            output
-                .fields()
-                .iter()
-                .map(|f| f.as_ref().clone().with_nullable(true))
-                .collect::<Vec<_>>(),
-        ));
         let metrics = self.inner.metrics().clone();
         let dynamic = DynamicRowFilter::new(self.inner.filter(), &output, &self.above);
         let opener = CachedOpener {
@@ -202,7 +195,6 @@ impl FileSource for CachedParquetSource {
             file_schema,
             columns,
             output,
-            relaxed,
             dynamic,
             predicate: self.inner.filter(),
             pruning: self.inner.table_parquet_options().global.pruning,
@@ -330,8 +322,6 @@ struct CachedOpener {
     /// Indices into `file_schema` of the columns produced, in order.
     columns: Vec<usize>,
     output: SchemaRef,
-    /// `output` with every column nullable.
-    relaxed: SchemaRef,
     predicate: Option<Arc<dyn PhysicalExpr>>,
     /// The row filter of `predicate`'s dynamic parts, over `output`'s columns.
     dynamic: DynamicRowFilter,
@@ -643,15 +633,27 @@ struct FileState {
 
 impl FileState {
     /// The batches of the next kept row group.
+    ///
+    /// Where a deletion vector drops rows of the row group, the chunks are
+    /// kept filtered (the rows it keeps, under a fingerprint of the rows it
+    /// deletes, see [`ChunkKey::live`]): a scan then hands on cached pieces
+    /// as it does for a table without deletions, instead of copying every
+    /// column of every batch again (TPC-H SF1 Q1 with 25,000 lines deleted
+    /// by a row store: 0.14 → 0.27 s, the copies' fresh pages a third of it
+    /// in the kernel). A new deletion in the row group makes a new
+    /// fingerprint, whose chunks are filtered once from the whole ones.
     async fn next_row_group(&mut self) -> Result<Vec<RecordBatch>> {
         let (group, first, rows) = self.row_groups[self.next];
         self.next += 1;
         let opener = Arc::clone(&self.opener);
-        let key = |column: usize| ChunkKey {
+        let keep = self.selection_of(first, rows);
+        let live = keep.as_ref().map_or(0, fingerprint);
+        let key = |column: usize, live: u64| ChunkKey {
             file: Arc::clone(&self.path),
             size: self.size,
             row_group: group as u32,
             column: column as u32,
+            live,
         };
         let mut found: HashMap<usize, Chunk> = HashMap::new();
         let mut missing = Vec::new();
@@ -661,7 +663,7 @@ impl FileState {
             }
             match opener
                 .cache
-                .get(&key(*source), opener.priority, opener.epoch)
+                .get(&key(*source, live), opener.priority, opener.epoch)
             {
                 Some(chunk) => {
                     opener.hits.add(1);
@@ -674,23 +676,70 @@ impl FileState {
             }
         }
         if !missing.is_empty() {
-            for (column, chunk) in self.decode(group, rows, &missing).await? {
-                if !opener.cache.insert(
-                    key(column),
-                    Arc::clone(&chunk),
-                    opener.priority,
-                    opener.epoch,
-                ) {
-                    opener.rejected.add(1);
+            // The whole chunks of the columns missing: kept, or decoded.
+            let mut whole: HashMap<usize, Chunk> = HashMap::new();
+            let mut undecoded = Vec::new();
+            for &column in &missing {
+                let kept = (live != 0)
+                    .then(|| {
+                        opener
+                            .cache
+                            .get(&key(column, 0), opener.priority, opener.epoch)
+                    })
+                    .flatten();
+                match kept {
+                    Some(chunk) => {
+                        whole.insert(column, chunk);
+                    }
+                    None => undecoded.push(column),
                 }
+            }
+            if !undecoded.is_empty() {
+                for (column, chunk) in self.decode(group, rows, &undecoded).await? {
+                    if !opener.cache.insert(
+                        key(column, 0),
+                        Arc::clone(&chunk),
+                        opener.priority,
+                        opener.epoch,
+                    ) {
+                        opener.rejected.add(1);
+                    }
+                    whole.insert(column, chunk);
+                }
+            }
+            for column in missing {
+                let chunk = whole.remove(&column).ok_or_else(|| {
+                    DataFusionError::Internal(format!("column {column} was not decoded"))
+                })?;
+                let chunk = match &keep {
+                    Some(keep) => {
+                        let filtered = filter_chunk(&chunk, keep)?;
+                        if !opener.cache.insert(
+                            key(column, live),
+                            Arc::clone(&filtered),
+                            opener.priority,
+                            opener.epoch,
+                        ) {
+                            opener.rejected.add(1);
+                        }
+                        filtered
+                    }
+                    None => chunk,
+                };
                 found.insert(column, chunk);
             }
         }
-        let keep = self.selection_of(first, rows);
         let mut batches = Vec::new();
         let mut offset = 0;
         for piece in 0..rows.div_ceil(PIECE_ROWS) {
-            let length = PIECE_ROWS.min(rows - offset);
+            let whole = PIECE_ROWS.min(rows - offset);
+            let length = keep
+                .as_ref()
+                .map_or(whole, |keep| keep.slice(offset, whole).true_count());
+            offset += whole;
+            if length == 0 {
+                continue;
+            }
             let columns = self
                 .sources
                 .iter()
@@ -701,33 +750,8 @@ impl FileState {
                 })
                 .collect::<Vec<ArrayRef>>();
             let options = RecordBatchOptions::new().with_row_count(Some(length));
-            let mask = keep
-                .as_ref()
-                .map(|keep| keep.slice(offset, length))
-                .filter(|mask| mask.true_count() < length);
-            let mut batch = match mask {
-                // Deleted rows may hold NULLs a column's NOT NULL (added
-                // after they were deleted) forbids: filter them out first.
-                Some(mask) => {
-                    let all = RecordBatch::try_new_with_options(
-                        Arc::clone(&opener.relaxed),
-                        columns,
-                        &options,
-                    )?;
-                    let kept = filter_record_batch(&all, &mask)?;
-                    RecordBatch::try_new_with_options(
-                        Arc::clone(&opener.output),
-                        kept.columns().to_vec(),
-                        &RecordBatchOptions::new().with_row_count(Some(kept.num_rows())),
-                    )?
-                }
-                None => RecordBatch::try_new_with_options(
-                    Arc::clone(&opener.output),
-                    columns,
-                    &options,
-                )?,
-            };
-            offset += length;
+            let mut batch =
+                RecordBatch::try_new_with_options(Arc::clone(&opener.output), columns, &options)?;
             let before = batch.num_rows();
             let timer = opener.dynamic_filter_time.timer();
             batch = self.dynamic.apply(batch)?;
@@ -872,6 +896,39 @@ pub(super) async fn decode_row_group(
         out.push((column, Arc::new(pieces)));
     }
     Ok(out)
+}
+
+/// A fingerprint of the rows `keep` drops (never 0, which names a whole
+/// chunk): the key of a row group's chunks filtered by it.
+fn fingerprint(keep: &BooleanArray) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let bits = keep.values();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    bits.len().hash(&mut hasher);
+    let chunks = bits.inner().bit_chunks(bits.offset(), bits.len());
+    for word in chunks.iter() {
+        word.hash(&mut hasher);
+    }
+    chunks.remainder_bits().hash(&mut hasher);
+    hasher.finish().max(1)
+}
+
+/// `chunk`'s pieces without the rows `keep` (over the whole row group)
+/// drops; a piece that loses none is shared.
+fn filter_chunk(chunk: &Chunk, keep: &BooleanArray) -> Result<Chunk> {
+    let mut offset = 0;
+    let mut pieces = Vec::with_capacity(chunk.len());
+    for piece in chunk.iter() {
+        let length = piece.len();
+        let mask = keep.slice(offset, length);
+        offset += length;
+        pieces.push(if mask.true_count() == length {
+            Arc::clone(piece)
+        } else {
+            arrow::compute::filter(piece.as_ref(), &mask)?
+        });
+    }
+    Ok(Arc::new(pieces))
 }
 
 /// The dynamic filters of a scan's predicate applied to its rows. A hash
@@ -1771,6 +1828,58 @@ mod tests {
             assert_eq!(kept, expected);
         }
         assert!(filter.parts.iter().all(|p| p.seen > 0), "every filter ran");
+    }
+
+    /// A row group's chunks filtered by a deletion vector are keyed by a
+    /// fingerprint of the rows it deletes: the same rows, the same key;
+    /// one more deleted row, another; never 0 (the whole chunk's). The
+    /// filtered chunk shares the pieces that lose no row.
+    #[test]
+    fn filtered_chunks_are_keyed_by_the_rows_deleted() {
+        use arrow::array::Int64Array;
+
+        let rows = 3 * PIECE_ROWS + 5;
+        let mask = |deleted: &[usize]| {
+            BooleanArray::from((0..rows).map(|i| !deleted.contains(&i)).collect::<Vec<_>>())
+        };
+        let one = fingerprint(&mask(&[7]));
+        assert_eq!(one, fingerprint(&mask(&[7])));
+        assert_ne!(one, fingerprint(&mask(&[8])));
+        assert_ne!(one, fingerprint(&mask(&[7, 3 * PIECE_ROWS + 4])));
+        assert!([one, fingerprint(&mask(&[]))].iter().all(|&f| f != 0));
+
+        let chunk: Chunk = Arc::new(
+            (0..rows)
+                .step_by(PIECE_ROWS)
+                .map(|at| {
+                    Arc::new(Int64Array::from_iter_values(
+                        (at..rows.min(at + PIECE_ROWS)).map(|i| i as i64),
+                    )) as ArrayRef
+                })
+                .collect(),
+        );
+        let deleted = [7, PIECE_ROWS + 1, PIECE_ROWS + 2, 3 * PIECE_ROWS + 4];
+        let filtered = filter_chunk(&chunk, &mask(&deleted)).unwrap();
+        assert_eq!(filtered.len(), chunk.len());
+        assert!(
+            Arc::ptr_eq(&filtered[2], &chunk[2]),
+            "an untouched piece is shared"
+        );
+        let values: Vec<i64> = filtered
+            .iter()
+            .flat_map(|p| {
+                p.as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        let wanted: Vec<i64> = (0..rows)
+            .filter(|i| !deleted.contains(i))
+            .map(|i| i as i64)
+            .collect();
+        assert_eq!(values, wanted);
     }
 
     #[test]
