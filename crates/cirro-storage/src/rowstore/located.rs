@@ -60,6 +60,16 @@ const SPARE_NOTES: usize = 4096;
 #[derive(Debug, Default)]
 pub(super) struct Notes {
     versions: VecDeque<(i64, HashMap<Key, Option<RowAt>>)>,
+    /// Bytes held (approximately), kept as notes come and go: the
+    /// stores' size is asked before every small write's commit.
+    bytes: usize,
+}
+
+/// Bytes a note costs beyond its key.
+const NOTE_OVERHEAD: usize = 48;
+
+fn bytes_of(notes: &HashMap<Key, Option<RowAt>>) -> usize {
+    notes.keys().map(|k| k.len() + NOTE_OVERHEAD).sum()
 }
 
 impl Notes {
@@ -73,7 +83,9 @@ impl Notes {
                     let oldest = (0..self.versions.len())
                         .min_by_key(|&i| self.versions[i].0)
                         .unwrap_or(0);
-                    self.versions.remove(oldest);
+                    if let Some((_, gone)) = self.versions.remove(oldest) {
+                        self.bytes = self.bytes.saturating_sub(bytes_of(&gone));
+                    }
                 }
                 self.versions.push_back((version, HashMap::new()));
                 self.versions.len() - 1
@@ -91,11 +103,7 @@ impl Notes {
 
     /// Bytes held (approximately).
     pub(super) fn bytes(&self) -> usize {
-        self.versions
-            .iter()
-            .flat_map(|(_, n)| n.keys())
-            .map(|k| k.len() + 48)
-            .sum()
+        self.bytes
     }
 }
 
@@ -107,12 +115,22 @@ impl RowStore {
         let Ok(mut notes) = self.notes.lock() else {
             return;
         };
+        let added = key.len() + NOTE_OVERHEAD;
         let noted = notes.of(version);
-        noted.insert(key, at);
+        let fresh = noted.insert(key, at).is_none();
+        let mut pruned = None;
         if noted.len() > 2 * held + SPARE_NOTES {
             if let Ok(state) = self.state.read() {
+                let before = bytes_of(noted);
                 noted.retain(|k, _| state.keys.contains_key(k));
+                pruned = Some(before - bytes_of(noted));
             }
+        }
+        if fresh {
+            notes.bytes += added;
+        }
+        if let Some(freed) = pruned {
+            notes.bytes = notes.bytes.saturating_sub(freed);
         }
     }
 
