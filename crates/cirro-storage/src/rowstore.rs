@@ -49,7 +49,7 @@ mod session;
 pub use flush::{FLUSH_APP_ID, flush_view, flushed_position, without_hidden};
 pub use located::{Hidden, RowAt, by_index, hidden_positions};
 pub use locks::{Owner, RowLock, RowLocks};
-pub use session::{Pending, RowReader, SessionRows};
+pub use session::{Pending, RowReader, SessionRows, StoreRows};
 
 /// A key in the row format (an appended row's own id in a table without one).
 pub type Key = Box<[u8]>;

@@ -1535,7 +1535,10 @@ impl CacheScans {
             || self.others.iter().any(|o| o.is_row_wise(plan.as_ref()))
             || (plan.downcast_ref::<RepartitionExec>().is_some() && !hash_shuffle)
             || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
-            || plan.downcast_ref::<CooperativeExec>().is_some();
+            || plan.downcast_ref::<CooperativeExec>().is_some()
+            // A row store's rows after the files' (they pass the joins'
+            // filters up to the joins, as the scan's do).
+            || plan.downcast_ref::<crate::rowstore::StoreRows>().is_some();
         let probe_filter: Vec<u64> = if hash_join {
             plan.dynamic_expressions_produced()
                 .iter()
