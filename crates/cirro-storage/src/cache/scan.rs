@@ -27,7 +27,8 @@ use std::fmt::Formatter;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, new_null_array,
+    Array, ArrayRef, BooleanArray, BooleanBufferBuilder, RecordBatch, RecordBatchOptions,
+    new_null_array,
 };
 use arrow::buffer::BooleanBuffer;
 use arrow::compute::{cast, filter_record_batch};
@@ -782,16 +783,19 @@ impl FileState {
         }
         let part = selection.split_off(rows);
         self.deleted_at = first + rows;
-        let mut mask = Vec::with_capacity(rows);
+        // Bits set a run at a time (a `Vec<bool>` packed afterwards took
+        // a sixth of TPC-H Q6 with 50,000 lines' rows hidden).
+        let mut mask = BooleanBufferBuilder::new(rows);
         for selector in part.iter() {
-            mask.extend(std::iter::repeat_n(!selector.skip, selector.row_count));
+            mask.append_n(selector.row_count, !selector.skip);
         }
         // A selection shorter than the file keeps the rest.
-        mask.resize(rows, true);
-        if mask.iter().all(|keep| *keep) {
+        mask.append_n(rows.saturating_sub(mask.len()), true);
+        let mask = mask.finish();
+        if mask.count_set_bits() == mask.len() {
             return None;
         }
-        Some(BooleanArray::from(mask))
+        Some(BooleanArray::new(mask, None))
     }
 
     /// Decode `columns` (indices in the file's schema) of row group
