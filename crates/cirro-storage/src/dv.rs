@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use cirro_common::{CirroError, Result, SqlState};
+use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use deltalake::kernel::{DeletionVectorDescriptor, StorageType};
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
@@ -233,6 +234,50 @@ pub async fn write_file(
     Ok(WrittenDvFile { path, descriptors })
 }
 
+/// The rows of one data file that its scans leave out (its deletion vector,
+/// widened by the rows a row store hides), made once and shared by every
+/// scan of the table version (or of the row store's view): the hot-data
+/// tier takes the rows themselves, DataFusion's Parquet reader a selection
+/// of the rows left, also made once. Building both on every scan cost
+/// TPC-H SF1 Q21 a few percent with 50,000 lineitem rows hidden.
+#[derive(Debug, Default)]
+pub struct Deleted {
+    pub rows: RoaringTreemap,
+    selection: std::sync::OnceLock<Arc<ParquetRowSelection>>,
+}
+
+impl Deleted {
+    pub fn new(rows: RoaringTreemap) -> Self {
+        Self {
+            rows,
+            selection: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The rows left, of a file of `num_rows` rows (made once).
+    pub fn selection(&self, num_rows: u64) -> Arc<ParquetRowSelection> {
+        Arc::clone(self.selection.get_or_init(|| {
+            Arc::new(ParquetRowSelection::new(surviving_rows(
+                &self.rows, num_rows,
+            )))
+        }))
+    }
+
+    /// The rows `selection` (over a whole file) skips.
+    pub fn skipped_by(selection: &RowSelection) -> Self {
+        let mut rows = RoaringTreemap::new();
+        let mut at = 0u64;
+        for selector in selection.iter() {
+            let next = at + selector.row_count as u64;
+            if selector.skip {
+                rows.insert_range(at..next);
+            }
+            at = next;
+        }
+        Self::new(rows)
+    }
+}
+
 /// The rows of a file of `num_rows` rows that survive `deleted`, as a Parquet
 /// row selection over the whole file.
 pub fn surviving_rows(deleted: &RoaringTreemap, num_rows: u64) -> RowSelection {
@@ -283,6 +328,18 @@ mod tests {
                 expected
             );
         }
+    }
+
+    /// The rows a selection skips are the rows the selection was made
+    /// from; a `Deleted`'s selection is made once and then shared.
+    #[test]
+    fn deleted_rows_and_their_selection_agree() {
+        let rows: RoaringTreemap = [0u64, 1, 2, 9, 40, 41, 99].into_iter().collect();
+        let deleted = Deleted::new(rows.clone());
+        let selection = deleted.selection(100);
+        assert_eq!(selection.selection().row_count(), 93);
+        assert!(Arc::ptr_eq(&selection, &deleted.selection(100)));
+        assert_eq!(Deleted::skipped_by(selection.selection()).rows, rows);
     }
 
     #[test]

@@ -398,7 +398,10 @@ async fn copy_survivors(
     files: Vec<(usize, RoaringTreemap)>,
     writer: &mut TableWriter,
 ) -> Result<()> {
-    let files = files.into_iter().map(|(i, dv)| (i, Some(dv))).collect();
+    let files = files
+        .into_iter()
+        .map(|(i, dv)| (i, Some(std::sync::Arc::new(crate::dv::Deleted::new(dv)))))
+        .collect();
     let plan = table.scan_files(state, files, None, None).await?;
     let mut stream = execute_stream(plan, state.task_ctx())?;
     while let Some(batch) = stream.next().await {

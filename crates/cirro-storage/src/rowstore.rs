@@ -141,9 +141,10 @@ pub struct StoreView {
     pub rows: Option<RecordBatch>,
     /// Keys whose file rows are replaced (by a row in `rows` or by nothing).
     pub hidden: Arc<HashSet<Key>>,
-    /// Where those file rows are in a table version, once found (shared by
-    /// the clones of a kept view).
-    positions: Arc<Mutex<Option<(i64, Arc<Hidden>)>>>,
+    /// Where those file rows are in a table version, once found, and the
+    /// files' deletion vectors widened by them (shared by the clones of a
+    /// kept view).
+    positions: Arc<Mutex<Option<Kept>>>,
     /// The range of each column of `rows`, once asked for.
     ranges: Arc<std::sync::OnceLock<Arc<[session::ColumnRange]>>>,
 }
@@ -174,17 +175,52 @@ impl StoreView {
     fn positions(&self, version: i64) -> Option<Arc<Hidden>> {
         let kept = self.positions.lock().ok()?;
         kept.as_ref()
-            .filter(|(v, _)| *v == version)
-            .map(|(_, p)| Arc::clone(p))
+            .filter(|k| k.version == version)
+            .map(|k| Arc::clone(&k.hidden))
     }
 
     /// Keep `positions` as the hidden rows' in table version `version`.
     fn keep_positions(&self, version: i64, positions: Arc<Hidden>) -> Arc<Hidden> {
         if let Ok(mut kept) = self.positions.lock() {
-            *kept = Some((version, Arc::clone(&positions)));
+            *kept = Some(Kept {
+                version,
+                hidden: Arc::clone(&positions),
+                widened: HashMap::new(),
+            });
         }
         positions
     }
+
+    /// The rows a scan of table version `version` leaves out of its file
+    /// `index`: `make`'s (the file's deletion vector widened by the hidden
+    /// rows there), made once per view and version.
+    pub fn widened(
+        &self,
+        version: i64,
+        index: usize,
+        make: impl FnOnce() -> crate::dv::Deleted,
+    ) -> Arc<crate::dv::Deleted> {
+        let Ok(mut kept) = self.positions.lock() else {
+            return Arc::new(make());
+        };
+        match kept.as_mut().filter(|k| k.version == version) {
+            Some(kept) => Arc::clone(
+                kept.widened
+                    .entry(index)
+                    .or_insert_with(|| Arc::new(make())),
+            ),
+            None => Arc::new(make()),
+        }
+    }
+}
+
+/// A view's positions in one table version (see [`StoreView::widened`]).
+#[derive(Debug)]
+struct Kept {
+    version: i64,
+    hidden: Arc<Hidden>,
+    /// By file index.
+    widened: HashMap<usize, Arc<crate::dv::Deleted>>,
 }
 
 fn internal(what: &str, e: impl std::fmt::Display) -> CirroError {

@@ -30,7 +30,6 @@ use datafusion::datasource::TableProvider;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{ListingTableUrl, PartitionedFile};
-use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::table_schema::TableSchemaBuilder;
@@ -141,6 +140,13 @@ pub struct CirroTable {
     rows: Option<crate::rowstore::RowReader>,
 }
 
+/// Deletion vectors read by scans and lookups, by descriptor (see
+/// [`CirroTable::deleted`]).
+static DELETED: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, Arc<dv::Deleted>>>,
+> = std::sync::LazyLock::new(Default::default);
+const DELETED_ENTRIES: usize = 4096;
+
 /// One data file of a snapshot.
 #[derive(Debug, Clone)]
 pub struct DataFile {
@@ -156,9 +162,9 @@ pub struct DataFile {
     /// The file's footer as point reads by key read it, kept after the
     /// first (see `cache::lookup`).
     pub(crate) lookup: std::sync::OnceLock<crate::cache::lookup::KeptFooter>,
-    /// The rows the file's deletion vector deletes, as point reads by key
-    /// read them, kept after the first.
-    pub(crate) deleted: std::sync::OnceLock<Arc<roaring::RoaringTreemap>>,
+    /// The rows the file's deletion vector deletes, kept after the first
+    /// scan or point read that read them ([`CirroTable::deleted`]).
+    deleted: std::sync::OnceLock<Arc<dv::Deleted>>,
 }
 
 impl DataFile {
@@ -505,6 +511,67 @@ impl CirroTable {
             .collect())
     }
 
+    /// The rows the deletion vector of file `index` deletes (None: it has
+    /// none); see [`Self::deleted_all`].
+    pub async fn deleted(&self, index: usize) -> Result<Option<Arc<dv::Deleted>>> {
+        Ok(self.deleted_all(&[index]).await?.pop().flatten())
+    }
+
+    /// The rows the deletion vectors of files `indices` delete (None: no
+    /// vector), each read once per table version and kept with its file;
+    /// a table version read again finds them in the process's map by the
+    /// vector's descriptor (which names an immutable file, or holds the
+    /// vector inline). The vectors not kept are read together.
+    pub async fn deleted_all(&self, indices: &[usize]) -> Result<Vec<Option<Arc<dv::Deleted>>>> {
+        let id = |descriptor: &DeletionVectorDescriptor| {
+            format!(
+                "{}|{:?}|{}|{:?}",
+                self.url, descriptor.storage_type, descriptor.path_or_inline_dv, descriptor.offset
+            )
+        };
+        let mut missing = Vec::new();
+        for &index in indices {
+            let file = &self.files[index];
+            let Some(descriptor) = file.deletion_vector() else {
+                continue;
+            };
+            if file.deleted.get().is_some() {
+                continue;
+            }
+            let known = DELETED
+                .lock()
+                .ok()
+                .and_then(|d| d.get(&id(descriptor)).cloned());
+            match known {
+                Some(found) => {
+                    let _ = file.deleted.set(found);
+                }
+                None => missing.push(index),
+            }
+        }
+        if !missing.is_empty() {
+            let read = self.deletion_vectors(&missing).await?;
+            for (index, rows) in missing.into_iter().zip(read) {
+                let file = &self.files[index];
+                let (Some(rows), Some(descriptor)) = (rows, file.deletion_vector()) else {
+                    continue;
+                };
+                let read = Arc::new(dv::Deleted::new(rows));
+                if let Ok(mut kept) = DELETED.lock() {
+                    if kept.len() >= DELETED_ENTRIES {
+                        kept.clear();
+                    }
+                    kept.insert(id(descriptor), Arc::clone(&read));
+                }
+                let _ = file.deleted.set(read);
+            }
+        }
+        Ok(indices
+            .iter()
+            .map(|&i| self.files[i].deleted.get().cloned())
+            .collect())
+    }
+
     /// The schema of a scan: the table's columns, then the row ids if asked.
     fn output_schema(&self) -> SchemaRef {
         if !self.row_ids {
@@ -529,7 +596,7 @@ impl CirroTable {
         file_schema: &SchemaRef,
         collect_statistics: bool,
         index: usize,
-        deleted: Option<RoaringTreemap>,
+        deleted: Option<Arc<dv::Deleted>>,
     ) -> DfResult<PartitionedFile> {
         let file = &self.files[index];
         let location = file.location()?.1.clone();
@@ -550,7 +617,7 @@ impl CirroTable {
             Statistics::new_unknown(file_schema)
         };
         let mut part = PartitionedFile::new_from_meta(meta);
-        if let Some(deleted) = deleted.filter(|d| !d.is_empty()) {
+        if let Some(deleted) = deleted.filter(|d| !d.rows.is_empty()) {
             // Rows a deletion vector removes are never decoded:
             // the reader gets the surviving rows as a selection.
             let rows = match (file.num_records, &statistics.num_rows) {
@@ -565,9 +632,11 @@ impl CirroTable {
                 }
             };
             statistics = statistics.to_inexact();
-            statistics.num_rows = Precision::Inexact(rows.saturating_sub(deleted.len()) as usize);
-            part =
-                part.with_extension(ParquetRowSelection::new(dv::surviving_rows(&deleted, rows)));
+            statistics.num_rows =
+                Precision::Inexact(rows.saturating_sub(deleted.rows.len()) as usize);
+            // The hot-data tier reads the rows, DataFusion's reader the selection.
+            part.extensions.insert_arc(deleted.selection(rows));
+            part.extensions.insert_arc(deleted);
         }
         if self.row_ids {
             part = part.with_partition_values(vec![ScalarValue::UInt32(Some(index as u32))]);
@@ -617,7 +686,7 @@ impl CirroTable {
     pub async fn scan_files(
         &self,
         state: &dyn Session,
-        files: Vec<(usize, Option<RoaringTreemap>)>,
+        files: Vec<(usize, Option<Arc<dv::Deleted>>)>,
         projection: Option<&[usize]>,
         limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
@@ -625,7 +694,7 @@ impl CirroTable {
             .into_iter()
             .filter(|(i, deleted)| {
                 let rows = self.files[*i].num_records.map(|n| n as u64);
-                !(rows.is_some() && deleted.as_ref().map(|d| d.len()) == rows)
+                !(rows.is_some() && deleted.as_ref().map(|d| d.rows.len()) == rows)
             })
             .collect();
         if files.is_empty() {
@@ -796,7 +865,7 @@ impl CirroTable {
     async fn merged_scan(
         &self,
         state: &dyn Session,
-        files: Vec<(usize, Option<RoaringTreemap>)>,
+        files: Vec<(usize, Option<Arc<dv::Deleted>>)>,
         reader: &crate::rowstore::RowReader,
         view: &crate::rowstore::StoreView,
         projection: Option<&[usize]>,
@@ -805,14 +874,23 @@ impl CirroTable {
         let hidden = crate::rowstore::hidden_positions(self, state, &reader.store, view)
             .await
             .map_err(CirroError::into_datafusion)?;
-        let mut hidden = crate::rowstore::by_index(self, &hidden);
+        let version = self.version();
         let files = files
             .into_iter()
-            .map(|(index, deleted)| match (hidden.remove(&index), deleted) {
-                (Some(more), Some(deleted)) => (index, Some(deleted | more)),
-                (Some(more), None) => (index, Some(more)),
-                (None, deleted) => (index, deleted),
-            })
+            .map(
+                |(index, deleted)| match hidden.get(self.files[index].url.as_str()) {
+                    Some(more) => {
+                        let widened = view.widened(version, index, || {
+                            dv::Deleted::new(match &deleted {
+                                Some(deleted) => &deleted.rows | more,
+                                None => more.clone(),
+                            })
+                        });
+                        (index, Some(widened))
+                    }
+                    None => (index, deleted),
+                },
+            )
             .collect();
         let plan = self.scan_files(state, files, projection, limit).await?;
         let plan = reader.plan(view, plan, projection)?;
@@ -851,7 +929,7 @@ impl TableProvider for CirroTable {
     ) -> DfResult<ScanResult> {
         let indices: Vec<usize> = (0..self.files.len()).collect();
         let deleted = self
-            .deletion_vectors(&indices)
+            .deleted_all(&indices)
             .await
             .map_err(CirroError::into_datafusion)?;
         let files = indices.into_iter().zip(deleted).collect();

@@ -35,19 +35,11 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::ParquetMetaData;
-use roaring::RoaringTreemap;
 
 use super::scan::decode_row_group;
 use super::{ChunkKey, ColumnCache, PIECE_ROWS, Priority};
 use crate::CirroTable;
 use crate::rowstore::RowAt;
-
-/// Deletion vectors read by lookups, by descriptor (a descriptor names an
-/// immutable file, or holds the vector inline): a lookup of a flushed table
-/// reads its vectors once.
-static DELETED: LazyLock<Mutex<HashMap<String, Arc<RoaringTreemap>>>> =
-    LazyLock::new(Default::default);
-const DELETED_ENTRIES: usize = 4096;
 
 /// Footers as lookups read them (with the table schema they were read
 /// for), by file: a data file never changes.
@@ -105,9 +97,10 @@ pub async fn find_row(
             }
         };
         for (group, row, first_row) in lookup.find(&footer, key, hash).await? {
-            if deleted(table, index)
+            if table
+                .deleted(index)
                 .await?
-                .contains((first_row + row) as u64)
+                .is_some_and(|d| d.rows.contains((first_row + row) as u64))
             {
                 continue;
             }
@@ -183,48 +176,6 @@ impl std::fmt::Debug for KeptFooter {
 
 fn parquet_error(e: ParquetError) -> CirroError {
     CirroError::from(datafusion::error::DataFusionError::from(e))
-}
-
-/// The rows the deletion vector of the table's file `index` deletes.
-async fn deleted(table: &CirroTable, index: usize) -> Result<Arc<RoaringTreemap>> {
-    let file = &table.files()[index];
-    if let Some(kept) = file.deleted.get() {
-        return Ok(Arc::clone(kept));
-    }
-    let found = deleted_by_id(table, index).await?;
-    Ok(Arc::clone(file.deleted.get_or_init(|| found)))
-}
-
-/// [`deleted`] through the process's map by the vector's id (a table
-/// version read again has new `DataFile`s with the same vectors).
-async fn deleted_by_id(table: &CirroTable, index: usize) -> Result<Arc<RoaringTreemap>> {
-    let Some(descriptor) = table.files()[index].deletion_vector() else {
-        return Ok(Arc::new(RoaringTreemap::new()));
-    };
-    let id = format!(
-        "{}|{:?}|{}|{:?}",
-        table.url(),
-        descriptor.storage_type,
-        descriptor.path_or_inline_dv,
-        descriptor.offset
-    );
-    if let Some(found) = DELETED.lock().ok().and_then(|d| d.get(&id).cloned()) {
-        return Ok(found);
-    }
-    let read = table
-        .deletion_vectors(&[index])
-        .await?
-        .pop()
-        .flatten()
-        .unwrap_or_default();
-    let read = Arc::new(read);
-    if let Ok(mut kept) = DELETED.lock() {
-        if kept.len() >= DELETED_ENTRIES {
-            kept.clear();
-        }
-        kept.insert(id, Arc::clone(&read));
-    }
-    Ok(read)
 }
 
 /// One data file, read for a lookup.
