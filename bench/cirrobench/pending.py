@@ -2,19 +2,23 @@
 
 The TPC-H data set at --sf (`cirro load tpch`), copied once into a location
 whose `orders` and `lineitem` have primary keys (o_orderkey; l_orderkey,
-l_linenumber). For each of --starts fresh server processes
-(`cirro serve --row-store on`, its background flush held back for the run)
-on a fresh copy of that location:
+l_linenumber). For each of --starts, two fresh server processes
+(`cirro serve --row-store on`, their background flush held back for the
+run), each on its own fresh copy of that location:
 
-  1. the 22 queries, one warm-up and --runs hot runs each, the row stores
-     empty;
-  2. --changes small writes by key from 4 clients: a third inserts (new
-     orders, each with three line items, values copied from existing ones),
-     a third updates (l_quantity, l_extendedprice; o_totalprice), a third
-     deletes, of lineitem and orders; the writes commute, so the order the
-     clients' statements land in does not change the result;
-  3. checks that they wait in the row stores (neither table's Delta log
-     has a new commit), then the 22 queries again.
+  1. --changes small writes by key from 4 clients to the second server: a
+     third inserts (new orders, each with three line items, values copied
+     from existing ones), a third updates (l_quantity, l_extendedprice;
+     o_totalprice), a third deletes, of lineitem and orders; the writes
+     commute, so the order the clients' statements land in does not change
+     the result;
+  2. checks that they wait in the row stores (neither table's Delta log
+     has a new commit);
+  3. the 22 queries, each with a warm-up on both servers and then --runs
+     hot runs alternating between the server with empty row stores and the
+     one with the writes pending, so that a slow spell of the machine
+     falls on both sides (run one after the other, the two sides differed
+     by up to 1.4x on a query from one run of the bench to the next).
 
 Every timed run's answer (hot runs included) is compared with DuckDB's on
 the same data with the same changes (its own tables, loaded from the same
@@ -203,24 +207,35 @@ def _commits(location, table):
     return sum(len(list(d.glob("*.json"))) for d in dirs)
 
 
-def _timed(server, query, runs, reference, failures, label):
-    """A warm-up and `runs` hot runs of `query`; every answer compared with
-    `reference`; the hot runs' seconds."""
-    times = []
+def _run_checked(server, query, reference, failures, label):
+    """`query`'s seconds on `server`, its answer compared with `reference`
+    after the timer stopped (None: it failed, which is reported)."""
+    start = time.perf_counter()
+    try:
+        got = server.run(query.sql)
+    except Exception as e:  # noqa: BLE001 - a failed query is reported, the run goes on
+        failures.append(f"{label} {query.id}: {str(e).splitlines()[0][:200]}")
+        return None
+    took = time.perf_counter() - start
+    try:
+        compare.compare(got, reference, f"{label} {query.id}")
+    except compare.Mismatch as e:
+        failures.append(str(e)[:300])
+    return took
+
+
+def _timed_pair(sides, query, runs, failures, label):
+    """A warm-up of `query` on each of `sides` (name → (server, reference
+    answer)), then `runs` hot runs taking turns; every answer compared.
+    The hot runs' seconds, by side."""
+    times = {name: [] for name in sides}
     for i in range(runs + 1):
-        start = time.perf_counter()
-        try:
-            got = server.run(query.sql)
-        except Exception as e:  # noqa: BLE001 - a failed query is reported, the run goes on
-            failures.append(f"{label} {query.id}: {str(e).splitlines()[0][:200]}")
-            return times
-        took = time.perf_counter() - start
-        try:
-            compare.compare(got, reference, f"{label} {query.id}")
-        except compare.Mismatch as e:
-            failures.append(str(e)[:300])
-        if i > 0:
-            times.append(took)
+        for name, (server, reference) in sides.items():
+            took = _run_checked(server, query, reference, failures, f"{label}, {name}")
+            if took is None:
+                return times
+            if i > 0:
+                times[name].append(took)
     return times
 
 
@@ -248,31 +263,38 @@ def run(args, out):
         kinds[kind] = kinds.get(kind, 0) + 1
     failures, starts = [], []
     for s in range(args.starts):
-        location = work / f"start-{s}"
-        shutil.rmtree(location, ignore_errors=True)
-        shutil.copytree(keyed, location)
-        ctx = engines.Context(tables, args.threads, work, args.cirro, location, "pg")
-        ctx.cirro_env = {"CIRRO_ROW_STORE": "on", "CIRRO_ROW_STORE_FLUSH": "86400"}
-        ctx.cirro_settings = [("statement_timeout", f"{int(args.timeout * 1000)}")]
-        server = engines.Cirro(ctx)
+        servers, locations = {}, {}
         try:
-            empty = {q.id: _timed(server, q, args.runs, before[q.id], failures, f"start {s + 1}, empty")
-                     for q in queries}
-            commits = {t: _commits(location, t) for t in ("orders", "lineitem")}
+            for side in ("empty", "pending"):
+                location = work / f"start-{s}-{side}"
+                shutil.rmtree(location, ignore_errors=True)
+                shutil.copytree(keyed, location)
+                locations[side] = location
+                ctx = engines.Context(tables, args.threads, work, args.cirro, location, "pg")
+                ctx.cirro_env = {"CIRRO_ROW_STORE": "on", "CIRRO_ROW_STORE_FLUSH": "86400"}
+                ctx.cirro_settings = [("statement_timeout", f"{int(args.timeout * 1000)}")]
+                servers[side] = engines.Cirro(ctx)
+            server = servers["pending"]
+            commits = {t: _commits(locations["pending"], t) for t in ("orders", "lineitem")}
             dsn = (f"host=127.0.0.1 port={server.ports['pg']} user=cirro dbname=cirro "
                    f"password={server.PASSWORD} sslmode=disable")
             seconds, errors = apply_cirro(dsn, changes)
             failures += [f"start {s + 1}: {e}" for e in errors[:5]]
-            now = {t: _commits(location, t) for t in ("orders", "lineitem")}
+            now = {t: _commits(locations["pending"], t) for t in ("orders", "lineitem")}
             if now != commits:
                 failures.append(f"start {s + 1}: the changes did not wait in the row stores "
                                 f"(Delta commits {commits} → {now})")
-            pending = {q.id: _timed(server, q, args.runs, after[q.id], failures, f"start {s + 1}, pending")
-                       for q in queries}
+            empty, pending = {}, {}
+            for q in queries:
+                sides = {"empty": (servers["empty"], before[q.id]), "pending": (server, after[q.id])}
+                times = _timed_pair(sides, q, args.runs, failures, f"start {s + 1}")
+                empty[q.id], pending[q.id] = times["empty"], times["pending"]
         finally:
-            server.proc.kill()  # a clean stop would flush the stores first; the copy is thrown away
-            server.proc.wait()
-            shutil.rmtree(location, ignore_errors=True)
+            for server in servers.values():
+                server.proc.kill()  # a clean stop would flush the stores first; the copy is thrown away
+                server.proc.wait()
+            for location in locations.values():
+                shutil.rmtree(location, ignore_errors=True)
         starts.append({"empty": empty, "pending": pending, "apply_seconds": seconds,
                        "writes_per_second": len(changes) / seconds if seconds else None})
         print(f"cirro bench pending: start {s + 1}: {len(changes):,} writes in {seconds:.1f} s", file=sys.stderr)
@@ -301,9 +323,10 @@ def report(doc, out):
              "", f"Machine: {doc['machine'].get('cpu')}, {doc['machine'].get('cpus')} CPUs; Cirro with "
              f"{doc['threads']} threads, `cirro serve --row-store on` (background flush held back), over the "
              f"PostgreSQL protocol. Writes: {', '.join(f'{v:,} {k}' for k, v in sorted(doc['kinds'].items()))}, "
-             f"by key from {CLIENTS} clients. Each query: a warm-up and {doc['runs']} hot runs, in each of "
-             f"{len(doc['starts'])} fresh server processes; a time is the median over the starts of each start's "
-             f"median (range over the starts). Every run's answer was compared with DuckDB "
+             f"by key from {CLIENTS} clients. Each query: a warm-up on each side, then {doc['runs']} hot runs "
+             f"alternating between a server with empty row stores and one with the writes pending, in each of "
+             f"{len(doc['starts'])} starts of two fresh server processes; a time is the median over the starts "
+             f"of each start's median (range over the starts). Every run's answer was compared with DuckDB "
              f"{doc['versions']['duckdb']}'s on the same data with the same changes.", "",
              f"Reproduce: `{doc['command']}`", ""]
     if doc["failures"]:
