@@ -29,7 +29,6 @@ use deltalake::table::config::TablePropertiesExt as _;
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 
-use crate::dv::Deleted;
 use crate::failpoint;
 use crate::mutate::{remove_of, remove_paths};
 use crate::table::CirroTable;
@@ -82,17 +81,9 @@ pub async fn optimize(table: &CirroTable, state: &dyn Session) -> Result<Optimiz
     if chosen.is_empty() {
         return Ok(OptimizeSummary::default());
     }
-    let deleted = table.deletion_vectors(&chosen).await?;
+    let deleted = table.deleted_all(&chosen).await?;
     let deletion_vectors_removed = deleted.iter().filter(|d| d.is_some()).count() as u64;
-    let files: Vec<_> = chosen
-        .iter()
-        .copied()
-        .zip(
-            deleted
-                .into_iter()
-                .map(|d| d.map(|d| Arc::new(Deleted::new(d)))),
-        )
-        .collect();
+    let files: Vec<_> = chosen.iter().copied().zip(deleted).collect();
     let mut plan = table.scan_files(state, files, None, None).await?;
     let order = table.options().write_order();
     if !order.is_empty() {

@@ -11,9 +11,10 @@
 //! stand when the file is opened) rules out by their statistics and then by
 //! their bloom filters (Cirro's indexes write them); rows a
 //! deletion vector removes (the [`Deleted`] rows Cirro attaches, or a
-//! `ParquetRowSelection`) are dropped; the limit stops the scan. Beyond DataFusion's reader without
-//! `pushdown_filters`, the dynamic parts of the predicate (a hash join's
-//! build-side keys, a TopK's bound) also drop rows, batch by batch as
+//! `ParquetRowSelection`) are dropped; the limit stops the scan. Beyond
+//! DataFusion's reader without `pushdown_filters`, the dynamic parts of the
+//! predicate (a hash join's build-side keys, a TopK's bound) also drop
+//! rows, batch by batch as
 //! they stand then (see [`DynamicRowFilter`]): the rows that reach a join
 //! or an aggregation under it are those that can matter. What it leaves to the wrapped reader
 //! (so scans using it bypass the cache): partition or virtual columns (DML
