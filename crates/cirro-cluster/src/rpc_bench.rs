@@ -234,14 +234,21 @@ fn failed(worker: &str, e: impl std::fmt::Display) -> CirroError {
 mod tests {
     use super::*;
 
-    /// A worker's benchmark service on a free port, behind `secret`.
+    /// A worker's benchmark service on a free port, behind `secret`, on a
+    /// socket set as the worker's (`spawn_worker`): without `TCP_NODELAY`
+    /// a 1 KB echo waits out the peer's delayed acknowledgement (~40 ms),
+    /// which CI once met.
     async fn serve(secret: &str) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let router = crate::worker::protected(secret, RpcBenchService);
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         tokio::spawn(
             tonic::transport::Server::builder()
+                .max_frame_size(crate::distributed::H2_MAX_FRAME)
+                .initial_stream_window_size(crate::distributed::H2_STREAM_WINDOW)
+                .initial_connection_window_size(crate::distributed::H2_CONNECTION_WINDOW)
                 .add_service(router)
                 .serve_with_incoming(incoming),
         );
