@@ -13,7 +13,7 @@
 //! carry the node like pids (`node << 40 | n`).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use cirro_common::{CirroError, Result, SqlState};
@@ -177,6 +177,8 @@ pub struct QueryRecord {
     pub submitted: i64,
     activity: Weak<Activity>,
     progress: Mutex<Progress>,
+    /// Set by the first [`QueryRecord::end`].
+    ended: AtomicBool,
 }
 
 struct Progress {
@@ -383,13 +385,14 @@ impl QueryRecord {
     /// It ended in `state` (`error`: why it failed): it moves to the
     /// finished list with its figures and plan. Once only.
     pub fn end(&self, state: QueryState, error: Option<String>) {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let Some(activity) = self.activity.upgrade() else {
             return;
         };
-        let mut queries = activity.queries.lock().unwrap_or_else(|e| e.into_inner());
-        if queries.live.remove(&self.id).is_none() {
-            return;
-        }
+        // The view, its plan's text above all, is made before the lock that
+        // every statement's start and end takes.
         let mut view = self.view(activity.node);
         view.state = state;
         view.ended = Some(now_micros());
@@ -410,6 +413,10 @@ impl QueryRecord {
                 .indent(true)
                 .to_string()
         });
+        let mut queries = activity.queries.lock().unwrap_or_else(|e| e.into_inner());
+        if queries.live.remove(&self.id).is_none() {
+            return;
+        }
         if queries.finished.len() == FINISHED_KEPT {
             queries.finished.pop_front();
         }
@@ -769,6 +776,7 @@ impl Backend {
             query,
             submitted: now,
             activity: Arc::downgrade(activity),
+            ended: AtomicBool::new(false),
             progress: Mutex::new(Progress {
                 state: QueryState::Running,
                 started: Some(now),
