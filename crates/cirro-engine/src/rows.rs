@@ -81,7 +81,12 @@ impl Engine {
             )));
         }
         let state = self.context().state();
-        service.flush_all(&self.catalog, &state).await?;
+        // The flush waits for the tables' gates, which open transactions
+        // with small writes hold: their next statements need the place in
+        // admission this one would otherwise keep (32 clients of the soak
+        // test stalled so, COPY … TO then flushing).
+        self.wait_for("relation", service.flush_all(&self.catalog, &state))
+            .await?;
         if in_txn {
             for location in self.session.pinned_locations() {
                 crate::statement::point::repin_after_flush(self, &location).await?;

@@ -71,6 +71,9 @@ pub struct ServerConfig {
     /// Keep small writes in row stores behind a write-ahead log (None:
     /// every write commits to the table's files).
     pub row_store: Option<cirro_catalog::rows::RowStoreConfig>,
+    /// Start without row stores where another process holds the log
+    /// (`--row-store auto`) rather than fail.
+    pub row_store_optional: bool,
 }
 
 /// How a node joins a cluster (`cirro serve --cluster …`).
@@ -322,10 +325,19 @@ pub async fn serve(config: ServerConfig) -> Result<()> {
     };
     bootstrap(&catalog).await?;
     let flusher = match &config.row_store {
-        Some(rows) => {
-            catalog.enable_row_store(rows).await?;
-            Some(cirro_engine::rows::spawn_flusher(Arc::downgrade(&catalog)))
-        }
+        Some(rows) => match catalog.enable_row_store(rows).await {
+            Ok(()) => Some(cirro_engine::rows::spawn_flusher(Arc::downgrade(&catalog))),
+            // `--row-store auto` beside a server that holds the log.
+            Err(e) if config.row_store_optional && e.state == SqlState::LOCK_NOT_AVAILABLE => {
+                eprintln!(
+                    "cirro: {}; this server writes every statement through the tables' files \
+                     (--row-store off), and sees the other's small writes once it flushes them",
+                    e.message
+                );
+                None
+            }
+            Err(e) => return Err(e),
+        },
         None => None,
     };
     let shared = Arc::new(Shared::new(catalog, &config, runtime, member.as_ref())?);

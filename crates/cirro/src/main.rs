@@ -145,14 +145,20 @@ pub struct ServeArgs {
     /// Keep small writes (INSERT of VALUES; UPDATE and DELETE by primary
     /// key) in in-memory row stores behind a write-ahead log, flushed into
     /// the tables' files in the background (see docs/architecture.md).
-    #[arg(long, env = "CIRRO_ROW_STORE", default_value = "off", value_parser = ["on", "off"])]
+    /// `auto`: on for a single node whose data is a local directory (unless
+    /// another server holds its log), off on a cluster and for remote data.
+    /// Off by default until a write through the files (COPY, INSERT …
+    /// SELECT) no longer holds other writers of its table off for its
+    /// whole run.
+    #[arg(long, env = "CIRRO_ROW_STORE", default_value = "off", value_parser = ["auto", "on", "off"])]
     row_store: String,
     /// How often, in seconds, the background flush writes the row stores
     /// into the tables' files (sooner past their memory budget).
     #[arg(long, env = "CIRRO_ROW_STORE_FLUSH", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     row_store_flush: u64,
     /// The write-ahead log's directory (default: `_cirro_wal` in a local
-    /// data directory; required with --row-store on for remote storage).
+    /// data directory; for remote data, a directory named after it under
+    /// `$XDG_STATE_HOME/cirro/wal`, or `~/.local/state/cirro/wal`).
     #[arg(long, env = "CIRRO_WAL_DIR")]
     wal_dir: Option<std::path::PathBuf>,
     /// Statements that take at least this many milliseconds go to the
@@ -367,32 +373,59 @@ fn row_store_config(
     data: &str,
     args: &ServeArgs,
 ) -> Result<Option<cirro_catalog::rows::RowStoreConfig>, CirroError> {
-    if args.row_store != "on" {
+    let local = match data.strip_prefix("file://") {
+        Some(path) => Some(std::path::PathBuf::from(path)),
+        None => (!data.contains("://")).then(|| std::path::PathBuf::from(data)),
+    };
+    let on = match args.row_store.as_str() {
+        "on" => true,
+        // The log of a cluster's writes is not kept yet (one owner per
+        // table, replicated: to come), and remote data's log would sit on
+        // one machine's disk: both are asked for by name.
+        "auto" => args.cluster.is_none() && local.is_some(),
+        _ => false,
+    };
+    if !on {
         return Ok(None);
     }
-    let wal_dir = match &args.wal_dir {
-        Some(dir) => dir.clone(),
-        None => {
-            let local = match data.strip_prefix("file://") {
-                Some(path) => Some(std::path::PathBuf::from(path)),
-                None => (!data.contains("://")).then(|| std::path::PathBuf::from(data)),
-            };
-            match local {
-                Some(dir) => dir.join("_cirro_wal"),
-                None => {
-                    return Err(CirroError::new(
-                        SqlState::INVALID_PARAMETER_VALUE,
-                        "--row-store on with remote data needs --wal-dir (a local directory)",
-                    ));
-                }
-            }
-        }
+    let wal_dir = match (&args.wal_dir, local) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(dir)) => dir.join("_cirro_wal"),
+        (None, None) => remote_wal_dir(data)?,
     };
     Ok(Some(cirro_catalog::rows::RowStoreConfig {
         wal_dir,
         budget: 256 << 20,
         flush_every: std::time::Duration::from_secs(args.row_store_flush),
     }))
+}
+
+/// The local directory of the write-ahead log of remote data `data` (an
+/// `hdfs://` or `s3://` URL): named after the URL, under the user's state
+/// directory, so that the same data finds its log again.
+fn remote_wal_dir(data: &str) -> Result<std::path::PathBuf, CirroError> {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".local/state")))
+        .ok_or_else(|| {
+            CirroError::new(
+                SqlState::INVALID_PARAMETER_VALUE,
+                "--row-store on with remote data needs --wal-dir (a local directory): \
+                 neither XDG_STATE_HOME nor HOME is set",
+            )
+        })?;
+    let name: String = data
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    Ok(state.join("cirro/wal").join(name))
 }
 
 /// The local-disk tier in `dir` (`--cache-dir`), sized by `size`
@@ -626,6 +659,7 @@ async fn run_with(cli: Cli, config: EngineConfig) -> Result<ExitCode, CirroError
             require_tls: args.require_tls,
             engine: config,
             row_store,
+            row_store_optional: args.row_store == "auto",
             cluster: args.cluster.map(|url| cirro_server::ClusterOptions {
                 url,
                 node_id: args.node_id,
@@ -645,5 +679,60 @@ async fn run_with(cli: Cli, config: EngineConfig) -> Result<ExitCode, CirroError
             .await
             .map(|()| ExitCode::SUCCESS),
         Command::Serve(_) | Command::Bench { .. } | Command::Admin(_) => Ok(ExitCode::SUCCESS),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `--row-store`'s set-up for `cirro --data DATA serve ARGS…`.
+    fn row_store(data: &str, args: &[&str]) -> Result<Option<std::path::PathBuf>, CirroError> {
+        let cli = Cli::try_parse_from(
+            ["cirro", "--data", data, "serve"]
+                .iter()
+                .chain(args)
+                .copied(),
+        )
+        .expect("arguments");
+        let Command::Serve(serve) = cli.command else {
+            panic!("not serve");
+        };
+        Ok(row_store_config(data, &serve)?.map(|c| c.wal_dir))
+    }
+
+    /// `--row-store auto` is on for a single node with local data, its log
+    /// in the data directory; off on a cluster and for remote data, whose
+    /// log goes to a local directory when asked for.
+    #[test]
+    fn the_row_store_is_on_for_a_local_single_node() {
+        let wal = |data: &str, args: &[&str]| row_store(data, args).unwrap();
+        let auto = |data: &str, more: &[&str]| {
+            let mut args = vec!["--row-store", "auto"];
+            args.extend_from_slice(more);
+            wal(data, &args)
+        };
+        assert_eq!(wal("/d", &[]), None, "off by default");
+        assert_eq!(
+            auto("/d", &[]),
+            Some(std::path::PathBuf::from("/d/_cirro_wal"))
+        );
+        assert_eq!(
+            auto("file:///d", &[]),
+            Some(std::path::PathBuf::from("/d/_cirro_wal"))
+        );
+        assert_eq!(auto("hdfs://nn:8020/w", &[]), None);
+        assert_eq!(auto("/d", &["--cluster", "zk://127.0.0.1:2181"]), None);
+        assert_eq!(
+            wal("/d", &["--row-store", "on", "--wal-dir", "/l"]),
+            Some(std::path::PathBuf::from("/l"))
+        );
+        let remote = wal("hdfs://nn:8020/w", &["--row-store", "on"]).expect("on");
+        assert!(
+            remote.ends_with("cirro/wal/hdfs___nn_8020_w"),
+            "{}",
+            remote.display()
+        );
     }
 }

@@ -663,7 +663,9 @@ async fn sqllogictest_in_process_with_each_speed_switch() {
 /// its own (starting blocks until the server listens), so that the records
 /// of other files run meanwhile.
 async fn serve(data: PathBuf) -> (Box<dyn FnOnce() + Send>, u16, u16) {
-    serve_with(data, &[]).await
+    // Small writes through the tables' files; the row store's run is
+    // `sqllogictest_over_postgres_wire_with_row_store`.
+    serve_with(data, &["--row-store", "off"]).await
 }
 
 /// [`serve`] with more flags.

@@ -189,6 +189,13 @@ pub(crate) async fn alter_table(engine: &Engine, alter: &AlterTable) -> Result<O
         ));
     }
     let location = location_of(engine, &db, &schema, &name)?;
+    // The row store's rows are in the files, and no small write lands
+    // until the change is committed (then it would be missed, or written
+    // under the old columns).
+    let _alone = crate::statement::write::hold_alone(engine, &location, &name).await?;
+    if engine.in_transaction() {
+        crate::statement::point::repin_after_flush(engine, &location).await?;
+    }
     let table = engine.table_to_alter(&location).await?;
     let mut model = Model::of(&table);
     for operation in &alter.operations {

@@ -230,7 +230,13 @@ impl Engine {
             Statement::Describe(ref table) => describe::describe(self, &statement, table).await,
             Statement::ShowCreateTable(name) => describe::show_create_table(self, &name).await,
             Statement::Copy(copy) => {
-                self.flush_row_stores("COPY").await?;
+                // COPY … TO reads, as a query does.
+                if !matches!(
+                    copy,
+                    cirro_sql::CopyStatement::ToFile(_) | cirro_sql::CopyStatement::ToStdout { .. }
+                ) {
+                    self.flush_row_stores("COPY").await?;
+                }
                 copy::run_copy(self, copy).await
             }
             Statement::Setting(statement) => self.run_setting(statement).await,

@@ -259,9 +259,25 @@ async fn run(
         hold.owner = service.owner();
     }
     if !hold.holds_gate(location) {
-        let gate = engine
-            .wait_for("relation", service.gate(location).read_owned())
-            .await;
+        let gate = service.gate(location);
+        let gate = match Arc::clone(&gate).try_read_owned() {
+            Ok(gate) => gate,
+            Err(_) => {
+                let gate = engine.wait_for("relation", gate.read_owned()).await;
+                // What held the gate alone may have changed the table's
+                // columns (ALTER TABLE); this statement was planned over
+                // the old ones.
+                let now = engine.catalog.open_table(location).await?;
+                if now.table_schema() != table.table_schema() {
+                    return Err(CirroError::new(
+                        SqlState::SERIALIZATION_FAILURE,
+                        "could not serialize access: the table's columns changed while \
+                         this statement waited for it",
+                    ));
+                }
+                gate
+            }
+        };
         hold.gates.push((location.to_string(), gate));
     }
     let snapshot = engine.session.rows.snapshot();

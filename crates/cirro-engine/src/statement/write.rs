@@ -34,7 +34,7 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
     // Small writes go to the row store (see point.rs).
     let mut dml = dml;
     let mut _alone = None;
-    if let Some(service) = engine.catalog.row_service()
+    if engine.catalog.row_service().is_some()
         && let Ok(location) = time_travel::location_of(engine, &db, &schema, &name)
     {
         if let Some(outcome) = point::try_run(engine, &dml, tag, &location).await? {
@@ -47,43 +47,9 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
         } else {
             Vec::new()
         };
-        let already = in_txn
-            && engine
-                .peek_transaction(|t| t.points.alone.iter().any(|(l, _)| *l == location))
-                .unwrap_or(false);
-        if !already {
-            let gate = service.gate(&location);
-            let held = engine
-                .wait_for(
-                    "relation",
-                    tokio::time::timeout(GATE_WAIT, gate.write_owned()),
-                )
-                .await
-                .map_err(|_| {
-                    CirroError::new(
-                        SqlState::LOCK_NOT_AVAILABLE,
-                        format!(
-                            "could not lock table \"{name}\": open transactions with small \
-                         writes to it did not end within {} s",
-                            GATE_WAIT.as_secs()
-                        ),
-                    )
-                })?;
-            let state = engine.context().state();
-            service
-                .flush_table_alone(&engine.catalog, &location, &state)
-                .await?;
+        if let Alone::Taken(held) = hold_alone(engine, &location, &name).await? {
             dml = retarget(engine, dml, &location).await?;
-            if in_txn {
-                if let Some(mut txn) = engine.hold_transaction() {
-                    if let Some(t) = txn.txn.as_mut() {
-                        t.points.alone.push((location.clone(), held));
-                    }
-                    txn.put_back();
-                }
-            } else {
-                _alone = Some(held);
-            }
+            _alone = held;
         }
         if in_txn {
             point::stage_appends(engine, appends).await?;
@@ -164,6 +130,67 @@ async fn at_latest(
 /// How long a statement through a table's files waits for the open
 /// transactions with small writes to the table.
 const GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What [`hold_alone`] did.
+pub(crate) enum Alone {
+    /// The transaction held the table's gate already: nothing done.
+    Already,
+    /// Taken, and the table's row store written into its files. In a
+    /// transaction the transaction holds the gate until it ends; outside
+    /// one the guard does, for the caller to keep until its change is
+    /// committed.
+    Taken(Option<tokio::sync::OwnedRwLockWriteGuard<()>>),
+}
+
+/// Take the gate of table `name` at `location` alone (waiting, at most
+/// [`GATE_WAIT`], for the open transactions with small writes to it) and
+/// write its row store into its files: a change through the files (a
+/// write, ALTER TABLE) then sees every small write, and none lands until it
+/// is committed. Where the process keeps no row stores: `Already`.
+pub(crate) async fn hold_alone(engine: &Engine, location: &str, name: &str) -> Result<Alone> {
+    let Some(service) = engine.catalog.row_service() else {
+        return Ok(Alone::Already);
+    };
+    let in_txn = engine.in_transaction();
+    let already = in_txn
+        && engine
+            .peek_transaction(|t| t.points.alone.iter().any(|(l, _)| l == location))
+            .unwrap_or(false);
+    if already {
+        return Ok(Alone::Already);
+    }
+    let gate = service.gate(location);
+    let held = engine
+        .wait_for(
+            "relation",
+            tokio::time::timeout(GATE_WAIT, gate.write_owned()),
+        )
+        .await
+        .map_err(|_| {
+            CirroError::new(
+                SqlState::LOCK_NOT_AVAILABLE,
+                format!(
+                    "could not lock table \"{name}\": open transactions with small \
+                     writes to it did not end within {} s",
+                    GATE_WAIT.as_secs()
+                ),
+            )
+        })?;
+    let state = engine.context().state();
+    service
+        .flush_table_alone(&engine.catalog, location, &state)
+        .await?;
+    if !in_txn {
+        return Ok(Alone::Taken(Some(held)));
+    }
+    if let Some(mut txn) = engine.hold_transaction() {
+        if let Some(t) = txn.txn.as_mut() {
+            t.points.alone.push((location.to_string(), held));
+        }
+        txn.put_back();
+    }
+    Ok(Alone::Taken(None))
+}
 
 /// `dml` over the table's newest version (its row store just written into
 /// it); in a transaction, 40001 if the version the transaction reads still
