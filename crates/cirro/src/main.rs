@@ -147,9 +147,8 @@ pub struct ServeArgs {
     /// the tables' files in the background (see docs/architecture.md).
     /// `auto`: on for a single node whose data is a local directory (unless
     /// another server holds its log), off on a cluster and for remote data.
-    /// Off by default until a write through the files (COPY, INSERT …
-    /// SELECT) no longer holds other writers of its table off for its
-    /// whole run.
+    /// Off by default until a small write beside a transaction's ALTER is
+    /// always seen at once (docs/architecture.md, "Not yet").
     #[arg(long, env = "CIRRO_ROW_STORE", default_value = "off", value_parser = ["auto", "on", "off"])]
     row_store: String,
     /// How often, in seconds, the background flush writes the row stores

@@ -47,7 +47,9 @@ pub(crate) async fn execute(engine: &Engine, dml: DmlStatement) -> Result<Outcom
         } else {
             Vec::new()
         };
-        if let Alone::Taken(held) = hold_alone(engine, &location, &name).await? {
+        if !appends_without_key(&dml, tag)
+            && let Alone::Taken(held) = hold_alone(engine, &location, &name).await?
+        {
             dml = retarget(engine, dml, &location).await?;
             _alone = held;
         }
@@ -130,6 +132,28 @@ async fn at_latest(
 /// How long a statement through a table's files waits for the open
 /// transactions with small writes to the table.
 const GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether `dml` appends rows to a table without a key (no primary key,
+/// unique constraint or unique index): they conflict with no small write,
+/// and the store's appends with none of them, so it need not hold the
+/// table alone for its whole run (a COPY from a slow client would hold off
+/// every writer of the table).
+fn appends_without_key(dml: &DmlStatement, tag: &str) -> bool {
+    use cirro_storage::options::ConstraintKind;
+    matches!(
+        dml.op,
+        WriteOp::Insert(datafusion::logical_expr::dml::InsertOp::Append)
+    ) && dml::target_table(dml, tag).is_ok_and(|table| {
+        let options = table.options();
+        !options.indexes.iter().any(|i| i.unique)
+            && !options.constraints.iter().any(|c| {
+                matches!(
+                    c.kind,
+                    ConstraintKind::PrimaryKey(_) | ConstraintKind::Unique(_)
+                )
+            })
+    })
+}
 
 /// What [`hold_alone`] did.
 pub(crate) enum Alone {
