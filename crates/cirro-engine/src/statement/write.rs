@@ -139,20 +139,10 @@ const GATE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// table alone for its whole run (a COPY from a slow client would hold off
 /// every writer of the table).
 fn appends_without_key(dml: &DmlStatement, tag: &str) -> bool {
-    use cirro_storage::options::ConstraintKind;
     matches!(
         dml.op,
         WriteOp::Insert(datafusion::logical_expr::dml::InsertOp::Append)
-    ) && dml::target_table(dml, tag).is_ok_and(|table| {
-        let options = table.options();
-        !options.indexes.iter().any(|i| i.unique)
-            && !options.constraints.iter().any(|c| {
-                matches!(
-                    c.kind,
-                    ConstraintKind::PrimaryKey(_) | ConstraintKind::Unique(_)
-                )
-            })
-    })
+    ) && dml::target_table(dml, tag).is_ok_and(|table| table.options().unique_keys().is_empty())
 }
 
 /// What [`hold_alone`] did.
