@@ -493,7 +493,17 @@ impl Engine {
                     *prepared.admission.get_or_init(|| {
                         crate::system::queries::needs_admission(self, &prepared.statement)
                     }),
-                    self.execute_prepared_inner(prepared, values),
+                    async {
+                        match self.execute_prepared_inner(prepared, values.clone()).await {
+                            // A write that waited for an ALTER TABLE of its
+                            // table, having written nothing: run again,
+                            // over the new columns.
+                            Err(e) if crate::statement::point::plan_again(self, &e) => {
+                                Box::pin(self.execute_prepared_inner(prepared, values)).await
+                            }
+                            outcome => outcome,
+                        }
+                    },
                 )
                 .await;
             self.session.end_statement();

@@ -1197,7 +1197,11 @@ impl Engine {
         // Small writes: logged as one record at COMMIT (see point.rs).
         let pending = self.session.rows.take_pending();
         let mut txn = txn;
-        let points = std::mem::take(&mut txn.points);
+        // The gates and key locks the transaction holds are let go only once
+        // its changes are committed or rolled back (at the end of this
+        // function): a small write waiting for a gate an ALTER or a write
+        // through the files holds alone must find the change committed.
+        let _points = std::mem::take(&mut txn.points);
         self.session.end();
         self.session.set_overlay(None);
         if pending.values().any(|p| !p.is_empty()) {
@@ -1206,7 +1210,6 @@ impl Engine {
             } else {
                 Ok(())
             };
-            drop(points);
             txn.rollback().await;
             result?;
             return Ok(Outcome::command(if commit && !failed {
@@ -1215,7 +1218,6 @@ impl Engine {
                 "ROLLBACK"
             }));
         }
-        drop(points);
         if let Some(ddl) = txn.ddl.take() {
             // DDL and writes of existing tables never share a transaction.
             txn.rollback().await;

@@ -54,6 +54,34 @@ impl PointHold {
     }
 }
 
+/// The message of [`columns_changed`].
+const COLUMNS_CHANGED: &str =
+    "could not serialize access: the table's columns changed while this statement waited for it";
+
+/// 40001 for a write planned over a table's columns that a change it waited
+/// for (ALTER TABLE) replaced. Nothing was written; the statement is
+/// planned once more over the new columns ([`plan_again`]), as PostgreSQL
+/// does.
+pub(crate) fn columns_changed() -> CirroError {
+    CirroError::new(SqlState::SERIALIZATION_FAILURE, COLUMNS_CHANGED)
+}
+
+/// Whether a statement that failed with `error` is to be planned again:
+/// [`columns_changed`]'s, outside a transaction or in a READ COMMITTED one,
+/// whose statement then reads the commits finished by now (the ALTER's
+/// among them). A REPEATABLE READ transaction keeps its snapshot, which
+/// does not hold the new columns: the 40001 stands there.
+pub(crate) fn plan_again(engine: &Engine, error: &CirroError) -> bool {
+    if error.state != SqlState::SERIALIZATION_FAILURE || error.message != COLUMNS_CHANGED {
+        return false;
+    }
+    if engine.in_transaction() && !engine.session.read_committed() {
+        return false;
+    }
+    engine.session.start_statement(&engine.catalog);
+    true
+}
+
 /// What a small write does.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Kind {
@@ -269,11 +297,7 @@ async fn run(
                 // the old ones.
                 let now = engine.catalog.open_table(location).await?;
                 if now.table_schema() != table.table_schema() {
-                    return Err(CirroError::new(
-                        SqlState::SERIALIZATION_FAILURE,
-                        "could not serialize access: the table's columns changed while \
-                         this statement waited for it",
-                    ));
+                    return Err(columns_changed());
                 }
                 gate
             }

@@ -12,7 +12,9 @@ use datafusion::logical_expr::{LogicalPlan, Statement as PlanStatement};
 use futures::StreamExt;
 
 use crate::Engine;
-use crate::statement::{Outcome, by_key, describe, dml, explain, prerun, time_travel, write};
+use crate::statement::{
+    Outcome, by_key, describe, dml, explain, point, prerun, time_travel, write,
+};
 
 /// 08006 for a query a node failed (see [`Engine::query`]).
 fn node_failure(e: &datafusion::error::DataFusionError) -> CirroError {
@@ -101,9 +103,19 @@ impl Engine {
             return Err(CirroError::internal("a statement DataFusion does not plan"));
         };
         time_travel::resolve_time_travel(self, &mut statement).await?;
-        let plan = self.plan(statement).await?;
+        let plan = self.plan(statement.clone()).await?;
         self.check_plan(&plan)?;
-        self.execute_plan(plan).await
+        match self.execute_plan(plan).await {
+            // A write that waited for an ALTER TABLE of its table, planned
+            // over the old columns and having written nothing: planned
+            // again over the new ones.
+            Err(e) if point::plan_again(self, &e) => {
+                let plan = self.plan(statement).await?;
+                self.check_plan(&plan)?;
+                self.execute_plan(plan).await
+            }
+            outcome => outcome,
+        }
     }
 
     /// Run a checked plan (a prepared statement's too): EXPLAIN of a row

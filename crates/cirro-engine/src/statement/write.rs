@@ -215,6 +215,11 @@ async fn retarget(engine: &Engine, dml: DmlStatement, location: &str) -> Result<
         return Ok(dml);
     };
     let latest = engine.catalog.open_table(location).await?;
+    if latest.table_schema() != current.table_schema() {
+        // An ALTER TABLE this statement waited for changed the columns it
+        // was planned over.
+        return Err(point::columns_changed());
+    }
     if engine.in_transaction() {
         point::repin_after_flush(engine, location).await?;
     } else if let Some(reader) = current.rows()
