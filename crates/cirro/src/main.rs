@@ -147,9 +147,7 @@ pub struct ServeArgs {
     /// the tables' files in the background (see docs/architecture.md).
     /// `auto`: on for a single node whose data is a local directory (unless
     /// another server holds its log), off on a cluster and for remote data.
-    /// Off by default until a small write beside a transaction's ALTER is
-    /// always seen at once (docs/architecture.md, "Not yet").
-    #[arg(long, env = "CIRRO_ROW_STORE", default_value = "off", value_parser = ["auto", "on", "off"])]
+    #[arg(long, env = "CIRRO_ROW_STORE", default_value = "auto", value_parser = ["auto", "on", "off"])]
     row_store: String,
     /// How often, in seconds, the background flush writes the row stores
     /// into the tables' files (sooner past their memory budget).
@@ -701,9 +699,9 @@ mod tests {
         Ok(row_store_config(data, &serve)?.map(|c| c.wal_dir))
     }
 
-    /// `--row-store auto` is on for a single node with local data, its log
-    /// in the data directory; off on a cluster and for remote data, whose
-    /// log goes to a local directory when asked for.
+    /// `--row-store auto`, the default, is on for a single node with local
+    /// data, its log in the data directory; off on a cluster and for remote
+    /// data, whose log goes to a local directory when asked for.
     #[test]
     fn the_row_store_is_on_for_a_local_single_node() {
         let wal = |data: &str, args: &[&str]| row_store(data, args).unwrap();
@@ -712,7 +710,12 @@ mod tests {
             args.extend_from_slice(more);
             wal(data, &args)
         };
-        assert_eq!(wal("/d", &[]), None, "off by default");
+        assert_eq!(
+            wal("/d", &[]),
+            Some(std::path::PathBuf::from("/d/_cirro_wal")),
+            "auto by default"
+        );
+        assert_eq!(wal("/d", &["--row-store", "off"]), None);
         assert_eq!(
             auto("/d", &[]),
             Some(std::path::PathBuf::from("/d/_cirro_wal"))
