@@ -2,6 +2,7 @@
 //! the mapping from DataFusion, Arrow and Delta errors onto SQLSTATE codes, and
 //! the named limits that bound queues, files and batches.
 
+pub mod batch;
 pub mod char_length;
 pub mod error;
 pub mod limits;

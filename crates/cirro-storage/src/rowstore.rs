@@ -716,6 +716,11 @@ pub fn encode(changes: &[(String, TableChange)]) -> Result<Vec<u8>> {
         for batch in [&change.upserts, &change.deletes] {
             match batch {
                 Some(batch) => {
+                    // A change's rows are one-row slices of its statements'
+                    // batches, concatenated: their view columns still hold
+                    // every slice's whole buffers.
+                    let batch = &cirro_common::batch::own_view_data(batch.clone(), 4096)
+                        .map_err(|e| internal("encode", e))?;
                     let mut bytes = Vec::new();
                     {
                         let mut writer = StreamWriter::try_new(&mut bytes, batch.schema_ref())

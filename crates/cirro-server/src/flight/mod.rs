@@ -401,9 +401,10 @@ fn flight_info(
 /// buffers (`get_buffer_memory_size`), so it cut each 8,192-row slice of a
 /// 10 M-group result into 46-row messages: 26 s to send 10 M rows instead of
 /// about 1 s. String and binary view columns are garbage-collected first (see
-/// `own_view_data`). Batches that own their buffers pass through untouched.
+/// `cirro_common::batch::own_view_data`: a Flight reply of TPC-H Q10 at SF1
+/// cost ~200 ms without). Batches that own their buffers pass through untouched.
 fn compact(batch: RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
-    let batch = own_view_data(batch)?;
+    let batch = cirro_common::batch::own_view_data(batch, SMALL)?;
     let whole: usize = batch
         .columns()
         .iter()
@@ -444,44 +445,6 @@ fn compact(batch: RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> 
 
 /// Below this many bytes of buffers a batch is sent as it is.
 const SMALL: usize = 1 << 20;
-
-/// The batch with each string or binary view column that holds far more data
-/// buffer than its rows use copied into buffers of its own (`gc`). Views
-/// point into the buffers they were read or built from, and neither a slice
-/// nor a copy (`MutableArrayData`) drops those buffers, while the IPC writer
-/// sends all of them: TPC-H Q10 at SF10 (20 rows of customers' names,
-/// addresses and comments left by the top-k) became one 99 MB message that
-/// the client refused (gRPC's 16 MB limit), and at SF1 it cost ~200 ms.
-fn own_view_data(batch: RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
-    use arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray};
-    use arrow::datatypes::ByteViewType;
-    fn wasteful<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> bool {
-        let held: usize = array.data_buffers().iter().map(|b| b.len()).sum();
-        held > SMALL && held > 2 * array.total_buffer_bytes_used()
-    }
-    let mut columns = Vec::with_capacity(batch.num_columns());
-    let mut changed = false;
-    for column in batch.columns() {
-        let collected: Option<ArrayRef> = match column.data_type() {
-            DataType::Utf8View => {
-                let array = column.as_string_view();
-                wasteful(array).then(|| Arc::new(array.gc()) as ArrayRef)
-            }
-            DataType::BinaryView => {
-                let array = column.as_binary_view();
-                wasteful(array).then(|| Arc::new(array.gc()) as ArrayRef)
-            }
-            _ => None,
-        };
-        changed |= collected.is_some();
-        columns.push(collected.unwrap_or_else(|| Arc::clone(column)));
-    }
-    if !changed {
-        return Ok(batch);
-    }
-    debug_assert!(columns.iter().all(|c| c.len() == batch.num_rows()));
-    RecordBatch::try_new(batch.schema(), columns)
-}
 
 fn encode(
     schema: SchemaRef,

@@ -163,6 +163,43 @@ fn appends_without_a_key() {
     assert!(store.keys_of_rows(&rows(&[(1, None)])).is_err());
 }
 
+/// A change made of one-row slices of a statement's batch (as a
+/// transaction's pending rows are) is logged with its own strings only, not
+/// every slice's whole buffer: an INSERT of 1,000 rows of VALUES logged 7 MB.
+#[test]
+fn a_record_of_slices_holds_each_string_once() {
+    let text: Vec<String> = (0..1000)
+        .map(|i| format!("the value of row number {i}"))
+        .collect();
+    let pairs: Vec<(i64, Option<&str>)> = (0..1000)
+        .map(|i| (i as i64, Some(text[i].as_str())))
+        .collect();
+    let batch = rows(&pairs);
+    let slices: Vec<RecordBatch> = (0..1000).map(|i| batch.slice(i, 1)).collect();
+    let joined = arrow::compute::concat_batches(&schema(), &slices).unwrap();
+    let record = |upserts: RecordBatch| {
+        encode(&[(
+            "t".to_string(),
+            TableChange {
+                upserts: Some(upserts),
+                deletes: None,
+            },
+        )])
+        .unwrap()
+    };
+    let whole = record(batch.clone()).len();
+    let payload = record(joined);
+    assert!(
+        payload.len() < 2 * whole,
+        "{} bytes against {whole}",
+        payload.len()
+    );
+    assert_eq!(
+        decode(&payload).unwrap()[0].1.upserts.as_ref().unwrap(),
+        &batch
+    );
+}
+
 /// A record's payload decodes to what was encoded; a damaged one is XX001.
 #[test]
 fn records_round_trip() {
