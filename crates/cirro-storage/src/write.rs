@@ -644,6 +644,57 @@ async fn rebase(
     actions: &[Action],
 ) -> Result<Option<(Vec<Action>, object_store::path::Path)>> {
     use deltalake::kernel::DeletionVectorDescriptor;
+    let Some((changed, unions)) = merges(store, latest, actions).await? else {
+        return Ok(None);
+    };
+    let written = crate::dv::write_file(store, &unions.iter().collect::<Vec<_>>()).await?;
+    let merged: std::collections::HashMap<
+        &str,
+        (&DeletionVectorDescriptor, DeletionVectorDescriptor),
+    > = changed
+        .iter()
+        .zip(&written.descriptors)
+        .map(|((path, _, theirs, _), union)| (*path, (theirs, union.clone())))
+        .collect();
+    let rebased = actions
+        .iter()
+        .map(|action| match action {
+            Action::Remove(r) if merged.contains_key(r.path.as_str()) => {
+                let mut r = r.clone();
+                r.deletion_vector = Some(merged[r.path.as_str()].0.clone());
+                Action::Remove(r)
+            }
+            Action::Add(a) if merged.contains_key(a.path.as_str()) => {
+                let mut a = a.clone();
+                a.deletion_vector = Some(merged[a.path.as_str()].1.clone());
+                Action::Add(a)
+            }
+            other => other.clone(),
+        })
+        .collect();
+    Ok(Some((rebased, written.path)))
+}
+
+/// A file that both a change (read at an older snapshot) and a later
+/// commit changed: (path, its deletion vector as read, as now, the change's
+/// re-added file).
+type Changed<'a> = (
+    &'a str,
+    Option<deltalake::kernel::DeletionVectorDescriptor>,
+    deltalake::kernel::DeletionVectorDescriptor,
+    Add,
+);
+
+/// What [`rebase`] merges, worked out without writing anything: None where
+/// every file `actions` remove is in `latest` as they read it; else the
+/// files both changed, each with the union of the rows both deleted. 40001
+/// where the two changes of a file cannot both stand.
+async fn merges<'a>(
+    store: &Arc<dyn object_store::ObjectStore>,
+    latest: &DeltaTableState,
+    actions: &'a [Action],
+) -> Result<Option<(Vec<Changed<'a>>, Vec<roaring::RoaringTreemap>)>> {
+    use deltalake::kernel::DeletionVectorDescriptor;
     let removed: std::collections::HashMap<&str, &Option<DeletionVectorDescriptor>> = actions
         .iter()
         .filter_map(|a| match a {
@@ -728,32 +779,18 @@ async fn rebase(
         }
         unions.push(theirs | mine);
     }
-    let written = crate::dv::write_file(store, &unions.iter().collect::<Vec<_>>()).await?;
-    let merged: std::collections::HashMap<
-        &str,
-        (&DeletionVectorDescriptor, DeletionVectorDescriptor),
-    > = changed
-        .iter()
-        .zip(&written.descriptors)
-        .map(|((path, _, theirs, _), union)| (*path, (theirs, union.clone())))
-        .collect();
-    let rebased = actions
-        .iter()
-        .map(|action| match action {
-            Action::Remove(r) if merged.contains_key(r.path.as_str()) => {
-                let mut r = r.clone();
-                r.deletion_vector = Some(merged[r.path.as_str()].0.clone());
-                Action::Remove(r)
-            }
-            Action::Add(a) if merged.contains_key(a.path.as_str()) => {
-                let mut a = a.clone();
-                a.deletion_vector = Some(merged[a.path.as_str()].1.clone());
-                Action::Add(a)
-            }
-            other => other.clone(),
-        })
-        .collect();
-    Ok(Some((rebased, written.path)))
+    Ok(Some((changed, unions)))
+}
+
+/// 40001 where `actions`, a change of rows of `table` read at an older
+/// version, cannot apply to `table`'s newest version because another
+/// writer changed the same rows since (as its commit would find): for a
+/// check that must not report the two writes' rows as one another's
+/// duplicates first (23505).
+pub async fn check_applies(table: &DeltaTable, actions: &[Action]) -> Result<()> {
+    merges(&table.object_store(), table.snapshot()?, actions)
+        .await
+        .map(|_| ())
 }
 
 /// Commit a log entry without data actions (VACUUM START and END), with

@@ -1257,7 +1257,12 @@ impl Engine {
                 if latest.version() == written.base.version() {
                     continue;
                 }
-                let post = latest.with_changes(&difference(&written.base, &written.current))?;
+                let change = difference(&written.base, &written.current);
+                // Rows another writer changed since: 40001, as the commit
+                // would find, not their new versions taken for this
+                // change's duplicates (23505).
+                cirro_storage::write::check_applies(latest.delta(), &change).await?;
+                let post = latest.with_changes(&change)?;
                 crate::statement::constraints::check(
                     self,
                     &written.name,

@@ -207,9 +207,14 @@ pub(crate) async fn hold_alone(engine: &Engine, location: &str, name: &str) -> R
 }
 
 /// `dml` over the table's newest version (its row store just written into
-/// it); in a transaction, 40001 if the version the transaction reads still
-/// needs rows the store held (it read the table before they were written
-/// into the files).
+/// it). In a READ COMMITTED transaction that has not changed the table
+/// through its files yet, the transaction reads that version from now on:
+/// the statement may have waited for another transaction's change of the
+/// table, and applies to what that one committed, as PostgreSQL re-applies
+/// it (before, it applied to the version it was planned over and failed at
+/// COMMIT). Under REPEATABLE READ, 40001 if the version the transaction
+/// reads still needs rows the store held (it read the table before they
+/// were written into the files).
 async fn retarget(engine: &Engine, dml: DmlStatement, location: &str) -> Result<DmlStatement> {
     let Ok(current) = dml::target_table(&dml, "DML") else {
         return Ok(dml);
@@ -221,7 +226,14 @@ async fn retarget(engine: &Engine, dml: DmlStatement, location: &str) -> Result<
         return Err(point::columns_changed());
     }
     if engine.in_transaction() {
-        point::repin_after_flush(engine, location).await?;
+        let staged = engine
+            .peek_transaction(|t| t.written.iter().any(|w| w.location == location))
+            .unwrap_or(true);
+        if engine.session.read_committed() && !staged {
+            engine.session.set(location, latest.clone());
+        } else {
+            point::repin_after_flush(engine, location).await?;
+        }
     } else if let Some(reader) = current.rows()
         && reader.view(current.version())?.is_empty()
     {
