@@ -37,6 +37,23 @@ def sqlstate_of(action):
     return None
 
 
+def waits_for(holder, session, statement, what):
+    """Run `statement` on `session` in a thread: it waits while `holder`'s
+    transaction is open (checked for a second), and goes on once `holder`
+    commits. Its SQLSTATE (None: it succeeded)."""
+    outcome = {}
+    writer = threading.Thread(
+        target=lambda: outcome.update(state=sqlstate_of(lambda: session.execute(statement)))
+    )
+    writer.start()
+    writer.join(1.0)
+    check(writer.is_alive(), True, f"{what} waits")
+    holder.commit()
+    writer.join(30.0)
+    check(writer.is_alive(), False, f"{what} went on after the COMMIT")
+    return outcome.get("state")
+
+
 def relations(conn, like):
     with conn.cursor() as cur:
         cur.execute(
@@ -201,21 +218,10 @@ def alter_beside_small_writes(dsn):
     watcher.execute("INSERT INTO rs_a VALUES (1, 'one', 1), (2, 'two', 2)")
     watcher.execute("UPDATE rs_a SET n = 20 WHERE id = 2")
     conn.execute("ALTER TABLE rs_a ALTER COLUMN n TYPE TEXT")
-    outcome = {}
-
-    def insert():
-        outcome["state"] = sqlstate_of(
-            lambda: watcher.execute("INSERT INTO rs_a VALUES (3, 'three', 3)")
-        )
-
-    writer = threading.Thread(target=insert)
-    writer.start()
-    writer.join(1.0)
-    check(writer.is_alive(), True, "the small write waits for the ALTER's transaction")
-    conn.commit()
-    writer.join(30.0)
-    check(writer.is_alive(), False, "the small write went on after the COMMIT")
-    check(outcome.get("state"), None, "the small write that waited")
+    state = waits_for(
+        conn, watcher, "INSERT INTO rs_a VALUES (3, 'three', 3)", "the small write"
+    )
+    check(state, None, "the small write that waited")
     # Planned again over the new columns, and seen at once (before, it was
     # missed until the next flush), by a scan and by a read by key.
     check(
@@ -231,19 +237,13 @@ def alter_beside_small_writes(dsn):
     # The same through a write that takes the path through the files (an
     # UPDATE without the key), waiting for another ALTER's transaction.
     conn.execute("ALTER TABLE rs_a ALTER COLUMN id TYPE BIGINT")
-
-    def update():
-        outcome["update"] = sqlstate_of(
-            lambda: watcher.execute("UPDATE rs_a SET name = upper(name) WHERE n >= '2'")
-        )
-
-    writer = threading.Thread(target=update)
-    writer.start()
-    writer.join(1.0)
-    check(writer.is_alive(), True, "the write through the files waits for the ALTER")
-    conn.commit()
-    writer.join(30.0)
-    check(outcome.get("update"), None, "the write through the files that waited")
+    state = waits_for(
+        conn,
+        watcher,
+        "UPDATE rs_a SET name = upper(name) WHERE n >= '2'",
+        "the write through the files",
+    )
+    check(state, None, "the write through the files that waited")
     check(
         watcher.execute("SELECT id, name FROM rs_a ORDER BY id").fetchall(),
         [(1, "one"), (2, "TWO"), (3, "THREE")],
@@ -256,19 +256,13 @@ def alter_beside_small_writes(dsn):
     repeatable.execute("SELECT count(*) FROM rs_a")
     conn.execute("ALTER TABLE rs_a ALTER COLUMN n TYPE VARCHAR(10)")
     conn.execute("ALTER TABLE rs_a ALTER COLUMN id TYPE INT")
-
-    def repeatable_insert():
-        outcome["repeatable"] = sqlstate_of(
-            lambda: repeatable.execute("INSERT INTO rs_a VALUES (4, 'four', '4')")
-        )
-
-    writer = threading.Thread(target=repeatable_insert)
-    writer.start()
-    writer.join(1.0)
-    check(writer.is_alive(), True, "the REPEATABLE READ write waits for the ALTER")
-    conn.commit()
-    writer.join(30.0)
-    check(outcome.get("repeatable"), "40001", "the REPEATABLE READ write that waited")
+    state = waits_for(
+        conn,
+        repeatable,
+        "INSERT INTO rs_a VALUES (4, 'four', '4')",
+        "the REPEATABLE READ write",
+    )
+    check(state, "40001", "the REPEATABLE READ write that waited")
     repeatable.rollback()
     check(watcher.execute("SELECT count(*) FROM rs_a").fetchone()[0], 3, "nothing written")
     repeatable.close()
@@ -314,20 +308,13 @@ def bulk_updates_in_transactions(dsn):
         second.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
         second.execute(f"SELECT count(*) FROM {table}")
         first.execute(f"UPDATE {table} SET v = v + 1 WHERE id <= 50")
-        outcome = {}
-
-        def update():
-            outcome["update"] = sqlstate_of(
-                lambda: second.execute(f"UPDATE {table} SET v = v + 10 WHERE id <= 50")
-            )
-
-        writer = threading.Thread(target=update)
-        writer.start()
-        writer.join(1.0)
-        check(writer.is_alive(), True, f"{table}: the second UPDATE waits")
-        first.commit()
-        writer.join(30.0)
-        check(outcome.get("update"), None, f"{table}: the second UPDATE")
+        state = waits_for(
+            first,
+            second,
+            f"UPDATE {table} SET v = v + 10 WHERE id <= 50",
+            f"{table}: the second UPDATE",
+        )
+        check(state, None, f"{table}: the second UPDATE")
         committed = sqlstate_of(second.commit)
         rows = watcher.execute(f"SELECT v, count(*) FROM {table} GROUP BY v ORDER BY v").fetchall()
         if level == "READ COMMITTED":
