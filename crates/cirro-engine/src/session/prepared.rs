@@ -494,12 +494,12 @@ impl Engine {
                         crate::system::queries::needs_admission(self, &prepared.statement)
                     }),
                     async {
-                        match self.execute_prepared_inner(prepared, values.clone()).await {
+                        match self.execute_prepared_inner(prepared, &values).await {
                             // A write that waited for an ALTER TABLE of its
                             // table, having written nothing: run again,
                             // over the new columns.
                             Err(e) if crate::statement::point::plan_again(self, &e) => {
-                                Box::pin(self.execute_prepared_inner(prepared, values)).await
+                                Box::pin(self.execute_prepared_inner(prepared, &values)).await
                             }
                             outcome => outcome,
                         }
@@ -520,7 +520,7 @@ impl Engine {
     async fn execute_prepared_inner(
         &self,
         prepared: &Prepared,
-        values: Vec<ScalarValue>,
+        values: &[ScalarValue],
     ) -> Result<Outcome> {
         let wanted = prepared.placeholder_types.len();
         if values.len() != wanted {
@@ -545,7 +545,7 @@ impl Engine {
         // NUMERIC parameters take the scale of the value bound to them, as
         // a PostgreSQL NUMERIC value carries its own: planned for these
         // values (not cached).
-        let values: Vec<ScalarValue> = values.into_iter().map(valid_decimal).collect();
+        let values: Vec<ScalarValue> = values.iter().cloned().map(valid_decimal).collect();
         let at_bind = prepared.declared.iter().any(is_numeric_at_bind);
         let bind_declared: Vec<Option<DataType>> = prepared
             .declared
